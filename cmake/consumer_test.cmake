@@ -1,0 +1,31 @@
+# Builds and runs examples/consumer against moeroute, either through an installed prefix
+# (MODE=find_package) or with add_subdirectory (MODE=add_subdirectory). Run with cmake -P.
+file(REMOVE_RECURSE ${WORK_DIR})
+file(MAKE_DIRECTORY ${WORK_DIR})
+if(NOT HAS_CUDA)
+  set(cuda_flag -DMOEROUTE_ENABLE_CUDA=OFF)
+endif()
+
+function(run)
+  execute_process(COMMAND ${ARGN} RESULT_VARIABLE rc OUTPUT_VARIABLE out ERROR_VARIABLE err)
+  if(NOT rc EQUAL 0)
+    message(FATAL_ERROR "command failed (${rc}): ${ARGN}\n${out}\n${err}")
+  endif()
+  message("${out}")
+endfunction()
+
+if(MODE STREQUAL "find_package")
+  # install moeroute alone (no tests) into a private prefix, then build the consumer against it
+  run(${CMAKE_COMMAND} -S ${SOURCE_DIR} -B ${WORK_DIR}/moeroute-build -G ${GENERATOR}
+      -DMOEROUTE_BUILD_TESTS=OFF -DMOEROUTE_BUILD_BENCHMARKS=OFF -DMOEROUTE_BUILD_EXAMPLES=OFF
+      ${cuda_flag} -DCMAKE_INSTALL_PREFIX=${WORK_DIR}/prefix)
+  run(${CMAKE_COMMAND} --build ${WORK_DIR}/moeroute-build)
+  run(${CMAKE_COMMAND} --install ${WORK_DIR}/moeroute-build)
+  run(${CMAKE_COMMAND} -S ${SOURCE_DIR}/examples/consumer -B ${WORK_DIR}/consumer-build -G ${GENERATOR}
+      -DCMAKE_PREFIX_PATH=${WORK_DIR}/prefix ${cuda_flag})
+else()
+  run(${CMAKE_COMMAND} -S ${SOURCE_DIR}/examples/consumer -B ${WORK_DIR}/consumer-build -G ${GENERATOR}
+      -DMOEROUTE_SOURCE_DIR=${SOURCE_DIR} ${cuda_flag})
+endif()
+run(${CMAKE_COMMAND} --build ${WORK_DIR}/consumer-build)
+run(${WORK_DIR}/consumer-build/moeroute_consumer)

@@ -1,0 +1,337 @@
+// SPDX-License-Identifier: Apache-2.0
+// One value type that describes a routing: gating, capacity, priority, drop policy, losses.
+// Every formula it selects is written out once, in docs/numerics.md.
+#pragma once
+
+#include <cmath>
+#include <cstdint>
+#include <limits>
+#include <string>
+#include <type_traits>
+#include <utility>
+
+#include <moeroute/status.hpp>
+
+namespace moeroute {
+
+// ---------------------------------------------------------------------------------------------
+// Gating
+
+/// How router logits become scores.
+enum class score_function : std::uint8_t {
+  softmax,        ///< exp(x_e) / sum_j exp(x_j) (over all experts, or over the k chosen)
+  sigmoid,        ///< 1 / (1 + exp(-x_e)), per expert
+  sqrt_softplus,  ///< sqrt(log(1 + exp(x_e))), per expert
+};
+
+/// What the top-k is taken over. For softmax the order is the same; only ties can differ.
+enum class select_from : std::uint8_t { logits, scores };
+
+/// For softmax: normalise over all E experts before the top-k, or over the k chosen after it
+/// (Mixtral / Megatron `use_pre_softmax=False`). Ignored for sigmoid and sqrt-softplus.
+enum class softmax_stage : std::uint8_t { before_topk, after_topk };
+
+/// When gates are divided by their sum. `after_drop` divides by the sum of what survived
+/// capacity (DeepSpeed); `before_drop` by the sum over the k chosen (the seed, Megatron).
+enum class renormalize : std::uint8_t { none, before_drop, after_drop };
+
+/// Exploration noise added to the logits before selection.
+enum class noise_kind : std::uint8_t {
+  none,
+  gaussian,  ///< x + std * N(0, 1)  (noisy top-k gating)
+  gumbel,    ///< x + scale * G, G = -log(-log(U))  (Gumbel top-k sampling)
+};
+
+/// Whether the noisy logits also produce the gates (Shazeer's noisy top-k) or only pick the
+/// experts while the gates come from the clean logits (DeepSpeed RSample).
+enum class noise_target : std::uint8_t { selection_only, selection_and_gates };
+
+struct noise_config {
+  noise_kind kind = noise_kind::none;
+  float scale = 1.0f;         ///< std for gaussian, scale for gumbel; must be finite and >= 0
+  std::uint64_t seed = 0;     ///< Philox key
+  std::uint64_t offset = 0;   ///< Philox counter offset (advance it every step)
+  noise_target target = noise_target::selection_only;
+  bool only_in_training = true;  ///< no noise when routing_config::training is false
+};
+
+struct group_limit_config {
+  std::int32_t groups = 0;      ///< 0 or 1: no group limit; otherwise must divide E
+  std::int32_t group_topk = 0;  ///< groups a token may pick; k must be a multiple of it
+};
+
+struct gating_config {
+  score_function score = score_function::softmax;
+  select_from select = select_from::logits;
+  softmax_stage stage = softmax_stage::before_topk;
+  renormalize renorm = renormalize::none;
+  /// Epsilon added to the before-drop divisor (Megatron uses 1e-20 for sigmoid with k > 1).
+  float renorm_epsilon = 0.0f;
+  float scaling_factor = 1.0f;  ///< multiplies the final gates (DeepSeek-V3: 2.5)
+  /// Expert bias added to the selection values only (DeepSeek-V3 aux-loss-free balancing).
+  /// The bias itself is data (it changes every step) and is passed to the gating call.
+  bool expert_bias = false;
+  group_limit_config group_limit{};
+  noise_config noise{};
+};
+
+// ---------------------------------------------------------------------------------------------
+// Capacity
+
+enum class capacity_mode : std::uint8_t {
+  factor,     ///< C = round(factor * T * (k) / E), see capacity_config
+  fixed,      ///< C = capacity_config::fixed
+  max_load,   ///< dropless: C = the largest number of assignments any expert received
+  unbounded,  ///< dropless with no per-expert bound at all (compact layout only)
+};
+
+enum class capacity_rounding : std::uint8_t { ceil, floor };
+
+struct capacity_config {
+  capacity_mode mode = capacity_mode::factor;
+  double factor = 1.25;         ///< training capacity factor
+  double eval_factor = std::numeric_limits<double>::quiet_NaN();  ///< NaN: same as factor
+  bool includes_k = true;       ///< multiply by k (DeepSpeed/Megatron) or not (the seed)
+  capacity_rounding rounding = capacity_rounding::ceil;
+  std::int64_t min_capacity = 0;
+  bool clamp_to_tokens = false;  ///< C = min(C, T): an expert can hold each token once
+  /// Megatron: when C > T nothing is dropped (every expert could hold every token).
+  bool no_drop_when_exceeds_tokens = false;
+  std::int64_t fixed = 0;        ///< used by capacity_mode::fixed
+};
+
+// ---------------------------------------------------------------------------------------------
+// Priority and drop policy
+
+/// Who gets a slot when an expert is oversubscribed.
+enum class priority : std::uint8_t {
+  token_major,       ///< tokens in order, each token's choices in rank order (the seed loop)
+  choice_major,      ///< every token's first choice, then every second choice (GShard top-2)
+  score_per_expert,  ///< each expert keeps its C largest pre-drop gates (Megatron "probs")
+  random,            ///< each expert keeps C assignments by a seeded random key (RTS)
+};
+
+/// How slots are numbered inside an expert.
+enum class slot_order : std::uint8_t {
+  priority,     ///< in the order slots were granted
+  token_index,  ///< by ascending token index among the kept
+};
+
+/// What happens to an assignment that did not get a slot.
+enum class drop_policy : std::uint8_t {
+  zero_weight,  ///< it contributes nothing
+  residual,     ///< as zero_weight; a token with nothing kept passes x through unchanged
+  fallback,     ///< rerouted to the fallback expert (see fallback_config)
+  next_choice,  ///< rerouted to the token's next-best expert with room (bounded rounds)
+};
+
+struct fallback_config {
+  /// Expert that takes dropped assignments: -1 for a dedicated shared expert appended as
+  /// expert index E, or one of the routed experts 0..E-1 (which then uses its spare slots).
+  std::int32_t expert = -1;
+  /// Capacity of a dedicated fallback expert; -1 = unbounded. Ignored for a routed expert
+  /// (it keeps its own capacity C).
+  std::int64_t capacity = -1;
+};
+
+struct reroute_config {
+  std::int32_t max_candidates = 4;  ///< next-best experts tried per dropped assignment (>= 1)
+};
+
+struct dispatch_config {
+  priority prio = priority::token_major;
+  slot_order slots = slot_order::priority;
+  drop_policy dropped = drop_policy::zero_weight;
+  fallback_config fallback{};
+  reroute_config reroute{};
+  std::uint64_t random_seed = 0;    ///< priority::random key
+  std::uint64_t random_offset = 0;
+};
+
+// ---------------------------------------------------------------------------------------------
+// Losses
+
+/// Which assignments f_i counts in the Switch/GShard aux loss.
+enum class aux_counts : std::uint8_t { top1, all_k };
+
+/// Where the counts come from: the routing itself (with bias and group limit), or a fresh
+/// top-k on the unbiased, ungrouped aux scores (Megatron's compute_routing_scores_for_aux_loss).
+enum class aux_count_source : std::uint8_t { routed, fresh_topk };
+
+/// The scaling each peer applies to sum_i f_i * P_i (f_i = count_i / T, P_i = mean score).
+enum class aux_scale : std::uint8_t {
+  e_times_sum,   ///< E * sum f P  (Switch, GShard, the seed, DeepSpeed top-1/top-2, Tutel)
+  e_over_k_sum,  ///< E / k * sum f P  (DeepSpeed top-k, Megatron, TransformerEngine)
+  normalized,    ///< E / (assignments counted per token) * sum f P: exactly 1 at balance
+};
+
+struct loss_config {
+  aux_counts counts = aux_counts::top1;
+  aux_count_source count_source = aux_count_source::routed;
+  aux_scale scale = aux_scale::normalized;
+  float aux_coefficient = 1.0f;
+  float z_coefficient = 1.0f;
+  /// Sequence-level aux loss (DeepSeek-V2): tokens form sequences of this length and the loss
+  /// is the mean of the per-sequence aux losses. 0: batch-level only.
+  std::int64_t sequence_length = 0;
+};
+
+// ---------------------------------------------------------------------------------------------
+
+/// @brief Complete description of a routing. A plain value: copy it, compare it, print it.
+struct routing_config {
+  std::int32_t num_experts = 8;  ///< E (routed experts; a dedicated fallback is extra)
+  std::int32_t top_k = 2;        ///< k
+  bool training = true;          ///< selects capacity factor and noise
+  gating_config gating{};
+  capacity_config capacity{};
+  dispatch_config dispatch{};
+  loss_config loss{};
+
+  /// Number of experts with buffers: E, plus one for a dedicated fallback expert.
+  [[nodiscard]] std::int32_t total_experts() const noexcept {
+    return num_experts + (has_dedicated_fallback() ? 1 : 0);
+  }
+  [[nodiscard]] bool has_dedicated_fallback() const noexcept {
+    return dispatch.dropped == drop_policy::fallback && dispatch.fallback.expert < 0;
+  }
+  [[nodiscard]] bool noise_active() const noexcept {
+    return gating.noise.kind != noise_kind::none && (training || !gating.noise.only_in_training);
+  }
+  /// Candidates the gating stage ranks per token: k, plus the reroute candidates.
+  [[nodiscard]] std::int32_t candidates_per_token() const noexcept {
+    if (dispatch.dropped != drop_policy::next_choice) return top_k;
+    const std::int64_t c = std::int64_t{top_k} + dispatch.reroute.max_candidates;
+    return static_cast<std::int32_t>(c < num_experts ? c : num_experts);
+  }
+  [[nodiscard]] double active_capacity_factor() const noexcept {
+    return (!training && !std::isnan(capacity.eval_factor)) ? capacity.eval_factor
+                                                            : capacity.factor;
+  }
+};
+
+/// Documented limits, enforced by validate() rather than by overflow.
+inline constexpr std::int32_t max_experts = 8192;
+inline constexpr std::int32_t max_top_k = 8192;
+inline constexpr std::int64_t max_tokens = std::int64_t{1} << 40;
+inline constexpr std::int64_t max_hidden = std::int64_t{1} << 20;
+
+namespace detail {
+template <class T>
+std::string field_msg(const char* field, T value, const char* why) {
+  std::string s = field;
+  s += " = ";
+  if constexpr (std::is_floating_point_v<T>) {
+    s += std::to_string(static_cast<double>(value));
+  } else {
+    s += std::to_string(value);
+  }
+  s += ": ";
+  s += why;
+  return s;
+}
+}  // namespace detail
+
+/// @brief Checks every field of a routing_config and every combination of fields.
+/// @return success, or invalid_config with a message naming the field and its value.
+[[nodiscard]] inline status validate(const routing_config& c) {
+  using detail::field_msg;
+  auto bad = [](std::string m) { return status::make(status_code::invalid_config, std::move(m)); };
+  const std::int32_t E = c.num_experts, k = c.top_k;
+  if (E <= 0) return bad(field_msg("num_experts", E, "must be >= 1"));
+  if (E > max_experts) return bad(field_msg("num_experts", E, "exceeds moeroute::max_experts (8192)"));
+  if (k <= 0) return bad(field_msg("top_k", k, "must be >= 1"));
+  if (k > E) return bad(field_msg("top_k", k, "must not exceed num_experts"));
+
+  const auto& g = c.gating;
+  if (!std::isfinite(g.scaling_factor) || g.scaling_factor <= 0.0f)
+    return bad(field_msg("gating.scaling_factor", g.scaling_factor, "must be finite and > 0"));
+  if (!std::isfinite(g.renorm_epsilon) || g.renorm_epsilon < 0.0f)
+    return bad(field_msg("gating.renorm_epsilon", g.renorm_epsilon, "must be finite and >= 0"));
+  if (g.score != score_function::softmax && g.stage == softmax_stage::after_topk)
+    return bad("gating.stage = after_topk: only meaningful for score_function::softmax");
+  if (g.stage == softmax_stage::after_topk && g.select == select_from::scores)
+    return bad("gating.select = scores with gating.stage = after_topk: scores do not exist "
+               "before the top-k; select from logits");
+  const auto& gl = g.group_limit;
+  if (gl.groups < 0) return bad(field_msg("gating.group_limit.groups", gl.groups, "must be >= 0"));
+  if (gl.groups > 1) {
+    if (E % gl.groups != 0)
+      return bad(field_msg("gating.group_limit.groups", gl.groups,
+                           ("must divide num_experts = " + std::to_string(E)).c_str()));
+    if (gl.group_topk <= 0 || gl.group_topk > gl.groups)
+      return bad(field_msg("gating.group_limit.group_topk", gl.group_topk,
+                           ("must be in [1, groups = " + std::to_string(gl.groups) + "]").c_str()));
+    if (k % gl.group_topk != 0)
+      return bad(field_msg("gating.group_limit.group_topk", gl.group_topk,
+                           ("must divide top_k = " + std::to_string(k)).c_str()));
+    const std::int64_t per_group = E / gl.groups;
+    if (k / gl.group_topk > per_group)
+      return bad("gating.group_limit: top_k / group_topk = " + std::to_string(k / gl.group_topk) +
+                 " exceeds experts per group = " + std::to_string(per_group));
+    if (std::int64_t{gl.group_topk} * per_group < k)
+      return bad("gating.group_limit: group_topk * experts per group < top_k");
+  } else if (gl.group_topk != 0 && gl.groups <= 1) {
+    return bad(field_msg("gating.group_limit.group_topk", gl.group_topk,
+                         "set without gating.group_limit.groups > 1"));
+  }
+  const auto& n = g.noise;
+  if (n.kind != noise_kind::none && (!std::isfinite(n.scale) || n.scale < 0.0f))
+    return bad(field_msg("gating.noise.scale", n.scale, "must be finite and >= 0"));
+
+  const auto& cap = c.capacity;
+  if (cap.mode == capacity_mode::factor) {
+    const double f = c.active_capacity_factor();
+    if (!std::isfinite(cap.factor) || cap.factor <= 0.0)
+      return bad(field_msg("capacity.factor", cap.factor, "must be finite and > 0"));
+    if (!std::isnan(cap.eval_factor) && (!std::isfinite(cap.eval_factor) || cap.eval_factor <= 0.0))
+      return bad(field_msg("capacity.eval_factor", cap.eval_factor, "must be finite and > 0, or NaN"));
+    if (f > 1e6) return bad(field_msg("capacity.factor", f, "is absurdly large (> 1e6)"));
+  }
+  if (cap.min_capacity < 0)
+    return bad(field_msg("capacity.min_capacity", cap.min_capacity, "must be >= 0"));
+  if (cap.mode == capacity_mode::fixed && cap.fixed < 0)
+    return bad(field_msg("capacity.fixed", cap.fixed, "must be >= 0"));
+
+  const auto& d = c.dispatch;
+  if (d.dropped == drop_policy::fallback) {
+    if (d.fallback.expert >= E)
+      return bad(field_msg("dispatch.fallback.expert", d.fallback.expert,
+                           ("must be -1 (dedicated) or < num_experts = " + std::to_string(E)).c_str()));
+    if (d.fallback.expert < -1)
+      return bad(field_msg("dispatch.fallback.expert", d.fallback.expert, "must be >= -1"));
+    if (d.fallback.capacity < -1)
+      return bad(field_msg("dispatch.fallback.capacity", d.fallback.capacity,
+                           "must be -1 (unbounded) or >= 0"));
+  }
+  if (d.dropped == drop_policy::next_choice && d.reroute.max_candidates < 1)
+    return bad(field_msg("dispatch.reroute.max_candidates", d.reroute.max_candidates, "must be >= 1"));
+  if (d.dropped == drop_policy::next_choice && gl.groups > 1)
+    return bad("dispatch.dropped = next_choice with a group limit is not supported: reroute "
+               "candidates would leave the token's groups");
+
+  const auto& l = c.loss;
+  if (!std::isfinite(l.aux_coefficient) || l.aux_coefficient < 0.0f)
+    return bad(field_msg("loss.aux_coefficient", l.aux_coefficient, "must be finite and >= 0"));
+  if (!std::isfinite(l.z_coefficient) || l.z_coefficient < 0.0f)
+    return bad(field_msg("loss.z_coefficient", l.z_coefficient, "must be finite and >= 0"));
+  if (l.sequence_length < 0)
+    return bad(field_msg("loss.sequence_length", l.sequence_length, "must be >= 0"));
+  return status::success();
+}
+
+/// @brief Checks a batch shape against a valid config: T tokens (may be 0).
+[[nodiscard]] inline status validate_tokens(const routing_config& c, std::int64_t tokens) {
+  if (tokens < 0)
+    return status::make(status_code::invalid_shape, detail::field_msg("tokens", tokens, "must be >= 0"));
+  if (tokens > max_tokens)
+    return status::make(status_code::invalid_shape,
+                        detail::field_msg("tokens", tokens, "exceeds moeroute::max_tokens (2^40)"));
+  if (c.loss.sequence_length > 0 && tokens % c.loss.sequence_length != 0)
+    return status::make(status_code::invalid_shape,
+                        "tokens = " + std::to_string(tokens) + " is not a multiple of " +
+                            "loss.sequence_length = " + std::to_string(c.loss.sequence_length));
+  return status::success();
+}
+
+}  // namespace moeroute

@@ -1,0 +1,79 @@
+// SPDX-License-Identifier: Apache-2.0
+// CPU reference, stage 4: permute hidden states into an expert layout, and combine the
+// experts' outputs back into token order by combine weight (docs/numerics.md, "Combine").
+#pragma once
+
+#include <cstdint>
+#include <span>
+#include <string>
+#include <vector>
+
+#include <moeroute/config.hpp>
+#include <moeroute/dtype.hpp>
+#include <moeroute/reference/dispatch.hpp>
+#include <moeroute/reference/layout.hpp>
+
+namespace moeroute::reference {
+
+namespace detail {
+template <class T>
+T from_float(float f);
+template <>
+inline float from_float<float>(float f) { return f; }
+template <>
+inline half_bits from_float<half_bits>(float f) { return to_half(f); }
+template <>
+inline bf16_bits from_float<bf16_bits>(float f) { return to_bf16(f); }
+
+inline void check_size(const char* what, std::size_t got, std::int64_t want) {
+  if (static_cast<std::int64_t>(got) != want)
+    throw error(status::make(status_code::invalid_shape,
+                             std::string(what) + " has " + std::to_string(got) +
+                                 " elements, expected " + std::to_string(want)));
+}
+}  // namespace detail
+
+/// @brief out[row] = x[row_token[row]], padding rows zero. x [T, d], out [num_rows, d].
+template <class T>
+void permute(const expert_layout& L, std::span<const T> x, std::int64_t tokens, std::int64_t d,
+             std::span<T> out) {
+  detail::check_size("x", x.size(), tokens * d);
+  detail::check_size("out", out.size(), L.num_rows * d);
+  for (std::int64_t r = 0; r < L.num_rows; ++r) {
+    const std::int32_t t = L.row_token[r];
+    for (std::int64_t c = 0; c < d; ++c) out[r * d + c] = t < 0 ? T{} : x[t * d + c];
+  }
+}
+
+/// @brief y[t] = sum_j weight[t, j] * expert_out[row(t, j)], the k terms added in rank order
+///        in float. With drop_policy::residual a token with nothing kept or rerouted gets
+///        y[t] = x[t]. expert_out [num_rows, d]; x [T, d] (needed for residual only); y [T, d].
+template <class T>
+void combine(const routing_config& cfg, const dispatch_output& dsp, const expert_layout& L,
+             std::span<const T> expert_out, std::int64_t d, std::span<const T> x, std::span<T> y) {
+  const std::int64_t Tn = dsp.tokens;
+  const std::int32_t k = dsp.k;
+  detail::check_size("expert_out", expert_out.size(), L.num_rows * d);
+  detail::check_size("y", y.size(), Tn * d);
+  const bool residual = cfg.dispatch.dropped == drop_policy::residual;
+  if (residual) detail::check_size("x (residual policy)", x.size(), Tn * d);
+  std::vector<float> acc(d);
+  for (std::int64_t t = 0; t < Tn; ++t) {
+    std::fill(acc.begin(), acc.end(), 0.0f);
+    bool any = false;
+    for (std::int32_t j = 0; j < k; ++j) {
+      const std::int64_t row = L.assignment_row[t * k + j];
+      if (row < 0) continue;
+      any = true;
+      const float w = dsp.weight[t * k + j];
+      for (std::int64_t c = 0; c < d; ++c) acc[c] += w * to_float(expert_out[row * d + c]);
+    }
+    if (residual && !any && dsp.fates[t * k] != fate::masked) {
+      for (std::int64_t c = 0; c < d; ++c) y[t * d + c] = x[t * d + c];
+    } else {
+      for (std::int64_t c = 0; c < d; ++c) y[t * d + c] = detail::from_float<T>(acc[c]);
+    }
+  }
+}
+
+}  // namespace moeroute::reference

@@ -1,0 +1,272 @@
+// SPDX-License-Identifier: Apache-2.0
+// CPU reference, stage 2: capacity assignment. Gives every (token, choice) assignment a fate —
+// kept, rerouted, dropped or masked — a final expert and a slot, and counts each of them.
+// The rules are in docs/numerics.md ("Capacity assignment") and docs/concepts.md.
+#pragma once
+
+#include <algorithm>
+#include <cfloat>
+#include <cstdint>
+#include <numeric>
+#include <tuple>
+#include <vector>
+
+#include <moeroute/capacity.hpp>
+#include <moeroute/config.hpp>
+#include <moeroute/reference/gating.hpp>
+#include <moeroute/rng.hpp>
+
+namespace moeroute {
+
+/// What happened to one assignment.
+enum class fate : std::uint8_t {
+  kept = 0,      ///< got a slot at the expert it chose
+  rerouted = 1,  ///< got a slot at the fallback expert or a next-best expert
+  dropped = 2,   ///< got no slot anywhere: contributes nothing
+  masked = 3,    ///< belongs to a padding token (valid = 0): routed nowhere, counted apart
+};
+
+}  // namespace moeroute
+
+namespace moeroute::reference {
+
+/// @brief The result of capacity assignment for a batch.
+struct dispatch_output {
+  std::int64_t tokens = 0;
+  std::int32_t k = 0;
+  std::int32_t experts = 0;        ///< E routed experts
+  std::int32_t total_experts = 0;  ///< E, or E + 1 with a dedicated fallback expert (index E)
+  std::int64_t capacity = 0;       ///< C of each routed expert; unbounded_capacity (-1) if none
+  std::int64_t fallback_capacity = 0;  ///< C of the dedicated fallback (-1 unbounded; 0 if none)
+
+  std::vector<std::int32_t> expert;  ///< [T, k] final expert (after reroute), -1 if none
+  std::vector<std::int32_t> slot;    ///< [T, k] slot in that expert, -1 if none
+  std::vector<float> weight;         ///< [T, k] combine weight (0 unless kept or rerouted)
+  std::vector<fate> fates;           ///< [T, k]
+
+  // Per expert, indexed by the expert an assignment first chose ([E]) ...
+  std::vector<std::int64_t> requested;  ///< valid assignments that chose e
+  std::vector<std::int64_t> kept;       ///< ... and got a slot at e
+  std::vector<std::int64_t> rerouted;   ///< ... and got a slot elsewhere
+  std::vector<std::int64_t> dropped;    ///< ... and got none
+  // ... and by the expert that holds them ([total_experts]).
+  std::vector<std::int64_t> received;   ///< rerouted assignments that landed at e
+  std::vector<std::int64_t> load;       ///< slots in use at e (a token holds one slot per expert)
+
+  std::int64_t total_kept = 0, total_rerouted = 0, total_dropped = 0, total_masked = 0;
+  std::int64_t reroute_rounds = 0;  ///< rounds run by next_choice
+
+  [[nodiscard]] std::int64_t assignments() const noexcept { return tokens * k; }
+};
+
+namespace detail {
+
+/// Priority key of an assignment: smaller goes first. Used per expert and for reroute order.
+struct priority_key {
+  float neg_value;      // -gate (score) or -random (random); 0 for positional priorities
+  std::int64_t major;   // t (token_major, score, random) or j (choice_major)
+  std::int64_t minor;   // j or t
+  friend bool operator<(const priority_key& a, const priority_key& b) {
+    return std::tie(a.neg_value, a.major, a.minor) < std::tie(b.neg_value, b.major, b.minor);
+  }
+};
+
+inline float random_priority(const routing_config& cfg, std::int64_t t, std::int32_t e) {
+  const auto r = rng::draw(cfg.dispatch.random_seed, cfg.dispatch.random_offset,
+                           rng::stream_random_priority,
+                           static_cast<std::uint64_t>(t) * cfg.num_experts + e);
+  return rng::uniform_open(r.v[0]);
+}
+
+inline priority_key make_key(const routing_config& cfg, std::int64_t t, std::int32_t j,
+                             std::int32_t e, float gate) {
+  switch (cfg.dispatch.prio) {
+    case priority::token_major: return {0.0f, t, j};
+    case priority::choice_major: return {0.0f, j, t};
+    case priority::score_per_expert: return {-gate, t, j};
+    case priority::random: return {-random_priority(cfg, t, e), t, j};
+  }
+  return {0.0f, t, j};
+}
+
+}  // namespace detail
+
+/// @brief Capacity assignment for a batch (see docs/concepts.md for the policies).
+/// @param cfg the config the gating ran with
+/// @param g   gating_output from reference::gate
+/// @return dispatch_output. Every valid assignment is kept, rerouted or dropped; assignments of
+///         padding tokens are masked: kept + rerouted + dropped + masked = T * k.
+/// @note Slots are granted per expert in priority order (ties: lower token index, then lower
+///       choice rank). A rerouted assignment whose target already holds its token shares that
+///       token's slot, so no (token, expert) pair occupies two rows.
+inline dispatch_output dispatch(const routing_config& cfg, const gating_output& g) {
+  throw_if_error(validate(cfg));
+  const std::int64_t T = g.tokens;
+  const std::int32_t k = g.k, E = g.experts, ET = cfg.total_experts();
+  if (k != cfg.top_k || E != cfg.num_experts)
+    throw error(status::make(status_code::invalid_argument, "gating_output does not match config"));
+  const auto& d = cfg.dispatch;
+
+  dispatch_output out;
+  out.tokens = T;
+  out.k = k;
+  out.experts = E;
+  out.total_experts = ET;
+  out.expert.assign(T * k, -1);
+  out.slot.assign(T * k, -1);
+  out.weight.assign(T * k, 0.0f);
+  out.fates.assign(T * k, fate::dropped);
+  out.requested.assign(E, 0);
+  out.kept.assign(E, 0);
+  out.rerouted.assign(E, 0);
+  out.dropped.assign(E, 0);
+  out.received.assign(ET, 0);
+  out.load.assign(ET, 0);
+
+  // Requests per expert in priority order.
+  std::vector<std::vector<std::pair<detail::priority_key, std::int64_t>>> queue(E);
+  for (std::int64_t t = 0; t < T; ++t) {
+    for (std::int32_t j = 0; j < k; ++j) {
+      const std::int64_t a = t * k + j;
+      if (!g.valid[t]) {
+        out.fates[a] = fate::masked;
+        ++out.total_masked;
+        continue;
+      }
+      const std::int32_t e = g.ids[a];
+      ++out.requested[e];
+      queue[e].push_back({detail::make_key(cfg, t, j, e, g.gates[a]), a});
+    }
+  }
+  const std::int64_t max_load =
+      E > 0 ? *std::max_element(out.requested.begin(), out.requested.end()) : 0;
+  const std::int64_t C = expert_capacity(cfg, T, max_load);
+  out.capacity = C;
+  const auto room = [&](std::int32_t e) {
+    if (e < E) return C < 0 || out.load[e] < C;
+    return out.fallback_capacity < 0 || out.load[e] < out.fallback_capacity;
+  };
+  if (cfg.has_dedicated_fallback()) out.fallback_capacity = d.fallback.capacity;
+
+  // Grant order per expert: the slot index is the position in that order (priority numbering).
+  std::vector<std::vector<std::int64_t>> holder(ET);  // assignments holding each slot
+  for (std::int32_t e = 0; e < E; ++e) {
+    std::stable_sort(queue[e].begin(), queue[e].end(),
+                     [](const auto& a, const auto& b) { return a.first < b.first; });
+    for (const auto& [key, a] : queue[e]) {
+      if (room(e)) {
+        out.fates[a] = fate::kept;
+        out.expert[a] = e;
+        out.slot[a] = out.load[e]++;
+        holder[e].push_back(a);
+        ++out.kept[e];
+      }
+    }
+  }
+
+  // Dropped assignments in the global reroute order (same key as the priority).
+  std::vector<std::pair<detail::priority_key, std::int64_t>> pending;
+  for (std::int64_t a = 0; a < T * k; ++a) {
+    if (out.fates[a] != fate::dropped) continue;
+    const std::int64_t t = a / k;
+    const std::int32_t j = static_cast<std::int32_t>(a % k);
+    pending.push_back({detail::make_key(cfg, t, j, g.ids[a], g.gates[a]), a});
+  }
+  std::stable_sort(pending.begin(), pending.end(),
+                   [](const auto& a, const auto& b) { return a.first < b.first; });
+
+  // Slot of token t at expert e, if it holds one.
+  const auto held_slot = [&](std::int64_t t, std::int32_t e) -> std::int32_t {
+    for (std::int32_t j = 0; j < k; ++j)
+      if (out.expert[t * k + j] == e) return out.slot[t * k + j];
+    return -1;
+  };
+  const auto grant_reroute = [&](std::int64_t a, std::int32_t target) {
+    const std::int64_t t = a / k;
+    const std::int32_t shared = held_slot(t, target);
+    if (shared < 0 && !room(target)) return false;
+    out.fates[a] = fate::rerouted;
+    out.expert[a] = target;
+    if (shared >= 0) {
+      out.slot[a] = shared;
+    } else {
+      out.slot[a] = static_cast<std::int32_t>(out.load[target]++);
+      holder[target].push_back(a);
+    }
+    ++out.received[target];
+    ++out.rerouted[g.ids[a]];
+    return true;
+  };
+
+  if (d.dropped == drop_policy::fallback) {
+    const std::int32_t target = d.fallback.expert < 0 ? E : d.fallback.expert;
+    for (const auto& [key, a] : pending) grant_reroute(a, target);
+  } else if (d.dropped == drop_policy::next_choice) {
+    // Round r: every still-dropped assignment tries its token's next untried candidate.
+    const std::int32_t R = g.reroute_candidates;
+    std::vector<std::int32_t> next(T, 0);
+    for (std::int32_t round = 0; round < R; ++round) {
+      bool any = false;
+      for (const auto& [key, a] : pending) {
+        if (out.fates[a] != fate::dropped) continue;
+        const std::int64_t t = a / k;
+        if (next[t] >= R) continue;
+        any = true;
+        grant_reroute(a, g.reroute_ids[t * R + next[t]++]);
+      }
+      if (!any) break;
+      ++out.reroute_rounds;
+    }
+  }
+
+  // Whatever is still without a slot is dropped, counted at the expert it chose.
+  for (std::int64_t a = 0; a < T * k; ++a) {
+    if (out.fates[a] == fate::dropped) {
+      ++out.dropped[g.ids[a]];
+      ++out.total_dropped;
+    } else if (out.fates[a] == fate::kept) {
+      ++out.total_kept;
+    } else if (out.fates[a] == fate::rerouted) {
+      ++out.total_rerouted;
+    }
+  }
+
+  // Slot numbering by token index: renumber each expert's rows by ascending token.
+  if (d.slots == slot_order::token_index) {
+    std::vector<std::vector<std::int32_t>> new_slot(ET);
+    for (std::int32_t e = 0; e < ET; ++e) {
+      const std::vector<std::int64_t>& h = holder[e];  // h[old slot] = holding assignment
+      std::vector<std::size_t> idx(h.size());
+      std::iota(idx.begin(), idx.end(), std::size_t{0});
+      // assignment index order is token order (a = t * k + j, one slot per token here)
+      std::sort(idx.begin(), idx.end(), [&](std::size_t a, std::size_t b) { return h[a] < h[b]; });
+      new_slot[e].resize(h.size());
+      for (std::size_t r = 0; r < idx.size(); ++r) new_slot[e][idx[r]] = static_cast<std::int32_t>(r);
+    }
+    // every assignment maps old slot -> new slot (shared slots follow their holder)
+    for (std::int64_t a = 0; a < T * k; ++a)
+      if (out.expert[a] >= 0) out.slot[a] = new_slot[out.expert[a]][out.slot[a]];
+  }
+
+  // Combine weights: the gate of every surviving assignment, renormalised after drop if asked.
+  const auto& gc = cfg.gating;
+  for (std::int64_t t = 0; t < T; ++t) {
+    float sum = 0.0f;
+    for (std::int32_t j = 0; j < k; ++j) {
+      const std::int64_t a = t * k + j;
+      if (out.fates[a] == fate::kept || out.fates[a] == fate::rerouted) sum += g.gates[a];
+    }
+    for (std::int32_t j = 0; j < k; ++j) {
+      const std::int64_t a = t * k + j;
+      if (out.fates[a] != fate::kept && out.fates[a] != fate::rerouted) continue;
+      if (gc.renorm == renormalize::after_drop) {
+        out.weight[a] = g.gates[a] / std::max(sum, FLT_EPSILON) * gc.scaling_factor;
+      } else {
+        out.weight[a] = g.gates[a];
+      }
+    }
+  }
+  return out;
+}
+
+}  // namespace moeroute::reference

@@ -1,0 +1,97 @@
+// SPDX-License-Identifier: Apache-2.0
+// CPU reference, stage 3: expert-buffer layouts. Both layouts are row-indexed buffers
+// [num_rows, d]; they differ in where each expert's segment starts:
+//   padded  — expert e owns rows [e*C, (e+1)*C) (a dedicated fallback gets its own segment);
+//   compact — segments are packed, each rounded up to a multiple of block_size (the layout
+//             vLLM's moe_align_block_size produces for a grouped GEMM).
+// Row of an assignment = offsets[final expert] + slot; rows nobody holds are padding (-1).
+#pragma once
+
+#include <algorithm>
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include <moeroute/capacity.hpp>
+#include <moeroute/reference/dispatch.hpp>
+#include <moeroute/status.hpp>
+
+namespace moeroute::reference {
+
+struct expert_layout {
+  std::int32_t total_experts = 0;
+  std::int64_t num_rows = 0;
+  std::int64_t block_size = 1;              ///< compact: segment alignment; padded: 1
+  std::vector<std::int64_t> offsets;        ///< [total_experts + 1] first row of each expert
+  std::vector<std::int64_t> rows_used;      ///< [total_experts] rows holding a token
+  std::vector<std::int32_t> row_token;      ///< [num_rows] token of each row, -1 = padding
+  std::vector<std::int64_t> assignment_row; ///< [T, k] row of each assignment, -1 = none
+  std::vector<std::int32_t> block_expert;   ///< [num_rows / block_size] expert of each block
+                                            ///< (compact only; empty for padded)
+  [[nodiscard]] std::int64_t padding_rows() const noexcept {
+    std::int64_t used = 0;
+    for (auto u : rows_used) used += u;
+    return num_rows - used;
+  }
+};
+
+namespace detail {
+inline void fill_rows(const dispatch_output& dsp, expert_layout& L) {
+  L.row_token.assign(L.num_rows, -1);
+  L.assignment_row.assign(dsp.tokens * dsp.k, -1);
+  for (std::int64_t a = 0; a < dsp.tokens * dsp.k; ++a) {
+    const std::int32_t e = dsp.expert[a];
+    if (e < 0) continue;
+    const std::int64_t row = L.offsets[e] + dsp.slot[a];
+    L.assignment_row[a] = row;
+    L.row_token[row] = static_cast<std::int32_t>(a / dsp.k);
+  }
+}
+}  // namespace detail
+
+/// @brief Padded layout [E, C, d] (+ a dedicated fallback segment of its capacity, or of its
+///        load when unbounded). Needs a bounded capacity.
+inline expert_layout padded_layout(const dispatch_output& dsp) {
+  if (dsp.capacity < 0)
+    throw error(status::make(status_code::unsupported,
+                             "padded layout needs a bounded capacity; capacity_mode::unbounded "
+                             "works with compact_layout only (or use capacity_mode::max_load)"));
+  expert_layout L;
+  L.total_experts = dsp.total_experts;
+  L.offsets.assign(dsp.total_experts + 1, 0);
+  for (std::int32_t e = 0; e < dsp.total_experts; ++e) {
+    const std::int64_t seg =
+        e < dsp.experts ? dsp.capacity
+                        : (dsp.fallback_capacity < 0 ? dsp.load[e] : dsp.fallback_capacity);
+    L.offsets[e + 1] = L.offsets[e] + seg;
+  }
+  L.num_rows = L.offsets.back();
+  L.rows_used = dsp.load;
+  detail::fill_rows(dsp, L);
+  return L;
+}
+
+/// @brief Compact expert-sorted layout; each segment padded to a multiple of block_size.
+inline expert_layout compact_layout(const dispatch_output& dsp, std::int64_t block_size = 1) {
+  if (block_size < 1)
+    throw error(status::make(status_code::invalid_argument,
+                             "block_size = " + std::to_string(block_size) + ": must be >= 1"));
+  expert_layout L;
+  L.total_experts = dsp.total_experts;
+  L.block_size = block_size;
+  L.offsets.assign(dsp.total_experts + 1, 0);
+  for (std::int32_t e = 0; e < dsp.total_experts; ++e) {
+    const std::int64_t seg = (dsp.load[e] + block_size - 1) / block_size * block_size;
+    L.offsets[e + 1] = L.offsets[e] + seg;
+  }
+  L.num_rows = L.offsets.back();
+  L.rows_used = dsp.load;
+  L.block_expert.assign(L.num_rows / block_size, 0);
+  for (std::int32_t e = 0; e < dsp.total_experts; ++e)
+    for (std::int64_t b = L.offsets[e] / block_size; b < L.offsets[e + 1] / block_size; ++b)
+      L.block_expert[b] = e;
+  detail::fill_rows(dsp, L);
+  return L;
+}
+
+}  // namespace moeroute::reference

@@ -1,0 +1,102 @@
+// SPDX-License-Identifier: Apache-2.0
+// CPU reference, stage 5: the Switch/GShard load-balancing loss (batch and sequence level) and
+// the ST-MoE router z-loss. Each returns the value and the raw sums, so a caller that shards a
+// batch over ranks can add the sums and recompute the global loss exactly (docs/numerics.md).
+#pragma once
+
+#include <cstdint>
+#include <vector>
+
+#include <moeroute/config.hpp>
+#include <moeroute/reference/gating.hpp>
+
+namespace moeroute::reference {
+
+/// @brief The scale s in  aux = coefficient * s * sum_i f_i * P_i.
+[[nodiscard]] inline double aux_scale_value(const routing_config& cfg) {
+  const double E = cfg.num_experts;
+  const double counted = cfg.loss.counts == aux_counts::top1 ? 1.0 : cfg.top_k;
+  switch (cfg.loss.scale) {
+    case aux_scale::e_times_sum: return E;
+    case aux_scale::e_over_k_sum: return E / cfg.top_k;
+    case aux_scale::normalized: return E / counted;
+  }
+  return E;
+}
+
+struct aux_loss_result {
+  double value = 0.0;                  ///< coefficient * scale * sum_i (count_i/T) (P_sum_i/T)
+  double scale = 0.0;                  ///< the s above (without the coefficient)
+  std::int64_t tokens = 0;             ///< valid tokens T
+  std::vector<double> score_sum;       ///< [E] sum_t P[t, i]
+  std::vector<std::int64_t> counts;    ///< [E] count_i
+};
+
+/// @brief Batch-level aux loss from a gating_output. Zero valid tokens give 0.
+[[nodiscard]] inline aux_loss_result aux_loss(const routing_config& cfg, const gating_output& g) {
+  aux_loss_result r;
+  r.scale = aux_scale_value(cfg);
+  r.tokens = g.valid_tokens;
+  r.score_sum = g.aux_score_sum;
+  r.counts = g.aux_count;
+  if (g.valid_tokens == 0) return r;
+  double s = 0.0;
+  const double T = static_cast<double>(g.valid_tokens);
+  for (std::int32_t e = 0; e < g.experts; ++e) s += (g.aux_count[e] / T) * (g.aux_score_sum[e] / T);
+  r.value = cfg.loss.aux_coefficient * r.scale * s;
+  return r;
+}
+
+/// @brief Combine aux-loss sums gathered from several shards of one global batch:
+///        counts and score sums add, token counts add, then the same formula applies.
+[[nodiscard]] inline double aux_loss_from_sums(const routing_config& cfg,
+                                               const std::vector<double>& score_sum,
+                                               const std::vector<std::int64_t>& counts,
+                                               std::int64_t tokens) {
+  if (tokens == 0) return 0.0;
+  double s = 0.0;
+  const double T = static_cast<double>(tokens);
+  for (std::size_t e = 0; e < score_sum.size(); ++e) s += (counts[e] / T) * (score_sum[e] / T);
+  return cfg.loss.aux_coefficient * aux_scale_value(cfg) * s;
+}
+
+/// @brief Sequence-level aux loss: the mean over sequences of each sequence's aux loss (its f
+///        and P over its own valid tokens). Needs loss.sequence_length > 0; sequences with no
+///        valid token count as 0 and are left out of the mean.
+[[nodiscard]] inline double sequence_aux_loss(const routing_config& cfg, const gating_output& g) {
+  if (g.sequences == 0) return 0.0;
+  const double scale = aux_scale_value(cfg);
+  double total = 0.0;
+  std::int64_t used = 0;
+  for (std::int64_t s = 0; s < g.sequences; ++s) {
+    const double L = static_cast<double>(g.seq_tokens[s]);
+    if (L == 0) continue;
+    double acc = 0.0;
+    for (std::int32_t e = 0; e < g.experts; ++e)
+      acc += (g.seq_count[s * g.experts + e] / L) * (g.seq_score_sum[s * g.experts + e] / L);
+    total += scale * acc;
+    ++used;
+  }
+  return used ? cfg.loss.aux_coefficient * total / used : 0.0;
+}
+
+struct z_loss_result {
+  double value = 0.0;        ///< coefficient * sum_t lse_t^2 / T
+  double sum_squares = 0.0;  ///< sum_t lse_t^2 over valid tokens (in double)
+  std::int64_t tokens = 0;
+};
+
+/// @brief Router z-loss (ST-MoE): mean over valid tokens of logsumexp(logits)^2.
+[[nodiscard]] inline z_loss_result z_loss(const routing_config& cfg, const gating_output& g) {
+  z_loss_result r;
+  r.tokens = g.valid_tokens;
+  for (std::int64_t t = 0; t < g.tokens; ++t) {
+    if (!g.valid[t]) continue;
+    const double l = g.logsumexp[t];
+    r.sum_squares += l * l;
+  }
+  if (r.tokens) r.value = cfg.loss.z_coefficient * r.sum_squares / static_cast<double>(r.tokens);
+  return r;
+}
+
+}  // namespace moeroute::reference
