@@ -157,7 +157,7 @@ inline dispatch_output dispatch(const routing_config& cfg, const gating_output& 
       if (room(e)) {
         out.fates[a] = fate::kept;
         out.expert[a] = e;
-        out.slot[a] = out.load[e]++;
+        out.slot[a] = static_cast<std::int32_t>(out.load[e]++);
         holder[e].push_back(a);
         ++out.kept[e];
       }

@@ -42,7 +42,7 @@ struct aux_loss_result {
   if (g.valid_tokens == 0) return r;
   double s = 0.0;
   const double T = static_cast<double>(g.valid_tokens);
-  for (std::int32_t e = 0; e < g.experts; ++e) s += (g.aux_count[e] / T) * (g.aux_score_sum[e] / T);
+  for (std::int32_t e = 0; e < g.experts; ++e) s += (static_cast<double>(g.aux_count[e]) / T) * (g.aux_score_sum[e] / T);
   r.value = cfg.loss.aux_coefficient * r.scale * s;
   return r;
 }
@@ -56,7 +56,7 @@ struct aux_loss_result {
   if (tokens == 0) return 0.0;
   double s = 0.0;
   const double T = static_cast<double>(tokens);
-  for (std::size_t e = 0; e < score_sum.size(); ++e) s += (counts[e] / T) * (score_sum[e] / T);
+  for (std::size_t e = 0; e < score_sum.size(); ++e) s += (static_cast<double>(counts[e]) / T) * (score_sum[e] / T);
   return cfg.loss.aux_coefficient * aux_scale_value(cfg) * s;
 }
 
@@ -73,11 +73,11 @@ struct aux_loss_result {
     if (L == 0) continue;
     double acc = 0.0;
     for (std::int32_t e = 0; e < g.experts; ++e)
-      acc += (g.seq_count[s * g.experts + e] / L) * (g.seq_score_sum[s * g.experts + e] / L);
+      acc += (static_cast<double>(g.seq_count[s * g.experts + e]) / L) * (g.seq_score_sum[s * g.experts + e] / L);
     total += scale * acc;
     ++used;
   }
-  return used ? cfg.loss.aux_coefficient * total / used : 0.0;
+  return used ? cfg.loss.aux_coefficient * total / static_cast<double>(used) : 0.0;
 }
 
 struct z_loss_result {

@@ -32,7 +32,7 @@ struct routing_stats {
   s.dropped = d.total_dropped;
   s.masked = d.total_masked;
   const std::int64_t live = s.assignments - s.masked;
-  s.drop_rate = live > 0 ? static_cast<double>(s.dropped) / live : 0.0;
+  s.drop_rate = live > 0 ? static_cast<double>(s.dropped) / static_cast<double>(live) : 0.0;
   for (std::int64_t t = 0; t < d.tokens; ++t) {
     bool any = false, masked = false;
     for (std::int32_t j = 0; j < d.k; ++j) {
@@ -44,7 +44,7 @@ struct routing_stats {
   }
   s.rows = L.num_rows;
   s.empty_rows = L.padding_rows();
-  s.padding_waste = s.rows > 0 ? static_cast<double>(s.empty_rows) / s.rows : 0.0;
+  s.padding_waste = s.rows > 0 ? static_cast<double>(s.empty_rows) / static_cast<double>(s.rows) : 0.0;
   std::int64_t total = 0;
   for (std::int32_t e = 0; e < d.experts; ++e) {
     s.max_load = std::max(s.max_load, d.requested[e]);
