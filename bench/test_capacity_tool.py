@@ -1,0 +1,243 @@
+#!/usr/bin/env python3
+# SPDX-License-Identifier: Apache-2.0
+"""ctest driver for moeroute-capacity: test_capacity_tool.py CASE TOOL WORKDIR.
+
+Cases: synthetic, npy, npy_layers_f16, malformed, bad_args, plot. Each asserts exact values
+(counts the routing rules determine) and exits non-zero with a message on the first failure.
+"""
+import csv
+import io
+import json
+import os
+import shutil
+import struct
+import subprocess
+import sys
+
+import numpy as np
+
+CASE, TOOL, WORK = sys.argv[1], sys.argv[2], sys.argv[3]
+failures = []
+
+
+def check(cond, what):
+    if not cond:
+        failures.append(what)
+        print("FAIL:", what, file=sys.stderr)
+
+
+def run(*args):
+    p = subprocess.run([TOOL, *args, "--quiet"], capture_output=True, text=True, timeout=600)
+    return p.returncode, p.stdout, p.stderr
+
+
+def csv_rows(text):
+    return list(csv.DictReader(io.StringIO(text)))
+
+
+def case_synthetic():
+    args = ["--scenario", "uniform,zipf,collapsed", "--tokens", "256", "--experts", "8", "--top-k", "2",
+            "--preset", "deepspeed_topk", "--factors", "0.5,1.0,dropless",
+            "--priorities", "token_major,score", "--policies", "zero_weight,fallback", "--format", "csv"]
+    rc, out, err = run(*args)
+    check(rc == 0, f"synthetic sweep exit code {rc}: {err}")
+    rows = csv_rows(out)
+    check(len(rows) == 3 * 3 * 2 * 2, f"expected 36 CSV rows, got {len(rows)}")
+    check(out.splitlines()[0].startswith("scenario,tokens,experts,top_k,factor,capacity"), "CSV header")
+    by = {(r["scenario"], r["factor"], r["priority"], r["policy"]): r for r in rows}
+    for r in rows:
+        a, kept, rer, drop = (int(r[c]) for c in ("assignments", "kept", "rerouted", "dropped"))
+        check(a == 512, f"assignments {a} != 256 * 2")
+        check(kept + rer + drop == a, f"kept+rerouted+dropped != assignments in {r}")
+        if r["factor"] == "dropless":
+            check(drop == 0 and int(r["capacity"]) == -1, f"dropless row drops: {r}")
+        else:
+            # deepspeed_topk: C = max(ceil(T*k/E*f), 4)
+            want_c = max(int(np.ceil(256 * 2 / 8 * float(r["factor"]))), 4)
+            check(int(r["capacity"]) == want_c, f"capacity {r['capacity']} != {want_c}")
+            if r["policy"] == "fallback":  # + a shared-expert segment holding the overflow
+                check(8 * want_c < int(r["rows"]) <= 8 * want_c + rer or rer == 0, f"padded rows {r}")
+            else:
+                check(int(r["rows"]) == 8 * want_c, f"padded rows {r['rows']} != 8 * {want_c}")
+        if r["policy"] == "fallback":
+            # an unbounded shared expert takes every overflow: nothing dropped, and exactly what
+            # zero_weight dropped is rerouted
+            zw = by[(r["scenario"], r["factor"], r["priority"], "zero_weight")]
+            check(drop == 0, f"fallback dropped {drop}")
+            check(rer == int(zw["dropped"]), f"fallback rerouted {rer} != zero_weight dropped {zw['dropped']}")
+        check(abs(float(r["drop_rate"]) - drop / a) < 1e-6, "drop_rate = dropped / assignments")
+    # the collapsed batch must drop more than the uniform one at factor 1.0
+    u = int(by[("uniform", "1", "token_major", "zero_weight")]["dropped"])
+    c = int(by[("collapsed", "1", "token_major", "zero_weight")]["dropped"])
+    check(c > u > 0, f"collapsed drops {c} should exceed uniform drops {u} > 0")
+    # same inputs -> same results (everything but the timing column)
+    rc2, out2, _ = run(*args)
+    strip = lambda t: [",".join(line.split(",")[:-2]) for line in t.splitlines()]
+    check(rc2 == 0 and strip(out) == strip(out2), "two identical sweeps differ")
+    # table and json formats
+    rc, out, err = run("--scenario", "homogeneous", "--tokens", "128", "--experts", "8", "--factors", "1.25")
+    check(rc == 0 and "== homogeneous" in out and "drop%" in out, f"table output: {out[:400]} {err}")
+    rc, out, err = run("--scenario", "mixed", "--tokens", "128", "--preset", "mixtral", "--format", "json")
+    j = json.loads(out) if rc == 0 else {}
+    check(rc == 0 and len(j.get("rows", [])) == 7 and j["experts"] == 8 and j["top_k"] == 2,
+          f"json output rc={rc} {err}")
+
+
+def case_npy():
+    os.makedirs(WORK, exist_ok=True)
+    rng = np.random.default_rng(7)
+    x = (0.1 * rng.standard_normal((64, 4))).astype(np.float32)
+    x[:, 0] += 10.0  # every token picks expert 0
+    path = os.path.join(WORK, "router_logits.npy")
+    np.save(path, x)
+    rc, out, err = run("--npy", path, "--preset", "switch_top1", "--factors", "0.5,1.0,2.0,dropless",
+                       "--format", "csv")
+    check(rc == 0, f"npy sweep exit {rc}: {err}")
+    rows = {r["factor"]: r for r in csv_rows(out)}
+    check(set(rows) == {"0.5", "1", "2", "dropless"}, f"factors {set(rows)}")
+    for f, C in (("0.5", 8), ("1", 16), ("2", 32)):
+        r = rows.get(f, {})
+        check(r.get("scenario") == "router_logits", "scenario named after the file")
+        check(int(r.get("capacity", -9)) == C, f"factor {f}: capacity {r.get('capacity')} != {C}")
+        check(int(r.get("kept", -1)) == C and int(r.get("dropped", -1)) == 64 - C, f"factor {f}: kept/dropped {r}")
+        check(int(r.get("fully_dropped_tokens", -1)) == 64 - C, f"factor {f}: fully dropped tokens")
+        check(int(r.get("rows", -1)) == 4 * C and abs(float(r.get("padding_waste", 0)) - 0.75) < 1e-9,
+              f"factor {f}: padded rows / waste {r}")
+        check(int(r.get("dead_experts", -1)) == 3 and int(r.get("max_load", -1)) == 64, f"factor {f}: loads")
+        check(int(r.get("buffer_bytes", -1)) == 4 * C * 768 * 2, f"factor {f}: buffer bytes (d=768 bf16)")
+    d = rows.get("dropless", {})
+    check(int(d.get("dropped", -1)) == 0 and int(d.get("rows", -1)) == 64 and float(d.get("padding_waste", 1)) == 0.0,
+          f"dropless row {d}")
+
+
+def case_npy_layers_f16():
+    os.makedirs(WORK, exist_ok=True)
+    x = np.zeros((2, 32, 4), dtype=np.float16)
+    for t in range(32):
+        x[0, t, t % 4] = 5.0   # layer 0: balanced, 8 tokens per expert
+        x[1, t, 3] = 5.0       # layer 1: every token on expert 3
+    path = os.path.join(WORK, "layers.npy")
+    np.save(path, x)
+    rc, out, err = run("--npy", path, "--preset", "deepspeed_topk", "--top-k", "1", "--factors", "1.0",
+                       "--format", "json")
+    check(rc == 0, f"3-D f16 sweep exit {rc}: {err}")
+    j = json.loads(out) if rc == 0 else {"rows": []}
+    rows = {r["scenario"]: r for r in j["rows"]}
+    check(set(rows) == {"layers[0]", "layers[1]"}, f"layer rows {set(rows)}")
+    if len(rows) == 2:
+        check(rows["layers[0]"]["capacity"] == 8 and rows["layers[0]"]["dropped"] == 0, "layer 0 balanced")
+        check(rows["layers[1]"]["kept"] == 8 and rows["layers[1]"]["dropped"] == 24, "layer 1 collapsed")
+        check(rows["layers[1]"]["dead_experts"] == 3, "layer 1 dead experts")
+    rc, out, err = run("--npy", path, "--layer", "1", "--top-k", "1", "--factors", "1.0", "--format", "csv")
+    rows = csv_rows(out)
+    check(rc == 0 and len(rows) == 1 and rows[0]["scenario"] == "layers[1]", f"--layer 1: {rc} {err}")
+    rc, out, err = run("--npy", path, "--layer", "2")
+    check(rc == 2 and "layer" in err, f"--layer out of range: rc {rc} {err}")
+
+
+def npy_bytes(header, data=b"", major=1):
+    h = header.encode("latin1")
+    pre = b"\x93NUMPY" + bytes([major, 0])
+    pre += struct.pack("<H", len(h)) if major == 1 else struct.pack("<I", len(h))
+    return pre + h + data
+
+
+def case_malformed():
+    os.makedirs(WORK, exist_ok=True)
+    good_hdr = "{'descr': '<f4', 'fortran_order': False, 'shape': (2, 3), }\n"
+    cases = {
+        "empty": (b"", "bad magic"),
+        "bad_magic": (b"NOTNUMPY" + b"\0" * 64, "bad magic"),
+        "bad_version": (b"\x93NUMPY\x09\x00" + b"\x10\x00" + b" " * 16, "unsupported format version"),
+        "header_past_end": (b"\x93NUMPY\x01\x00" + struct.pack("<H", 5000) + b"{'descr'", "past the end"),
+        "v2_header_past_end": (b"\x93NUMPY\x02\x00" + struct.pack("<I", 0xFFFFFFF0) + b"{}", "header length"),
+        "float64": (None, "unsupported dtype"),
+        "int32": (npy_bytes(good_hdr.replace("<f4", "<i4"), b"\0" * 24), "unsupported dtype"),
+        "fortran": (None, "fortran_order"),
+        "one_dim": (None, "dimensions"),
+        "four_dim": (npy_bytes("{'descr': '<f4', 'fortran_order': False, 'shape': (1, 1, 1, 1), }\n", b"\0" * 4),
+                     "dimensions"),
+        "truncated": (None, "data size mismatch"),
+        "trailing": (npy_bytes(good_hdr, b"\0" * 28), "data size mismatch"),
+        "overflow": (npy_bytes("{'descr': '<f4', 'fortran_order': False, 'shape': (4294967296, 4294967296, 16), }\n"),
+                     "overflow"),
+        "huge_dim": (npy_bytes("{'descr': '<f4', 'fortran_order': False, 'shape': (99999999999999999999, 2), }\n"),
+                     "overflow"),
+        "extra_key": (npy_bytes(good_hdr.replace("}", "'x': 1}"), b"\0" * 24), "unexpected key"),
+        "no_shape": (npy_bytes("{'descr': '<f4', 'fortran_order': False}\n", b"\0" * 24), "no 'shape'"),
+        "garbage_header": (npy_bytes("\x01\x02garbage\xff", b""), "header does not start"),
+        "unterminated": (npy_bytes("{'descr': '<f4", b""), "unterminated"),
+        "zero_experts": (npy_bytes("{'descr': '<f4', 'fortran_order': False, 'shape': (4, 0), }\n"), "experts"),
+    }
+    for name, (data, msg) in cases.items():
+        path = os.path.join(WORK, name + ".npy")
+        if name == "float64":
+            np.save(path, np.zeros((4, 8), dtype=np.float64))
+        elif name == "fortran":
+            np.save(path, np.asfortranarray(np.zeros((4, 8), dtype=np.float32)))
+        elif name == "one_dim":
+            np.save(path, np.zeros(8, dtype=np.float32))
+        elif name == "truncated":
+            np.save(path, np.zeros((4, 8), dtype=np.float32))
+            with open(path, "r+b") as f:
+                f.truncate(os.path.getsize(path) - 3)
+        else:
+            with open(path, "wb") as f:
+                f.write(data)
+        rc, out, err = run("--npy", path)
+        check(rc == 2, f"{name}: exit code {rc} (want 2); stderr: {err.strip()[:300]}")
+        check(msg in err, f"{name}: message should contain '{msg}', got: {err.strip()[:300]}")
+    rc, out, err = run("--npy", os.path.join(WORK, "does_not_exist.npy"))
+    check(rc == 2 and "cannot open" in err, f"missing file: rc {rc} {err}")
+
+
+def case_bad_args():
+    cases = [
+        (["--factors", "abc"], "--factors"),
+        (["--factors", "-1"], "--factors"),
+        (["--factors", ""], "--factors"),
+        (["--scenario", "nope"], "unknown scenario"),
+        (["--preset", "nope"], "unknown preset"),
+        (["--priorities", "fifo"], "unknown priority"),
+        (["--policies", "drop_all"], "unknown drop policy"),
+        (["--tokens", "-5"], "--tokens"),
+        (["--tokens", "lots"], "tokens"),
+        (["--experts", "0"], "--experts"),
+        (["--preset", "switch_top1", "--top-k", "2"], "top-1 only"),
+        (["--preset", "megatron", "--experts", "4", "--top-k", "5"], "top_k"),
+        (["--format", "xml"], "--format"),
+        (["--dtype", "int8"], "--dtype"),
+        (["--plot", "out.jpg"], "--plot"),
+        (["--no-such-flag"], "no-such-flag"),
+        (["--npy", "x.npy", "--scenario", "zipf"], "excludes"),
+        (["--collapse-share", "1.5"], "--collapse-share"),
+    ]
+    for argv, msg in cases:
+        rc, out, err = run(*argv)
+        check(rc == 2, f"{argv}: exit code {rc} (want 2); stderr: {err.strip()[:300]}")
+        check(msg.lower() in err.lower(), f"{argv}: message should mention '{msg}': {err.strip()[:300]}")
+
+
+def case_plot():
+    os.makedirs(WORK, exist_ok=True)
+    png, svg, csvp = (os.path.join(WORK, n) for n in ("cap.png", "cap.svg", "cap.csv"))
+    for p in (png, svg, csvp):
+        if os.path.exists(p):
+            os.remove(p)
+    rc, out, err = run("--scenario", "uniform,collapsed", "--tokens", "128", "--experts", "8",
+                       "--factors", "0.5,1.0,2.0,dropless", "--policies", "zero_weight,next_choice",
+                       "--plot", png, "--csv", csvp, "--format", "csv", "--out", os.path.join(WORK, "o.csv"))
+    check(rc == 0, f"--plot png exit {rc}: {err}")
+    check(os.path.exists(png) and open(png, "rb").read(8) == b"\x89PNG\r\n\x1a\n", "PNG written")
+    check(os.path.exists(csvp) and len(csv_rows(open(csvp).read())) == 16, "--csv rows")
+    rc, out, err = run("--scenario", "zipf", "--tokens", "64", "--experts", "8", "--plot", svg)
+    check(rc == 0 and os.path.exists(svg) and "<svg" in open(svg).read(), f"--plot svg: {rc} {err}")
+    check(not os.path.exists(svg + ".csv"), "temporary CSV removed")
+
+
+{"synthetic": case_synthetic, "npy": case_npy, "npy_layers_f16": case_npy_layers_f16,
+ "malformed": case_malformed, "bad_args": case_bad_args, "plot": case_plot}[CASE]()
+if failures:
+    print(f"{len(failures)} check(s) failed in case {CASE}", file=sys.stderr)
+    sys.exit(1)
+print(f"case {CASE}: all checks passed")
