@@ -273,6 +273,8 @@ int run(int argc, char** argv) {
   app.add_option("--zipf-s", sp.zipf_s, "Zipf exponent s of the zipf scenario")->capture_default_str();
   app.add_option("--collapse-share", sp.collapse_share, "share p of tokens on expert 0 in the collapsed scenario")
       ->capture_default_str();
+  app.add_option("--mixed-sources", sp.mixed_sources, "documents interleaved in the mixed scenario")
+      ->capture_default_str();
   app.add_option("--seed", sp.seed, "seed of the synthetic scenarios")->capture_default_str();
   app.add_option("--hidden", hidden, "hidden size d for the buffer memory (default: the preset's model)");
   app.add_option("--dtype", dtype_name, "buffer element type: f32, f16, bf16")->capture_default_str();
@@ -323,6 +325,7 @@ int run(int argc, char** argv) {
   if (hidden < 0 || hidden > max_hidden) throw usage_error("--hidden must be in [1, 2^20]");
   if (!std::isfinite(sp.zipf_s) || sp.zipf_s < 0 || sp.zipf_s > 100) throw usage_error("--zipf-s must be in [0, 100]");
   if (!(sp.collapse_share >= 0 && sp.collapse_share <= 1)) throw usage_error("--collapse-share must be in [0, 1]");
+  if (sp.mixed_sources < 1 || sp.mixed_sources > (1 << 20)) throw usage_error("--mixed-sources must be in [1, 2^20]");
   if (!plot_path.empty()) {
     const auto ext = plot_path.size() >= 4 ? plot_path.substr(plot_path.size() - 4) : "";
     if (ext != ".png" && ext != ".svg") throw usage_error("--plot: the file must end in .png or .svg");

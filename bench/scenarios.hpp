@@ -37,7 +37,7 @@ struct scenario_params {
   double zipf_s = 1.2;            ///< Zipf exponent: expert popularity ~ 1 / rank^s
   double collapse_share = 0.5;    ///< collapsed: share p of tokens forced onto expert 0
   double homogeneous_noise = 0.05;///< homogeneous: per-token noise around one shared row
-  std::int32_t mixed_sources = 16;///< mixed: number of distinct "documents" interleaved
+  std::int32_t mixed_sources = 64;///< mixed: number of distinct "documents" interleaved
   std::uint64_t seed = 1234;
 };
 

@@ -1,0 +1,75 @@
+#!/usr/bin/env bash
+# SPDX-License-Identifier: Apache-2.0
+# The default benchmark run behind `./build.sh bench`:
+#   1. moeroute-capacity on synthetic batches sized like a Mixtral 8x7B layer (E=8, k=2) and a
+#      DeepSeek-V3 layer (E=256, k=8, 8 groups / top-4): table, CSV, JSON and a plot per model,
+#      plus one combined plot;
+#   2. the Google Benchmark CPU reference stages (JSON);
+#   3. the GPU benchmarks, when bench_kernels_cuda was built and a device is present.
+# Outputs go to $MOEROUTE_BENCH_OUT (default: build/bench/ in the source tree).
+#
+#   bench/run_all.sh BUILD_DIR        e.g. bench/run_all.sh build/release
+set -euo pipefail
+BUILD=${1:?usage: bench/run_all.sh BUILD_DIR}
+ROOT=$(cd "$(dirname "$0")/.." && pwd)
+OUT=${MOEROUTE_BENCH_OUT:-$ROOT/build/bench}
+TOOL="$BUILD/bench/moeroute-capacity"
+KERNELS="$BUILD/bench/bench_kernels"
+mkdir -p "$OUT"
+
+log() { printf '\n==> %s\n' "$*"; }
+for bin in "$TOOL" "$KERNELS"; do
+  [ -x "$bin" ] || { echo "run_all.sh: $bin not built (configure with MOEROUTE_BUILD_BENCHMARKS=ON)" >&2; exit 1; }
+done
+
+# A python3 with matplotlib for the combined plot (Debian's first; pyenv shims often lack it).
+PY=""
+for p in /usr/bin/python3 python3; do
+  if command -v "$p" >/dev/null 2>&1 && "$p" -c "import matplotlib" 2>/dev/null; then PY=$p; break; fi
+done
+PLOT_ARGS=()
+[ -n "$PY" ] && PLOT_ARGS=(--python "$PY")
+
+SCENARIOS=uniform,zipf,collapsed,homogeneous,mixed
+FACTORS=0.5,0.75,1.0,1.25,1.5,2.0,dropless
+
+sweep() {  # name preset tokens priorities policies repeats
+  local name=$1 preset=$2 tokens=$3 prios=$4 pols=$5 reps=$6
+  log "capacity sweep: $name (preset $preset, T=$tokens)"
+  local plot=()
+  [ -n "$PY" ] && plot=(--plot "$OUT/capacity_$name.png")
+  "$TOOL" --preset "$preset" --scenario "$SCENARIOS" --tokens "$tokens" --factors "$FACTORS" \
+          --priorities "$prios" --policies "$pols" --repeat "$reps" \
+          --format table --out "$OUT/capacity_$name.txt" \
+          --csv "$OUT/capacity_$name.csv" --json "$OUT/capacity_$name.json" \
+          "${PLOT_ARGS[@]}" "${plot[@]}"
+  cat "$OUT/capacity_$name.txt"
+}
+
+start=$(date +%s)
+# Mixtral-sized layer: cheap, so every priority mode and every rerouting policy.
+sweep mixtral mixtral 4096 token_major,choice_major,score zero_weight,fallback,next_choice 3
+# DeepSeek-V3-sized layer: 256 experts, group-limited (next_choice is not defined with groups).
+sweep deepseek_v3 deepseek_v3 4096 token_major,score zero_weight,fallback 1
+
+if [ -n "$PY" ]; then
+  log "combined plot"
+  "$PY" "$ROOT/bench/plot_capacity.py" "$OUT/capacity.png" "$OUT/capacity_mixtral.csv" "$OUT/capacity_deepseek_v3.csv"
+  echo "wrote $OUT/capacity.png"
+else
+  echo "no python3 with matplotlib: plots skipped (Debian: apt-get install python3-matplotlib)" >&2
+fi
+
+log "CPU reference stages (Google Benchmark)"
+"$KERNELS" --benchmark_out="$OUT/kernels_cpu.json" --benchmark_out_format=json
+
+CUDA_BENCH="$BUILD/bench/bench_kernels_cuda"
+if [ -x "$CUDA_BENCH" ]; then
+  log "GPU launchers (Google Benchmark, CUDA events)"
+  # registers no case without a device; still writes a (empty) JSON
+  "$CUDA_BENCH" --benchmark_out="$OUT/kernels_gpu.json" --benchmark_out_format=json || \
+    echo "bench_kernels_cuda failed (rc $?)" >&2
+fi
+
+log "done in $(( $(date +%s) - start )) s; results in $OUT"
+ls -1 "$OUT"/capacity* "$OUT"/kernels_*.json 2>/dev/null || true
