@@ -286,7 +286,9 @@ std::string field_msg(const char* field, T value, const char* why) {
       return bad(field_msg("capacity.factor", cap.factor, "must be finite and > 0"));
     if (!std::isnan(cap.eval_factor) && (!std::isfinite(cap.eval_factor) || cap.eval_factor <= 0.0))
       return bad(field_msg("capacity.eval_factor", cap.eval_factor, "must be finite and > 0, or NaN"));
-    if (f > 1e6) return bad(field_msg("capacity.factor", f, "is absurdly large (> 1e6)"));
+    if (f > 1e6)
+      return bad(field_msg(f == cap.factor ? "capacity.factor" : "capacity.eval_factor", f,
+                           "is absurdly large (> 1e6)"));
   }
   if (cap.min_capacity < 0)
     return bad(field_msg("capacity.min_capacity", cap.min_capacity, "must be >= 0"));
