@@ -16,6 +16,7 @@
 #include <fstream>
 #include <iostream>
 #include <limits>
+#include <map>
 #include <sstream>
 #include <string>
 #include <tuple>
@@ -318,8 +319,9 @@ std::vector<std::uint8_t> torch_topk_kept(const reference::gating_output& g, std
   return kept;
 }
 
-/// Assignments decided by an exact gate tie (summed over all cases, printed at the end).
+/// Assignments decided by an exact gate tie, and the cases they occur in (printed at the end).
 std::size_t tie_decided = 0;
+std::map<std::string, std::size_t> tie_cases;
 
 /// Runs one case; returns "" on a match, else a description of the first mismatch.
 std::string check_case(const json& file_doc, const json& cs) {
@@ -395,6 +397,7 @@ std::string check_case(const json& file_doc, const json& cs) {
           if (g.gates[a] != cut)
             return "token " + std::to_string(a / k) + ": kept differs from top-C without a tie";
           ++tie_decided;
+          ++tie_cases[cs.at("name").get<std::string>()];
         }
     }
     keep = model;
@@ -502,6 +505,7 @@ TEST_CASE("golden peer parity", "[golden]") {
   const auto [checked, failed] = run_all(files);
   std::cout << "golden: " << checked - failed << " / " << checked << " cases match ("
             << tie_decided << " assignments decided by exact gate ties, see docs/numerics.md)\n";
+  for (const auto& [name, n] : tie_cases) std::cout << "golden:   ties in " << name << ": " << n << "\n";
   REQUIRE(checked == on_disk);
   REQUIRE(failed == 0);
 }
