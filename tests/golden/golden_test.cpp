@@ -6,9 +6,8 @@
 //
 // Directory: $MOEROUTE_GOLDEN_DIR when set, else MOEROUTE_TEST_DATA_DIR "/golden" (416 cases).
 // Tolerances: integers exact; gates / weights 1e-6 relative; aux loss and z-loss 1e-5 relative.
-#include <catch2/catch.hpp>
-
 #include <algorithm>
+#include <catch2/catch.hpp>
 #include <cmath>
 #include <cstdint>
 #include <cstdlib>
@@ -17,15 +16,13 @@
 #include <iostream>
 #include <limits>
 #include <map>
+#include <moeroute/presets.hpp>
+#include <moeroute/reference.hpp>
+#include <nlohmann/json.hpp>
 #include <sstream>
 #include <string>
 #include <tuple>
 #include <vector>
-
-#include <nlohmann/json.hpp>
-
-#include <moeroute/presets.hpp>
-#include <moeroute/reference.hpp>
 
 using namespace moeroute;
 using json = nlohmann::json;
@@ -57,7 +54,8 @@ std::vector<golden_file> load_dir(const std::string& dir) {
   if (!fs::is_directory(dir)) throw std::runtime_error("golden directory not found: " + dir);
   std::vector<std::string> paths;
   for (const auto& ent : fs::directory_iterator(dir))
-    if (ent.is_regular_file() && ent.path().extension() == ".json") paths.push_back(ent.path().string());
+    if (ent.is_regular_file() && ent.path().extension() == ".json")
+      paths.push_back(ent.path().string());
   std::sort(paths.begin(), paths.end());
   std::vector<golden_file> files;
   for (const auto& p : paths) {
@@ -90,7 +88,9 @@ std::string str_or(const json& j, const char* key, const std::string& fallback) 
   return j.contains(key) && j[key].is_string() ? j[key].get<std::string>() : fallback;
 }
 
-bool is_null_or_missing(const json& j, const char* key) { return !j.contains(key) || j[key].is_null(); }
+bool is_null_or_missing(const json& j, const char* key) {
+  return !j.contains(key) || j[key].is_null();
+}
 
 /// The config the semantics block describes, field by field.
 routing_config config_from_semantics(const json& sem, std::int32_t experts) {
@@ -100,16 +100,23 @@ routing_config config_from_semantics(const json& sem, std::int32_t experts) {
   const std::int32_t k = c.top_k;
 
   const std::string score = sem.at("score").get<std::string>();
-  if (score == "softmax") c.gating.score = score_function::softmax;
-  else if (score == "sigmoid") c.gating.score = score_function::sigmoid;
-  else throw std::runtime_error("unknown score: " + score);
+  if (score == "softmax")
+    c.gating.score = score_function::softmax;
+  else if (score == "sigmoid")
+    c.gating.score = score_function::sigmoid;
+  else
+    throw std::runtime_error("unknown score: " + score);
 
   const std::string sel = sem.at("select_from").get<std::string>();
   const std::string renorm = sem.at("renormalize").get<std::string>();
-  if (renorm == "none") c.gating.renorm = renormalize::none;
-  else if (renorm == "before_drop") c.gating.renorm = renormalize::before_drop;
-  else if (renorm == "after_drop") c.gating.renorm = renormalize::after_drop;
-  else throw std::runtime_error("unknown renormalize: " + renorm);
+  if (renorm == "none")
+    c.gating.renorm = renormalize::none;
+  else if (renorm == "before_drop")
+    c.gating.renorm = renormalize::before_drop;
+  else if (renorm == "after_drop")
+    c.gating.renorm = renormalize::after_drop;
+  else
+    throw std::runtime_error("unknown renormalize: " + renorm);
   if (sel == "logits") {
     c.gating.select = select_from::logits;
     // Selecting on softmax logits and renormalising over the k chosen is the softmax over the
@@ -130,7 +137,8 @@ routing_config config_from_semantics(const json& sem, std::int32_t experts) {
   c.gating.expert_bias = !is_null_or_missing(sem, "expert_bias");
   if (!is_null_or_missing(sem, "group_limited")) {
     const json& gl = sem["group_limited"];
-    c.gating.group_limit = {gl.at("groups").get<std::int32_t>(), gl.at("group_topk").get<std::int32_t>()};
+    c.gating.group_limit = {gl.at("groups").get<std::int32_t>(),
+                            gl.at("group_topk").get<std::int32_t>()};
   }
 
   if (is_null_or_missing(sem, "capacity")) {
@@ -141,44 +149,63 @@ routing_config config_from_semantics(const json& sem, std::int32_t experts) {
     c.capacity.factor = cap.at("factor").get<double>();
     c.capacity.includes_k = cap.at("includes_k").get<bool>();
     const std::string r = cap.at("rounding").get<std::string>();
-    if (r == "ceil") c.capacity.rounding = capacity_rounding::ceil;
-    else if (r == "floor") c.capacity.rounding = capacity_rounding::floor;
-    else throw std::runtime_error("unknown rounding: " + r);
-    c.capacity.min_capacity = is_null_or_missing(cap, "min_capacity") ? 0 : cap["min_capacity"].get<std::int64_t>();
+    if (r == "ceil")
+      c.capacity.rounding = capacity_rounding::ceil;
+    else if (r == "floor")
+      c.capacity.rounding = capacity_rounding::floor;
+    else
+      throw std::runtime_error("unknown rounding: " + r);
+    c.capacity.min_capacity =
+        is_null_or_missing(cap, "min_capacity") ? 0 : cap["min_capacity"].get<std::int64_t>();
     c.capacity.no_drop_when_exceeds_tokens =
         cap.contains("no_drop_when_capacity_exceeds_tokens") &&
         cap["no_drop_when_capacity_exceeds_tokens"].get<bool>();
   }
 
   const std::string prio = str_or(sem, "priority", "token_major");
-  if (prio == "token_major") c.dispatch.prio = priority::token_major;
-  else if (prio == "choice_major") c.dispatch.prio = priority::choice_major;
-  else if (prio == "score_per_expert") c.dispatch.prio = priority::score_per_expert;
-  else throw std::runtime_error("unknown priority: " + prio);
+  if (prio == "token_major")
+    c.dispatch.prio = priority::token_major;
+  else if (prio == "choice_major")
+    c.dispatch.prio = priority::choice_major;
+  else if (prio == "score_per_expert")
+    c.dispatch.prio = priority::score_per_expert;
+  else
+    throw std::runtime_error("unknown priority: " + prio);
   // Dropless cases have no priority (nothing competes); Megatron's dispatch is still by score.
   if (!sem.contains("priority")) c.dispatch.prio = priority::score_per_expert;
   const std::string slots = str_or(sem, "slot_order", "priority");
-  if (slots == "priority") c.dispatch.slots = slot_order::priority;
-  else if (slots == "token_index") c.dispatch.slots = slot_order::token_index;
-  else throw std::runtime_error("unknown slot_order: " + slots);
+  if (slots == "priority")
+    c.dispatch.slots = slot_order::priority;
+  else if (slots == "token_index")
+    c.dispatch.slots = slot_order::token_index;
+  else
+    throw std::runtime_error("unknown slot_order: " + slots);
   const std::string dropped = str_or(sem, "dropped", "zero_weight");
-  if (dropped == "zero_weight") c.dispatch.dropped = drop_policy::zero_weight;
-  else if (dropped == "residual") c.dispatch.dropped = drop_policy::residual;
-  else throw std::runtime_error("unknown dropped: " + dropped);
+  if (dropped == "zero_weight")
+    c.dispatch.dropped = drop_policy::zero_weight;
+  else if (dropped == "residual")
+    c.dispatch.dropped = drop_policy::residual;
+  else
+    throw std::runtime_error("unknown dropped: " + dropped);
 
   const json& aux = sem.at("aux_loss");
   const std::string counts = aux.at("counts").get<std::string>();
-  if (counts == "top1") c.loss.counts = aux_counts::top1;
-  else if (counts == "all_k") c.loss.counts = aux_counts::all_k;
-  else throw std::runtime_error("unknown aux counts: " + counts);
+  if (counts == "top1")
+    c.loss.counts = aux_counts::top1;
+  else if (counts == "all_k")
+    c.loss.counts = aux_counts::all_k;
+  else
+    throw std::runtime_error("unknown aux counts: " + counts);
   c.loss.count_source = str_or(aux, "f", "").find("fresh top-k") != std::string::npos
                             ? aux_count_source::fresh_topk
                             : aux_count_source::routed;
   const std::string scale = aux.at("scale").get<std::string>();
-  if (scale == "sum(P*f)*E" || scale == "E*sum(f*P)") c.loss.scale = aux_scale::e_times_sum;
+  if (scale == "sum(P*f)*E" || scale == "E*sum(f*P)")
+    c.loss.scale = aux_scale::e_times_sum;
   else if (scale == "sum(P*f)*E/k" || scale == "E/(k*T*T)*sum_i(sum_t P[t,i])*count_i")
     c.loss.scale = aux_scale::e_over_k_sum;
-  else throw std::runtime_error("unknown aux scale: " + scale);
+  else
+    throw std::runtime_error("unknown aux scale: " + scale);
   c.loss.aux_coefficient = 1.0f;
   c.loss.z_coefficient = 1.0f;
   return c;
@@ -204,21 +231,25 @@ routing_config preset_for(const json& cs, std::int32_t experts) {
   switch (peer_of(cs)) {
     case peer::deepspeed: {
       const std::int64_t minc = sem["capacity"].at("min_capacity").get<std::int64_t>();
-      if (str_or(sem, "priority", "") == "choice_major") return presets::deepspeed_top2(experts, factor, minc);
+      if (str_or(sem, "priority", "") == "choice_major")
+        return presets::deepspeed_top2(experts, factor, minc);
       return presets::deepspeed_topk(experts, k, factor, minc);
     }
-    case peer::seed: return presets::seed_reference(experts, k, factor);
+    case peer::seed:
+      return presets::seed_reference(experts, k, factor);
     case peer::megatron: {
       presets::megatron_options o;
       o.score = sem.at("score").get<std::string>() == "sigmoid" ? score_function::sigmoid
                                                                 : score_function::softmax;
-      o.pre_softmax = o.score == score_function::softmax && sem.at("select_from").get<std::string>() == "probs";
+      o.pre_softmax =
+          o.score == score_function::softmax && sem.at("select_from").get<std::string>() == "probs";
       if (has_cap) o.capacity_factor = factor;
       if (!is_null_or_missing(sem, "group_limited")) {
         o.groups = sem["group_limited"].at("groups").get<std::int32_t>();
         o.group_topk = sem["group_limited"].at("group_topk").get<std::int32_t>();
       }
-      if (!is_null_or_missing(sem, "scaling_factor")) o.scaling_factor = sem["scaling_factor"].get<float>();
+      if (!is_null_or_missing(sem, "scaling_factor"))
+        o.scaling_factor = sem["scaling_factor"].get<float>();
       o.expert_bias = !is_null_or_missing(sem, "expert_bias");
       return presets::megatron(experts, k, o);
     }
@@ -230,8 +261,9 @@ routing_config preset_for(const json& cs, std::int32_t experts) {
 std::string config_diff(const routing_config& p, const routing_config& s) {
   std::ostringstream d;
   const auto field = [&](const char* name, auto a, auto b) {
-    if (!(a == b)) d << name << ": preset " << +static_cast<long double>(a) << " vs semantics "
-                     << +static_cast<long double>(b) << "; ";
+    if (!(a == b))
+      d << name << ": preset " << +static_cast<long double>(a) << " vs semantics "
+        << +static_cast<long double>(b) << "; ";
   };
   const auto en = [](auto e) { return static_cast<int>(e); };
   field("num_experts", p.num_experts, s.num_experts);
@@ -245,7 +277,8 @@ std::string config_diff(const routing_config& p, const routing_config& s) {
   field("gating.scaling_factor", p.gating.scaling_factor, s.gating.scaling_factor);
   field("gating.expert_bias", p.gating.expert_bias, s.gating.expert_bias);
   field("gating.group_limit.groups", p.gating.group_limit.groups, s.gating.group_limit.groups);
-  field("gating.group_limit.group_topk", p.gating.group_limit.group_topk, s.gating.group_limit.group_topk);
+  field("gating.group_limit.group_topk", p.gating.group_limit.group_topk,
+        s.gating.group_limit.group_topk);
   field("gating.noise.kind", en(p.gating.noise.kind), en(s.gating.noise.kind));
   field("capacity.mode", en(p.capacity.mode), en(s.capacity.mode));
   if (s.capacity.mode == capacity_mode::factor) {
@@ -258,7 +291,8 @@ std::string config_diff(const routing_config& p, const routing_config& s) {
     field("capacity.clamp_to_tokens", p.capacity.clamp_to_tokens, s.capacity.clamp_to_tokens);
   }
   field("dispatch.prio", en(p.dispatch.prio), en(s.dispatch.prio));
-  if (s.capacity.mode == capacity_mode::factor) field("dispatch.slots", en(p.dispatch.slots), en(s.dispatch.slots));
+  if (s.capacity.mode == capacity_mode::factor)
+    field("dispatch.slots", en(p.dispatch.slots), en(s.dispatch.slots));
   field("dispatch.dropped", en(p.dispatch.dropped), en(s.dispatch.dropped));
   field("loss.counts", en(p.loss.counts), en(s.loss.counts));
   field("loss.count_source", en(p.loss.count_source), en(s.loss.count_source));
@@ -311,8 +345,10 @@ std::vector<std::uint8_t> torch_topk_kept(const reference::gating_output& g, std
     }
     if (C == 0) continue;
     const auto greater = [](const auto& x, const auto& y) { return x.first > y.first; };
-    if (C * 64 <= T) std::partial_sort(q.begin(), q.begin() + C, q.end(), greater);
-    else std::nth_element(q.begin(), q.begin() + (C - 1), q.end(), greater);
+    if (C * 64 <= T)
+      std::partial_sort(q.begin(), q.begin() + C, q.end(), greater);
+    else
+      std::nth_element(q.begin(), q.begin() + (C - 1), q.end(), greater);
     for (std::int64_t i = 0; i < C; ++i)
       if (assignment[q[i].second] >= 0) kept[assignment[q[i].second]] = 1;
   }
@@ -337,7 +373,8 @@ std::string check_case(const json& file_doc, const json& cs) {
   std::vector<float> logits;
   logits.reserve(static_cast<std::size_t>(T * E));
   const json& rows = file_doc.at("logits");
-  if (static_cast<std::int64_t>(rows.size()) != T) return "logits has " + std::to_string(rows.size()) + " rows";
+  if (static_cast<std::int64_t>(rows.size()) != T)
+    return "logits has " + std::to_string(rows.size()) + " rows";
   for (const auto& row : rows) {
     if (static_cast<std::int32_t>(row.size()) != E) return "logits row of wrong length";
     for (const auto& v : row) logits.push_back(v.get<float>());
@@ -353,18 +390,21 @@ std::string check_case(const json& file_doc, const json& cs) {
   // capacity (dropless: the peer's "capacity" is null or absent)
   if (ex.contains("capacity") && !ex["capacity"].is_null()) {
     if (d.capacity != ex["capacity"].get<std::int64_t>())
-      return "capacity " + std::to_string(d.capacity) + " != " + std::to_string(ex["capacity"].get<std::int64_t>());
+      return "capacity " + std::to_string(d.capacity) +
+             " != " + std::to_string(ex["capacity"].get<std::int64_t>());
   } else if (d.capacity != unbounded_capacity) {
     return "capacity " + std::to_string(d.capacity) + ", expected none (dropless)";
   }
-  if (ex.contains("aux_loss") && !rel_close(r.aux.value, ex["aux_loss"].get<double>(), loss_rel_tol))
+  if (ex.contains("aux_loss") &&
+      !rel_close(r.aux.value, ex["aux_loss"].get<double>(), loss_rel_tol))
     return "aux_loss " + num(r.aux.value) + " != " + num(ex["aux_loss"].get<double>());
   if (ex.contains("z_loss") && !rel_close(r.z.value, ex["z_loss"].get<double>(), loss_rel_tol))
     return "z_loss " + num(r.z.value) + " != " + num(ex["z_loss"].get<double>());
   if (ex.contains("requested_per_expert")) {
     // Megatron's tokens_per_expert comes from compute_routing_scores_for_aux_loss: a fresh top-k
     // on the unbiased, ungrouped scores, i.e. our aux counts. The others count the routed ids.
-    const std::vector<std::int64_t>& ours = peer_of(cs) == peer::megatron ? r.aux.counts : d.requested;
+    const std::vector<std::int64_t>& ours =
+        peer_of(cs) == peer::megatron ? r.aux.counts : d.requested;
     const auto want = ex["requested_per_expert"].get<std::vector<std::int64_t>>();
     if (want.size() != static_cast<std::size_t>(E)) return "requested_per_expert has wrong length";
     for (std::int32_t e = 0; e < E; ++e)
@@ -388,10 +428,14 @@ std::string check_case(const json& file_doc, const json& cs) {
       std::int64_t n_ours = 0, n_model = 0;
       for (std::int64_t a = 0; a < T * k; ++a) {
         if (g.ids[a] != e) continue;
-        if (keep[a]) { ++n_ours; cut = std::min(cut, g.gates[a]); }
+        if (keep[a]) {
+          ++n_ours;
+          cut = std::min(cut, g.gates[a]);
+        }
         if (model[a]) ++n_model;
       }
-      if (n_ours != n_model) return "expert " + std::to_string(e) + ": kept count differs from top-C";
+      if (n_ours != n_model)
+        return "expert " + std::to_string(e) + ": kept count differs from top-C";
       for (std::int64_t a = 0; a < T * k; ++a)
         if (g.ids[a] == e && keep[a] != model[a]) {
           if (g.gates[a] != cut)
@@ -411,7 +455,8 @@ std::string check_case(const json& file_doc, const json& cs) {
       std::vector<std::tuple<std::int32_t, std::int32_t, float>> got;
       for (std::int32_t j = 0; j < k; ++j) {
         const std::int64_t a = t * k + j;
-        if (d.fates[a] == fate::rerouted) return "token " + std::to_string(t) + ": unexpected reroute";
+        if (d.fates[a] == fate::rerouted)
+          return "token " + std::to_string(t) + ": unexpected reroute";
         if (!keep[a]) continue;
         // a tie-decided assignment we dropped: its weight is its pre-drop gate (no after-drop
         // renormalisation with this priority) and it has no slot (the peer gives none)
@@ -422,7 +467,8 @@ std::string check_case(const json& file_doc, const json& cs) {
       const json& want = kept[t];
       std::ostringstream mine;
       for (const auto& [e, s, w] : got) mine << "[" << e << "," << s << "," << num(w) << "]";
-      const std::string where = "token " + std::to_string(t) + " (ours " + mine.str() + ", peer " + want.dump() + "): ";
+      const std::string where =
+          "token " + std::to_string(t) + " (ours " + mine.str() + ", peer " + want.dump() + "): ";
       if (want.size() != got.size()) return where + "kept set size differs";
       for (std::size_t i = 0; i < got.size(); ++i) {
         const json& w = want[i];
@@ -430,7 +476,8 @@ std::string check_case(const json& file_doc, const json& cs) {
         if (w.at(0).get<std::int32_t>() != e) return where + "kept expert differs";
         double want_w = 0.0;
         if (w.size() == 3) {
-          if (w.at(1).get<std::int32_t>() != s) return where + "slot differs";  // s = -1: untied only
+          if (w.at(1).get<std::int32_t>() != s)
+            return where + "slot differs";  // s = -1: untied only
           want_w = w.at(2).get<double>();
         } else {
           want_w = w.at(1).get<double>();
@@ -456,8 +503,8 @@ std::string check_case(const json& file_doc, const json& cs) {
     const auto kpe = ex.at("kept_per_expert").get<std::vector<std::int64_t>>();
     for (std::int32_t e = 0; e < E; ++e)
       if (d.kept[e] != kpe.at(e))
-        return "kept_per_expert[" + std::to_string(e) + "] " + std::to_string(d.kept[e]) + " != " +
-               std::to_string(kpe[e]);
+        return "kept_per_expert[" + std::to_string(e) + "] " + std::to_string(d.kept[e]) +
+               " != " + std::to_string(kpe[e]);
     const auto disp = ex.at("token_dispatched").get<std::vector<bool>>();
     for (std::int64_t t = 0; t < T; ++t) {
       bool any = false;
@@ -484,7 +531,8 @@ std::pair<std::size_t, std::size_t> run_all(const std::vector<golden_file>& file
       ++checked;
       if (!msg.empty()) {
         ++failed;
-        FAIL_CHECK(fs::path(f.path).filename().string() << " / " << cs.value("name", "?") << ": " << msg);
+        FAIL_CHECK(fs::path(f.path).filename().string()
+                   << " / " << cs.value("name", "?") << ": " << msg);
       }
     }
   }
@@ -503,9 +551,10 @@ TEST_CASE("golden peer parity", "[golden]") {
   REQUIRE(on_disk > 0);  // an empty directory is a failure, never a pass
   if (is_default) REQUIRE(on_disk == default_case_count);
   const auto [checked, failed] = run_all(files);
-  std::cout << "golden: " << checked - failed << " / " << checked << " cases match ("
-            << tie_decided << " assignments decided by exact gate ties, see docs/numerics.md)\n";
-  for (const auto& [name, n] : tie_cases) std::cout << "golden:   ties in " << name << ": " << n << "\n";
+  std::cout << "golden: " << checked - failed << " / " << checked << " cases match (" << tie_decided
+            << " assignments decided by exact gate ties, see docs/numerics.md)\n";
+  for (const auto& [name, n] : tie_cases)
+    std::cout << "golden:   ties in " << name << ": " << n << "\n";
   REQUIRE(checked == on_disk);
   REQUIRE(failed == 0);
 }
@@ -532,10 +581,12 @@ TEST_CASE("golden: the checker detects drift and wrong expectations", "[golden]"
     // a preset that drifts from the semantics block is reported with the field name
     routing_config p = preset_for(cs0, E);
     CHECK(config_diff(p, config_from_semantics(sem, E)).empty());
-    p.dispatch.prio = p.dispatch.prio == priority::token_major ? priority::choice_major : priority::token_major;
+    p.dispatch.prio =
+        p.dispatch.prio == priority::token_major ? priority::choice_major : priority::token_major;
     CHECK_THAT(config_diff(p, config_from_semantics(sem, E)), Catch::Contains("dispatch.prio"));
     p = preset_for(cs0, E);
-    p.loss.scale = p.loss.scale == aux_scale::e_times_sum ? aux_scale::e_over_k_sum : aux_scale::e_times_sum;
+    p.loss.scale =
+        p.loss.scale == aux_scale::e_times_sum ? aux_scale::e_over_k_sum : aux_scale::e_times_sum;
     CHECK_THAT(config_diff(p, config_from_semantics(sem, E)), Catch::Contains("loss.scale"));
 
     // a perturbed expectation is a mismatch

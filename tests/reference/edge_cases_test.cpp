@@ -3,21 +3,19 @@
 // all-negative logits, rows with NaN / +-Inf (docs/numerics.md, "Non-finite logits"), and
 // 16-bit logits routing exactly like the fp32 values they round to.
 #include <catch2/catch.hpp>
-
 #include <cfloat>
 #include <cmath>
 #include <cstdint>
 #include <limits>
+#include <moeroute/reference.hpp>
 #include <string>
 #include <vector>
-
-#include <moeroute/reference.hpp>
 
 #include "test_util.hpp"
 
 using namespace moeroute;
-using moeroute::test::dist;
 using Catch::Matchers::WithinRel;
+using moeroute::test::dist;
 
 namespace {
 
@@ -62,7 +60,8 @@ std::vector<named_config> configs(std::int32_t E, std::int32_t k) {
   return v;
 }
 
-reference::routing_result run(const routing_config& c, const std::vector<float>& x, std::int64_t T) {
+reference::routing_result run(const routing_config& c, const std::vector<float>& x,
+                              std::int64_t T) {
   std::vector<float> bias;
   if (c.gating.expert_bias) {
     bias.resize(c.num_experts);
@@ -82,7 +81,8 @@ TEST_CASE("edge: T = 0 is a successful no-op everywhere", "[reference][edge]") {
     CHECK(r.aux.value == 0.0);
     CHECK(r.z.value == 0.0);
     CHECK(test::invariant_violation(c, r.gating, r.dispatch) == "");
-    CHECK(r.dispatch.capacity == (c.capacity.mode == capacity_mode::unbounded ? -1 : c.capacity.min_capacity));
+    CHECK(r.dispatch.capacity ==
+          (c.capacity.mode == capacity_mode::unbounded ? -1 : c.capacity.min_capacity));
     const auto L = reference::compact_layout(r.dispatch, 4);
     CHECK(L.num_rows == 0);
     std::vector<float> none;
@@ -97,8 +97,8 @@ TEST_CASE("edge: T = 0 is a successful no-op everywhere", "[reference][edge]") {
 }
 
 TEST_CASE("edge: T = 1, k = 1, k = E, E = 1", "[reference][edge]") {
-  for (auto [E, k] : {std::pair{1, 1}, std::pair{5, 1}, std::pair{5, 5}, std::pair{8, 8}, std::pair{7, 3},
-                      std::pair{33, 2}})
+  for (auto [E, k] : {std::pair{1, 1}, std::pair{5, 1}, std::pair{5, 5}, std::pair{8, 8},
+                      std::pair{7, 3}, std::pair{33, 2}})
     for (std::int64_t T : {std::int64_t{1}, std::int64_t{2}, std::int64_t{17}})
       for (dist dd : test::all_dists)
         for (const auto& [name, c] : configs(E, k)) {
@@ -140,7 +140,7 @@ TEST_CASE("edge: capacity 0 drops (or reroutes) everything", "[reference][edge]"
     CHECK(r.dispatch.total_kept == 0);
     if (policy == drop_policy::fallback) {
       CHECK(r.dispatch.total_rerouted == T * 2);  // to the unbounded shared expert
-      CHECK(r.dispatch.load[4] == T);              // one slot per token (shared)
+      CHECK(r.dispatch.load[4] == T);             // one slot per token (shared)
     } else {
       CHECK(r.dispatch.total_dropped == T * 2);
     }
@@ -152,11 +152,15 @@ TEST_CASE("edge: capacity 0 drops (or reroutes) everything", "[reference][edge]"
     reference::permute<float>(L, xx, T, d, rows);
     reference::combine<float>(c, r.dispatch, L, rows, d, xx, y);
     for (std::size_t i = 0; i < y.size(); ++i) {
-      if (policy == drop_policy::residual) CHECK(y[i] == xx[i]);
-      else if (policy == drop_policy::fallback) CHECK_THAT(y[i], WithinRel(static_cast<double>(xx[i]) *
-                                                                       (r.dispatch.weight[(i / d) * 2] +
-                                                                        r.dispatch.weight[(i / d) * 2 + 1]), 1e-6));
-      else CHECK(y[i] == 0.0f);
+      if (policy == drop_policy::residual)
+        CHECK(y[i] == xx[i]);
+      else if (policy == drop_policy::fallback)
+        CHECK_THAT(y[i],
+                   WithinRel(static_cast<double>(xx[i]) * (r.dispatch.weight[(i / d) * 2] +
+                                                           r.dispatch.weight[(i / d) * 2 + 1]),
+                             1e-6));
+      else
+        CHECK(y[i] == 0.0f);
     }
     const auto st = reference::compute_stats(r.dispatch, L);
     CHECK(st.fully_dropped_tokens == (policy == drop_policy::fallback ? 0 : T));
@@ -184,7 +188,8 @@ TEST_CASE("edge: all tokens on one expert", "[reference][edge]") {
 TEST_CASE("edge: all-negative and extreme finite logits", "[reference][edge]") {
   const std::int64_t T = 16;
   std::vector<float> huge_neg(T * 6, -FLT_MAX), big(T * 6);
-  for (std::int64_t i = 0; i < T * 6; ++i) big[i] = (i % 7 == 0 ? 1e30f : -1e30f) * static_cast<float>(1 + i % 3);
+  for (std::int64_t i = 0; i < T * 6; ++i)
+    big[i] = (i % 7 == 0 ? 1e30f : -1e30f) * static_cast<float>(1 + i % 3);
   for (const auto& xs : {test::make_logits(T, 6, dist::negative, 1u), huge_neg, big})
     for (const auto& [name, c] : configs(6, 2)) {
       INFO(name);
@@ -201,14 +206,18 @@ TEST_CASE("edge: all-negative and extreme finite logits", "[reference][edge]") {
   CHECK(r.gating.gates[0] == 0.5f);
 }
 
-TEST_CASE("edge: rows with NaN and +-Inf route to valid, distinct ids with finite gates", "[reference][edge][nonfinite]") {
-  const float nan = std::numeric_limits<float>::quiet_NaN(), inf = std::numeric_limits<float>::infinity();
+TEST_CASE("edge: rows with NaN and +-Inf route to valid, distinct ids with finite gates",
+          "[reference][edge][nonfinite]") {
+  const float nan = std::numeric_limits<float>::quiet_NaN(),
+              inf = std::numeric_limits<float>::infinity();
   const std::int32_t E = 6;
   // one row per pattern
   const std::vector<std::vector<float>> rows = {
-      {nan, nan, nan, nan, nan, nan},   {1, nan, 2, nan, 3, 0},      {0, 0, 0, inf, 0, 0},
-      {inf, 1, inf, 2, inf, 3},         {-inf, -inf, 0, -inf, 1, -inf}, {-inf, -inf, -inf, -inf, -inf, -inf},
-      {inf, inf, inf, inf, inf, inf},   {nan, inf, -inf, nan, inf, -inf}, {0.5f, -1, 2, 0, 1, -2},
+      {nan, nan, nan, nan, nan, nan}, {1, nan, 2, nan, 3, 0},
+      {0, 0, 0, inf, 0, 0},           {inf, 1, inf, 2, inf, 3},
+      {-inf, -inf, 0, -inf, 1, -inf}, {-inf, -inf, -inf, -inf, -inf, -inf},
+      {inf, inf, inf, inf, inf, inf}, {nan, inf, -inf, nan, inf, -inf},
+      {0.5f, -1, 2, 0, 1, -2},
   };
   std::vector<float> x;
   for (const auto& row : rows) x.insert(x.end(), row.begin(), row.end());
@@ -217,7 +226,8 @@ TEST_CASE("edge: rows with NaN and +-Inf route to valid, distinct ids with finit
     for (const auto& [name, c] : configs(E, k)) {
       INFO(name << " k " << k);
       const auto r = run(c, x, T);
-      REQUIRE(test::invariant_violation(c, r.gating, r.dispatch) == "");  // ids valid, distinct, gates finite
+      REQUIRE(test::invariant_violation(c, r.gating, r.dispatch) ==
+              "");  // ids valid, distinct, gates finite
       CHECK(r.gating.nonfinite_logits == 6 + 2 + 1 + 3 + 4 + 6 + 6 + 6);
       for (float w : r.dispatch.weight) CHECK(std::isfinite(w));
       for (double s : r.aux.score_sum) CHECK(std::isfinite(s));
@@ -246,7 +256,8 @@ TEST_CASE("edge: rows with NaN and +-Inf route to valid, distinct ids with finit
   CHECK(g.ids[15] == 4);
 }
 
-TEST_CASE("edge: fp16 and bf16 logits route exactly like the fp32 values they round to", "[reference][edge][dtype]") {
+TEST_CASE("edge: fp16 and bf16 logits route exactly like the fp32 values they round to",
+          "[reference][edge][dtype]") {
   const std::int64_t T = 64;
   for (dist dd : test::all_dists)
     for (const auto& [name, c] : configs(8, 2)) {
@@ -255,7 +266,7 @@ TEST_CASE("edge: fp16 and bf16 logits route exactly like the fp32 values they ro
       if (dd == dist::normal) {  // include non-finite and out-of-fp16-range values
         x[3] = std::numeric_limits<float>::quiet_NaN();
         x[17] = std::numeric_limits<float>::infinity();
-        x[40] = 1e6f;  // overflows fp16 to +inf
+        x[40] = 1e6f;    // overflows fp16 to +inf
         x[41] = -1e-9f;  // fp16 subnormal / zero
       }
       std::vector<half_bits> h(x.size());

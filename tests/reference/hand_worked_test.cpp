@@ -2,12 +2,10 @@
 // Hand-worked cases from the design notes (seed 004) and docs/numerics.md: the seed's token
 // loop written out on a small batch, capacity examples, aux loss and z-loss computed by hand.
 #include <catch2/catch.hpp>
-
 #include <cmath>
 #include <cstdint>
-#include <vector>
-
 #include <moeroute/reference.hpp>
+#include <vector>
 
 using namespace moeroute;
 using Catch::Matchers::WithinRel;
@@ -79,8 +77,10 @@ TEST_CASE("hand-worked: the seed's token loop on six tokens", "[reference][hand]
   for (std::int64_t c = 0; c < dm; ++c) {
     CHECK(y[3 * dm + c] == x[3 * dm + c]);
     CHECK(y[5 * dm + c] == x[5 * dm + c]);
-    CHECK_THAT(y[0 * dm + c], WithinRel(static_cast<double>(x[0 * dm + c]), 1e-6));  // both kept: weights sum to 1
-    CHECK_THAT(y[2 * dm + c], WithinRel(static_cast<double>(x[2 * dm + c] * g.gates[4]), 1e-6));  // only e1 kept
+    CHECK_THAT(y[0 * dm + c],
+               WithinRel(static_cast<double>(x[0 * dm + c]), 1e-6));  // both kept: weights sum to 1
+    CHECK_THAT(y[2 * dm + c],
+               WithinRel(static_cast<double>(x[2 * dm + c] * g.gates[4]), 1e-6));  // only e1 kept
   }
 }
 
@@ -143,7 +143,8 @@ TEST_CASE("hand-worked: capacity examples", "[reference][hand][capacity]") {
   CHECK(expert_capacity(c, 0) == 0);
 }
 
-TEST_CASE("hand-worked: a uniform router gives aux loss exactly alpha (normalized)", "[reference][hand][loss]") {
+TEST_CASE("hand-worked: a uniform router gives aux loss exactly alpha (normalized)",
+          "[reference][hand][loss]") {
   const float alpha = 0.01f;
   for (auto counts : {aux_counts::top1, aux_counts::all_k}) {
     for (auto score : {score_function::softmax, score_function::sigmoid}) {
@@ -247,7 +248,8 @@ TEST_CASE("hand-worked: z-loss on known logits", "[reference][hand][loss]") {
   CHECK(r0.aux.value == 0.0);
 }
 
-TEST_CASE("hand-worked: gating formulas (sigmoid, bias, groups, scaling, after-top-k softmax)", "[reference][hand]") {
+TEST_CASE("hand-worked: gating formulas (sigmoid, bias, groups, scaling, after-top-k softmax)",
+          "[reference][hand]") {
   // one token, E = 4: logits [0, 1, 2, 3]
   const std::vector<float> x = {0, 1, 2, 3};
   SECTION("softmax after top-k (Mixtral): softmax over the two chosen logits") {
@@ -258,7 +260,7 @@ TEST_CASE("hand-worked: gating formulas (sigmoid, bias, groups, scaling, after-t
     CHECK_THAT(g.gates[1], WithinRel(sigmoid(-1.0), 1e-6));
   }
   SECTION("sigmoid, bias for selection only, renormalised, scaled") {
-    auto c = presets::deepseek_v3(4, 2, 2, 1);  // 2 groups of 2, pick 1 group
+    auto c = presets::deepseek_v3(4, 2, 2, 1);                 // 2 groups of 2, pick 1 group
     const std::vector<float> bias = {1.0f, 1.0f, 0.0f, 0.0f};  // group 0 wins on biased scores
     const auto g = reference::gate(c, x, 1, bias);
     // biased: (1.5, 1.731, 0.881, 0.953): group 0 = 3.23 > group 1 = 1.83 -> experts {1, 0}

@@ -3,13 +3,11 @@
 // mode x drop policy x slot order: no expert above capacity, one token per slot, dense slots,
 // conservation, monotone drop rate, dropless drops nothing, and the tie rules.
 #include <catch2/catch.hpp>
-
 #include <cstdint>
+#include <moeroute/reference.hpp>
 #include <random>
 #include <string>
 #include <vector>
-
-#include <moeroute/reference.hpp>
 
 #include "test_util.hpp"
 
@@ -80,11 +78,12 @@ TEST_CASE("invariants: every priority x drop policy x slot order on random and a
                 const std::int64_t T = 48;
                 auto cfg = make_config(E, k, p, pc, so);
                 cfg.capacity.factor = f;
-                const auto x = test::make_logits(T, E, dd, 17u + static_cast<std::uint32_t>(E * 31 + k));
+                const auto x =
+                    test::make_logits(T, E, dd, 17u + static_cast<std::uint32_t>(E * 31 + k));
                 const auto valid = masked ? make_valid(T, 99u) : std::vector<std::uint8_t>{};
-                INFO("E " << E << " k " << k << " prio " << static_cast<int>(p) << " policy " << pc.name
-                          << " slots " << static_cast<int>(so) << " dist " << test::name(dd)
-                          << " factor " << f << " masked " << masked);
+                INFO("E " << E << " k " << k << " prio " << static_cast<int>(p) << " policy "
+                          << pc.name << " slots " << static_cast<int>(so) << " dist "
+                          << test::name(dd) << " factor " << f << " masked " << masked);
                 const auto g = reference::gate<float>(cfg, x, T, {}, valid);
                 const auto d = reference::dispatch(cfg, g);
                 CHECK(test::invariant_violation(cfg, g, d) == "");
@@ -97,14 +96,16 @@ TEST_CASE("invariants: every priority x drop policy x slot order on random and a
                 }
                 if (pc.dropped == drop_policy::zero_weight || pc.dropped == drop_policy::residual)
                   CHECK(d.total_rerouted == 0);
-                if (pc.dropped == drop_policy::fallback && pc.fallback_expert < 0 && pc.fallback_capacity < 0)
+                if (pc.dropped == drop_policy::fallback && pc.fallback_expert < 0 &&
+                    pc.fallback_capacity < 0)
                   CHECK(d.total_dropped == 0);  // an unbounded shared expert takes every drop
                 ++runs;
               }
   CHECK(runs == 3 * 4 * 7 * 2 * 7 * 4 * 2);
 }
 
-TEST_CASE("invariants: drop rate is non-increasing in the capacity factor", "[reference][invariants]") {
+TEST_CASE("invariants: drop rate is non-increasing in the capacity factor",
+          "[reference][invariants]") {
   const double factors[] = {0.05, 0.1, 0.25, 0.4, 0.5, 0.75, 1.0, 1.25, 1.5, 2.0, 3.0, 8.0};
   for (priority p : {priority::token_major, priority::choice_major, priority::score_per_expert})
     for (const auto& pc : all_policies) {
@@ -120,9 +121,10 @@ TEST_CASE("invariants: drop rate is non-increasing in the capacity factor", "[re
             auto cfg = make_config(E, k, p, pc, slot_order::priority);
             cfg.capacity.factor = f;
             const auto r = reference::route<float>(cfg, x, T);
-            const auto st = reference::compute_stats(r.dispatch, reference::compact_layout(r.dispatch));
-            INFO("prio " << static_cast<int>(p) << " policy " << pc.name << " dist " << test::name(dd)
-                         << " E " << E << " k " << k << " factor " << f);
+            const auto st =
+                reference::compute_stats(r.dispatch, reference::compact_layout(r.dispatch));
+            INFO("prio " << static_cast<int>(p) << " policy " << pc.name << " dist "
+                         << test::name(dd) << " E " << E << " k " << k << " factor " << f);
             CHECK(st.drop_rate <= last);
             last = st.drop_rate;
           }
@@ -157,11 +159,13 @@ TEST_CASE("invariants: dropless drops nothing", "[reference][invariants]") {
         }
 }
 
-TEST_CASE("invariants: ties go to the lower expert index, then the lower token index", "[reference][invariants][ties]") {
+TEST_CASE("invariants: ties go to the lower expert index, then the lower token index",
+          "[reference][invariants][ties]") {
   const std::int32_t E = 6, k = 2;
   const std::int64_t T = 10;
   SECTION("equal logits choose the lowest expert indices, in order") {
-    for (auto score : {score_function::softmax, score_function::sigmoid, score_function::sqrt_softplus})
+    for (auto score :
+         {score_function::softmax, score_function::sigmoid, score_function::sqrt_softplus})
       for (auto sel : {select_from::logits, select_from::scores}) {
         routing_config c;
         c.num_experts = E;
@@ -234,7 +238,8 @@ TEST_CASE("invariants: ties go to the lower expert index, then the lower token i
     // all choose expert 0 with gates increasing in t: the last two are kept
     const std::vector<float> x = {1, 0, 2, 0, 3, 0, 4, 0};
     auto r = reference::route<float>(c, x, 4);
-    CHECK(r.dispatch.fates == std::vector<fate>{fate::dropped, fate::dropped, fate::kept, fate::kept});
+    CHECK(r.dispatch.fates ==
+          std::vector<fate>{fate::dropped, fate::dropped, fate::kept, fate::kept});
     CHECK(r.dispatch.slot == std::vector<std::int32_t>{-1, -1, 1, 0});  // granted by score
     c.dispatch.slots = slot_order::token_index;
     r = reference::route<float>(c, x, 4);
@@ -258,7 +263,8 @@ TEST_CASE("invariants: random priority is seeded and deterministic", "[reference
   CHECK(reference::route<float>(c, x, T).dispatch.fates != a.dispatch.fates);
   // the same number kept per expert as any other priority (min(requested, C))
   for (std::int32_t e = 0; e < 8; ++e)
-    CHECK(other.dispatch.kept[e] == std::min<std::int64_t>(other.dispatch.requested[e], other.dispatch.capacity));
+    CHECK(other.dispatch.kept[e] ==
+          std::min<std::int64_t>(other.dispatch.requested[e], other.dispatch.capacity));
 }
 
 TEST_CASE("invariants: reroutes (fallback, next_choice) by hand", "[reference][invariants]") {
@@ -332,7 +338,10 @@ TEST_CASE("invariants: the checker itself reports corrupted results", "[referenc
   d = d0;
   std::int64_t other = -1;
   for (std::int64_t a = 0; a < 64; ++a)
-    if (a / 2 != kept_a / 2 && d0.expert[a] == d0.expert[kept_a]) { other = a; break; }
+    if (a / 2 != kept_a / 2 && d0.expert[a] == d0.expert[kept_a]) {
+      other = a;
+      break;
+    }
   REQUIRE(other >= 0);
   d.slot[other] = d0.slot[kept_a];
   CHECK_THAT(test::invariant_violation(c, g, d), Catch::Contains("slot used twice"));

@@ -2,20 +2,18 @@
 // Layouts (padded and compact with a block size), permute, combine (every drop policy,
 // including residual and fallback / next_choice reroutes) and the routing statistics.
 #include <catch2/catch.hpp>
-
 #include <cstdint>
+#include <moeroute/reference.hpp>
 #include <numeric>
 #include <set>
 #include <string>
 #include <vector>
 
-#include <moeroute/reference.hpp>
-
 #include "test_util.hpp"
 
 using namespace moeroute;
-using moeroute::test::dist;
 using Catch::Matchers::WithinRel;
+using moeroute::test::dist;
 
 namespace {
 
@@ -28,10 +26,12 @@ std::string layout_violation(const reference::dispatch_output& d, const referenc
   for (std::int32_t e = 0; e < ET; ++e) {
     const std::int64_t seg = L.offsets[e + 1] - L.offsets[e];
     if (seg < d.load[e]) return "segment smaller than load at expert " + std::to_string(e);
-    if (padded && e < d.experts && seg != d.capacity) return "padded segment != C at expert " + std::to_string(e);
+    if (padded && e < d.experts && seg != d.capacity)
+      return "padded segment != C at expert " + std::to_string(e);
     if (!padded) {
       if (L.offsets[e] % block != 0) return "compact offset not block aligned";
-      if (seg != (d.load[e] + block - 1) / block * block) return "compact segment not round_up(load)";
+      if (seg != (d.load[e] + block - 1) / block * block)
+        return "compact segment not round_up(load)";
     }
     if (L.rows_used[e] != d.load[e]) return "rows_used";
   }
@@ -54,7 +54,8 @@ std::string layout_violation(const reference::dispatch_output& d, const referenc
     if (r >= 0) rows.insert(r);
   if (static_cast<std::int64_t>(rows.size()) != used) return "a used row no assignment points at";
   if (!padded) {
-    if (static_cast<std::int64_t>(L.block_expert.size()) != L.num_rows / block) return "block_expert size";
+    if (static_cast<std::int64_t>(L.block_expert.size()) != L.num_rows / block)
+      return "block_expert size";
     for (std::int64_t b = 0; b < L.num_rows / block; ++b) {
       const std::int32_t e = L.block_expert[b];
       if (b * block < L.offsets[e] || b * block >= L.offsets[e + 1]) return "block_expert wrong";
@@ -71,7 +72,8 @@ const drop_policy all_drop_policies[] = {drop_policy::zero_weight, drop_policy::
 TEST_CASE("layouts: padded and compact are consistent with the dispatch", "[reference][layout]") {
   for (drop_policy pol : all_drop_policies)
     for (std::int32_t fb : {-1, 2})
-      for (priority p : {priority::token_major, priority::choice_major, priority::score_per_expert, priority::random})
+      for (priority p : {priority::token_major, priority::choice_major, priority::score_per_expert,
+                         priority::random})
         for (dist dd : {dist::normal, dist::collapsed, dist::ties})
           for (double f : {0.3, 1.0, 3.0}) {
             routing_config c;
@@ -84,8 +86,8 @@ TEST_CASE("layouts: padded and compact are consistent with the dispatch", "[refe
             const std::int64_t T = 50;
             const auto x = test::make_logits(T, 7, dd, 12u);
             const auto r = reference::route<float>(c, x, T);
-            INFO("policy " << static_cast<int>(pol) << " fb " << fb << " prio " << static_cast<int>(p)
-                           << " dist " << test::name(dd) << " factor " << f);
+            INFO("policy " << static_cast<int>(pol) << " fb " << fb << " prio "
+                           << static_cast<int>(p) << " dist " << test::name(dd) << " factor " << f);
             REQUIRE(test::invariant_violation(c, r.gating, r.dispatch) == "");
             const auto P = reference::padded_layout(r.dispatch);
             CHECK(layout_violation(r.dispatch, P, true, 1) == "");
@@ -105,7 +107,8 @@ TEST_CASE("layouts: compact offsets by hand (moe_align_block_size)", "[reference
   c.num_experts = 3;
   c.top_k = 1;
   c.capacity.mode = capacity_mode::unbounded;
-  const std::vector<float> x = {1, 0, 0, 1, 0, 0, 0, 0, 1, 1, 0, 0, 0, 0, 1, 0, 0, 1, 0, 0, 1, 0, 0, 1};
+  const std::vector<float> x = {1, 0, 0, 1, 0, 0, 0, 0, 1, 1, 0, 0,
+                                0, 0, 1, 0, 0, 1, 0, 0, 1, 0, 0, 1};
   const auto r = reference::route<float>(c, x, 8);
   REQUIRE(r.dispatch.load == std::vector<std::int64_t>{3, 0, 5});
   const auto L = reference::compact_layout(r.dispatch, 4);
@@ -122,7 +125,8 @@ TEST_CASE("layouts: compact offsets by hand (moe_align_block_size)", "[reference
   CHECK_THROWS(reference::padded_layout(r.dispatch));  // unbounded
 }
 
-TEST_CASE("permute and combine: every drop policy, both layouts, exact expert rows", "[reference][combine]") {
+TEST_CASE("permute and combine: every drop policy, both layouts, exact expert rows",
+          "[reference][combine]") {
   const std::int64_t T = 40, dm = 5;
   const std::int32_t E = 6, k = 2;
   std::vector<float> x(T * dm);
@@ -131,7 +135,8 @@ TEST_CASE("permute and combine: every drop policy, both layouts, exact expert ro
   for (drop_policy pol : all_drop_policies)
     for (std::int32_t fb : {-1, 5})
       for (bool compact : {false, true})
-        for (renormalize rn : {renormalize::none, renormalize::before_drop, renormalize::after_drop}) {
+        for (renormalize rn :
+             {renormalize::none, renormalize::before_drop, renormalize::after_drop}) {
           routing_config c;
           c.num_experts = E;
           c.top_k = k;
@@ -146,7 +151,8 @@ TEST_CASE("permute and combine: every drop policy, both layouts, exact expert ro
           INFO("policy " << static_cast<int>(pol) << " fb " << fb << " compact " << compact
                          << " renorm " << static_cast<int>(rn));
           REQUIRE(test::invariant_violation(c, r.gating, d) == "");
-          if (pol == drop_policy::fallback || pol == drop_policy::next_choice) REQUIRE(d.total_rerouted > 0);
+          if (pol == drop_policy::fallback || pol == drop_policy::next_choice)
+            REQUIRE(d.total_rerouted > 0);
           REQUIRE(d.total_dropped + d.total_rerouted > 0);
           const auto L = compact ? reference::compact_layout(d, 8) : reference::padded_layout(d);
           std::vector<float> rows(L.num_rows * dm, -99.0f);
@@ -159,7 +165,8 @@ TEST_CASE("permute and combine: every drop policy, both layouts, exact expert ro
           // expert e multiplies by (e + 1): the combine must pick each assignment's final expert
           std::vector<std::int32_t> row_expert(L.num_rows, -1);
           for (std::int32_t e = 0; e < d.total_experts; ++e)
-            for (std::int64_t row = L.offsets[e]; row < L.offsets[e + 1]; ++row) row_expert[row] = e;
+            for (std::int64_t row = L.offsets[e]; row < L.offsets[e + 1]; ++row)
+              row_expert[row] = e;
           std::vector<float> out(rows.size());
           for (std::int64_t row = 0; row < L.num_rows; ++row)
             for (std::int64_t cc = 0; cc < dm; ++cc)
@@ -202,7 +209,8 @@ TEST_CASE("permute and combine: every drop policy, both layouts, exact expert ro
           CHECK(st.dropped == d.total_dropped);
           CHECK(st.drop_rate == static_cast<double>(d.total_dropped) / static_cast<double>(T * k));
           if (pol == drop_policy::residual) CHECK(st.fully_dropped_tokens == residual_tokens);
-          CHECK(st.padding_waste == static_cast<double>(L.padding_rows()) / static_cast<double>(L.num_rows));
+          CHECK(st.padding_waste ==
+                static_cast<double>(L.padding_rows()) / static_cast<double>(L.num_rows));
         }
 }
 
@@ -238,7 +246,8 @@ TEST_CASE("combine: padding tokens get zeros, not the residual", "[reference][co
   const std::vector<float> logits = {1, 0, 1, 0, 1, 0, 1, 0};
   const std::vector<std::uint8_t> valid = {1, 0, 1, 1};
   const auto r = reference::route<float>(c, logits, T, {}, valid);
-  CHECK(r.dispatch.fates == std::vector<fate>{fate::kept, fate::masked, fate::dropped, fate::dropped});
+  CHECK(r.dispatch.fates ==
+        std::vector<fate>{fate::kept, fate::masked, fate::dropped, fate::dropped});
   const auto L = reference::padded_layout(r.dispatch);
   const std::vector<float> x = {1, 2, 3, 4, 5, 6, 7, 8};
   std::vector<float> rows(L.num_rows * dm), y(T * dm);

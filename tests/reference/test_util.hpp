@@ -3,16 +3,14 @@
 #pragma once
 
 #include <catch2/catch.hpp>
-
 #include <cmath>
 #include <cstdint>
 #include <map>
+#include <moeroute/reference.hpp>
 #include <random>
 #include <set>
 #include <string>
 #include <vector>
-
-#include <moeroute/reference.hpp>
 
 namespace moeroute::test {
 
@@ -21,20 +19,27 @@ enum class dist { normal, skewed, collapsed, ties, identical_tokens, all_equal, 
 
 inline const char* name(dist d) {
   switch (d) {
-    case dist::normal: return "normal";
-    case dist::skewed: return "skewed";
-    case dist::collapsed: return "collapsed";
-    case dist::ties: return "ties";
-    case dist::identical_tokens: return "identical_tokens";
-    case dist::all_equal: return "all_equal";
-    case dist::negative: return "negative";
+    case dist::normal:
+      return "normal";
+    case dist::skewed:
+      return "skewed";
+    case dist::collapsed:
+      return "collapsed";
+    case dist::ties:
+      return "ties";
+    case dist::identical_tokens:
+      return "identical_tokens";
+    case dist::all_equal:
+      return "all_equal";
+    case dist::negative:
+      return "negative";
   }
   return "?";
 }
 
-inline constexpr dist all_dists[] = {dist::normal,           dist::skewed,    dist::collapsed,
-                                     dist::ties,             dist::identical_tokens,
-                                     dist::all_equal,        dist::negative};
+inline constexpr dist all_dists[] = {dist::normal,  dist::skewed,           dist::collapsed,
+                                     dist::ties,    dist::identical_tokens, dist::all_equal,
+                                     dist::negative};
 
 /// [T, E] logits from a fixed seed (std::mt19937, so the same on every platform).
 inline std::vector<float> make_logits(std::int64_t T, std::int32_t E, dist d, std::uint32_t seed) {
@@ -48,13 +53,27 @@ inline std::vector<float> make_logits(std::int64_t T, std::int32_t E, dist d, st
     for (std::int32_t e = 0; e < E; ++e) {
       float& v = x[t * E + e];
       switch (d) {
-        case dist::normal: v = normal(rng); break;
-        case dist::skewed: v = normal(rng) + 2.0f * static_cast<float>(E - e) / static_cast<float>(E); break;
-        case dist::collapsed: v = normal(rng) * 0.1f + (e == 1 ? 4.0f : 0.0f); break;
-        case dist::ties: v = static_cast<float>(small(rng)); break;
-        case dist::identical_tokens: v = row[e]; break;
-        case dist::all_equal: v = 0.5f; break;
-        case dist::negative: v = -50.0f - std::fabs(normal(rng)) * 10.0f; break;
+        case dist::normal:
+          v = normal(rng);
+          break;
+        case dist::skewed:
+          v = normal(rng) + 2.0f * static_cast<float>(E - e) / static_cast<float>(E);
+          break;
+        case dist::collapsed:
+          v = normal(rng) * 0.1f + (e == 1 ? 4.0f : 0.0f);
+          break;
+        case dist::ties:
+          v = static_cast<float>(small(rng));
+          break;
+        case dist::identical_tokens:
+          v = row[e];
+          break;
+        case dist::all_equal:
+          v = 0.5f;
+          break;
+        case dist::negative:
+          v = -50.0f - std::fabs(normal(rng)) * 10.0f;
+          break;
       }
     }
   return x;
@@ -82,7 +101,8 @@ inline std::string invariant_violation(const routing_config& cfg, const referenc
       if (!std::isfinite(g.gates[a])) return "gate not finite" + at(a);
       ids.insert(g.ids[a]);
     }
-    if (static_cast<std::int32_t>(ids.size()) != k) return "duplicate id at token " + std::to_string(t);
+    if (static_cast<std::int32_t>(ids.size()) != k)
+      return "duplicate id at token " + std::to_string(t);
   }
 
   // conservation, globally and per expert
@@ -97,30 +117,36 @@ inline std::string invariant_violation(const routing_config& cfg, const referenc
         break;
       case fate::rerouted:
         ++rer, ++rer_e[e], ++req[e];
-        if (d.expert[a] < 0 || d.expert[a] >= ET || d.expert[a] == e) return "bad reroute target" + at(a);
+        if (d.expert[a] < 0 || d.expert[a] >= ET || d.expert[a] == e)
+          return "bad reroute target" + at(a);
         ++recv[d.expert[a]];
         break;
       case fate::dropped:
         ++drop, ++drop_e[e], ++req[e];
-        if (d.expert[a] != -1 || d.slot[a] != -1 || d.weight[a] != 0.0f) return "dropped but routed" + at(a);
+        if (d.expert[a] != -1 || d.slot[a] != -1 || d.weight[a] != 0.0f)
+          return "dropped but routed" + at(a);
         break;
       case fate::masked:
         ++masked;
         if (g.valid[a / k] != 0) return "masked assignment of a valid token" + at(a);
-        if (d.expert[a] != -1 || d.slot[a] != -1 || d.weight[a] != 0.0f) return "masked but routed" + at(a);
+        if (d.expert[a] != -1 || d.slot[a] != -1 || d.weight[a] != 0.0f)
+          return "masked but routed" + at(a);
         break;
     }
-    if (d.fates[a] != fate::masked && g.valid[a / k] == 0) return "padding token not masked" + at(a);
+    if (d.fates[a] != fate::masked && g.valid[a / k] == 0)
+      return "padding token not masked" + at(a);
   }
   if (kept + rer + drop + masked != T * k) return "kept + rerouted + dropped + masked != T * k";
-  if (kept != d.total_kept || rer != d.total_rerouted || drop != d.total_dropped || masked != d.total_masked)
+  if (kept != d.total_kept || rer != d.total_rerouted || drop != d.total_dropped ||
+      masked != d.total_masked)
     return "totals disagree with the fates";
   for (std::int32_t e = 0; e < E; ++e) {
     const std::string ex = " at expert " + std::to_string(e);
     if (d.requested[e] != req[e] || d.kept[e] != kept_e[e] || d.rerouted[e] != rer_e[e] ||
         d.dropped[e] != drop_e[e])
       return "per-expert counts disagree with the fates" + ex;
-    if (d.requested[e] != d.kept[e] + d.rerouted[e] + d.dropped[e]) return "requested != kept + rerouted + dropped" + ex;
+    if (d.requested[e] != d.kept[e] + d.rerouted[e] + d.dropped[e])
+      return "requested != kept + rerouted + dropped" + ex;
   }
   for (std::int32_t e = 0; e < ET; ++e)
     if (d.received[e] != recv[e]) return "received count at expert " + std::to_string(e);
@@ -132,7 +158,8 @@ inline std::string invariant_violation(const routing_config& cfg, const referenc
     const std::int32_t e = d.expert[a], s = d.slot[a];
     if (s < 0) return "routed without a slot" + at(a);
     auto [it, fresh] = holder[e].emplace(s, a / k);
-    if (!fresh && it->second != a / k) return "slot used twice at expert " + std::to_string(e) + at(a);
+    if (!fresh && it->second != a / k)
+      return "slot used twice at expert " + std::to_string(e) + at(a);
   }
   for (std::int32_t e = 0; e < ET; ++e) {
     const std::string ex = " at expert " + std::to_string(e);
@@ -141,7 +168,8 @@ inline std::string invariant_violation(const routing_config& cfg, const referenc
     for (const auto& [s, t] : holder[e])
       if (s != want++) return "slots not dense" + ex;
     if (e < E && d.capacity >= 0 && d.load[e] > d.capacity) return "above capacity" + ex;
-    if (e == E && d.fallback_capacity >= 0 && d.load[e] > d.fallback_capacity) return "fallback above capacity";
+    if (e == E && d.fallback_capacity >= 0 && d.load[e] > d.fallback_capacity)
+      return "fallback above capacity";
   }
 
   // a token holds at most one slot per expert
