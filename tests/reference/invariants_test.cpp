@@ -346,3 +346,31 @@ TEST_CASE("invariants: the checker itself reports corrupted results", "[referenc
   d.slot[other] = d0.slot[kept_a];
   CHECK_THAT(test::invariant_violation(c, g, d), Catch::Contains("slot used twice"));
 }
+
+TEST_CASE("invariants: noisy gating stays valid, seeded and training-only",
+          "[reference][invariants]") {
+  const std::int64_t T = 32;
+  const auto x = test::make_logits(T, 8, dist::ties, 10u);
+  for (noise_kind kind : {noise_kind::gaussian, noise_kind::gumbel})
+    for (noise_target target : {noise_target::selection_only, noise_target::selection_and_gates})
+      for (priority p : all_priorities) {
+        auto c = make_config(8, 2, p, all_policies[0], slot_order::priority);
+        c.gating.noise = {kind, 1.0f, 99, 0, target, true};
+        INFO("kind " << static_cast<int>(kind) << " target " << static_cast<int>(target) << " prio "
+                     << static_cast<int>(p));
+        const auto a = reference::route<float>(c, x, T);
+        CHECK(test::invariant_violation(c, a.gating, a.dispatch) == "");
+        const auto b = reference::route<float>(c, x, T);
+        CHECK(a.gating.ids == b.gating.ids);
+        CHECK(a.gating.gates == b.gating.gates);
+        c.gating.noise.offset = 1;  // the next step draws different noise
+        CHECK(reference::route<float>(c, x, T).gating.ids != a.gating.ids);
+        c.training = false;  // evaluation: no noise, the clean routing
+        auto clean = c;
+        clean.gating.noise.kind = noise_kind::none;
+        CHECK(reference::route<float>(c, x, T).gating.ids ==
+              reference::route<float>(clean, x, T).gating.ids);
+        // the z-loss always uses the clean logits
+        CHECK(a.z.value == reference::route<float>(clean, x, T).z.value);
+      }
+}
