@@ -1,0 +1,141 @@
+// SPDX-License-Identifier: Apache-2.0
+// Test inputs for the dispatch family (pure C++, no CUDA): deterministic logits and masks, and
+// a config grid over every priority, drop policy, slot order and capacity mode.
+#pragma once
+
+#include <cstdint>
+#include <span>
+#include <sstream>
+#include <string>
+#include <vector>
+
+#include <moeroute/config.hpp>
+#include <moeroute/reference/gating.hpp>
+
+namespace moeroute::test {
+
+/// Small deterministic generator (64-bit LCG), uniform floats in [lo, hi).
+struct lcg {
+  std::uint64_t s;
+  explicit lcg(std::uint64_t seed) : s(seed * 6364136223846793005ULL + 1442695040888963407ULL) {}
+  std::uint32_t next() {
+    s = s * 6364136223846793005ULL + 1442695040888963407ULL;
+    return static_cast<std::uint32_t>(s >> 33);
+  }
+  float uniform(float lo, float hi) { return lo + (hi - lo) * static_cast<float>(next() >> 8) / 16777216.0f; }
+};
+
+/// Router logits [T, E] with a few "hot" experts, so capacity actually drops assignments.
+inline std::vector<float> make_logits(std::int64_t T, std::int32_t E, std::uint64_t seed) {
+  lcg r(seed);
+  std::vector<float> x(static_cast<std::size_t>(T * E));
+  const std::int32_t hot = E / 8 > 0 ? E / 8 : 1;
+  for (std::int64_t t = 0; t < T; ++t)
+    for (std::int32_t e = 0; e < E; ++e)
+      x[t * E + e] = r.uniform(-2.0f, 2.0f) + (e < hot ? 2.0f : 0.0f) + ((t % 13 == 0 && e == E - 1) ? 4.0f : 0.0f);
+  return x;
+}
+
+/// Padding mask with every fifth token invalid.
+inline std::vector<std::uint8_t> make_valid(std::int64_t T) {
+  std::vector<std::uint8_t> v(static_cast<std::size_t>(T), 1);
+  for (std::int64_t t = 0; t < T; ++t) v[t] = t % 5 == 3 ? 0 : 1;
+  return v;
+}
+
+/// Drop-policy variants the grid covers.
+enum class drop_case : int {
+  zero_weight, residual, fallback_dedicated_unbounded, fallback_dedicated_bounded, fallback_routed,
+  next_choice, count
+};
+/// Capacity variants the grid covers.
+enum class cap_case : int { factor, fixed, max_load, unbounded, floor_min_clamp, count };
+
+struct case_spec {
+  priority prio = priority::token_major;
+  drop_case drop = drop_case::zero_weight;
+  slot_order slots = slot_order::priority;
+  cap_case cap = cap_case::factor;
+  bool masked = false;  ///< pass a padding mask
+  bool after_drop = true;  ///< renormalise after drop (else before)
+};
+
+inline std::string describe(const case_spec& s, std::int64_t T, std::int32_t E, std::int32_t k) {
+  std::ostringstream o;
+  o << "T=" << T << " E=" << E << " k=" << k << " prio=" << static_cast<int>(s.prio)
+    << " drop=" << static_cast<int>(s.drop) << " slots=" << static_cast<int>(s.slots)
+    << " cap=" << static_cast<int>(s.cap) << " masked=" << s.masked << " after_drop=" << s.after_drop;
+  return o.str();
+}
+
+/// The spec for grid index i: cycles through every priority, drop policy, slot order and
+/// capacity mode with co-prime periods, so a grid of a few dozen points covers all pairs.
+inline case_spec spec_for(int i) {
+  case_spec s;
+  s.prio = static_cast<priority>(i % 4);
+  s.drop = static_cast<drop_case>(i % static_cast<int>(drop_case::count));
+  s.slots = static_cast<slot_order>((i / 3) % 2);
+  s.cap = static_cast<cap_case>((i / 2) % static_cast<int>(cap_case::count));
+  s.masked = (i % 7) == 3;
+  s.after_drop = (i % 5) != 4;
+  return s;
+}
+
+inline routing_config make_config(std::int32_t E, std::int32_t k, const case_spec& s) {
+  routing_config c;
+  c.num_experts = E;
+  c.top_k = k;
+  c.gating.select = select_from::scores;
+  c.gating.renorm = s.after_drop ? renormalize::after_drop : renormalize::before_drop;
+  c.gating.scaling_factor = 1.5f;
+  switch (s.cap) {
+    case cap_case::factor: c.capacity.factor = 0.75; break;
+    case cap_case::fixed: c.capacity.mode = capacity_mode::fixed; c.capacity.fixed = 3; break;
+    case cap_case::max_load: c.capacity.mode = capacity_mode::max_load; c.capacity.min_capacity = 2; break;
+    case cap_case::unbounded: c.capacity.mode = capacity_mode::unbounded; break;
+    case cap_case::floor_min_clamp:
+      c.capacity.factor = 0.5;
+      c.capacity.includes_k = false;
+      c.capacity.rounding = capacity_rounding::floor;
+      c.capacity.min_capacity = 1;
+      c.capacity.clamp_to_tokens = true;
+      break;
+    case cap_case::count: break;
+  }
+  c.dispatch.prio = s.prio;
+  c.dispatch.slots = s.slots;
+  c.dispatch.random_seed = 0x5eed;
+  c.dispatch.random_offset = 17;
+  switch (s.drop) {
+    case drop_case::zero_weight: c.dispatch.dropped = drop_policy::zero_weight; break;
+    case drop_case::residual: c.dispatch.dropped = drop_policy::residual; break;
+    case drop_case::fallback_dedicated_unbounded:
+      c.dispatch.dropped = drop_policy::fallback;
+      c.dispatch.fallback = {-1, -1};
+      break;
+    case drop_case::fallback_dedicated_bounded:
+      c.dispatch.dropped = drop_policy::fallback;
+      c.dispatch.fallback = {-1, 5};
+      break;
+    case drop_case::fallback_routed:
+      c.dispatch.dropped = drop_policy::fallback;
+      c.dispatch.fallback = {E - 1, -1};
+      break;
+    case drop_case::next_choice:
+      c.dispatch.dropped = drop_policy::next_choice;
+      c.dispatch.reroute.max_candidates = 3;
+      break;
+    case drop_case::count: break;
+  }
+  return c;
+}
+
+/// Reference gating for a case (the same gating output feeds both dispatch implementations).
+inline reference::gating_output make_gating(const routing_config& cfg, std::int64_t T, std::uint64_t seed,
+                                            bool masked) {
+  const auto logits = make_logits(T, cfg.num_experts, seed);
+  const auto valid = masked ? make_valid(T) : std::vector<std::uint8_t>{};
+  return reference::gate<float>(cfg, std::span<const float>(logits), T, {}, std::span<const std::uint8_t>(valid));
+}
+
+}  // namespace moeroute::test

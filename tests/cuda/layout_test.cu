@@ -1,0 +1,114 @@
+// SPDX-License-Identifier: Apache-2.0
+// cuda::build_layout against reference::padded_layout / compact_layout, fed by cuda::dispatch:
+// offsets, rows used, row -> token, assignment -> row and block -> expert exactly.
+#include <catch2/catch.hpp>
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include <moeroute/cuda/dispatch.cuh>
+#include <moeroute/cuda/layout.cuh>
+#include <moeroute/reference.hpp>
+
+#include "device_buffer.cuh"
+#include "dispatch_test_util.cuh"
+
+// No using-directive at global scope (nvcc stubs name ::cuda types unqualified).
+namespace moeroute::test {
+
+namespace {
+void check_layouts(std::int64_t T, std::int32_t E, std::int32_t k, const case_spec& s, std::uint64_t seed) {
+  const auto cfg = make_config(E, k, s);
+  INFO(describe(s, T, E, k));
+  const auto g = make_gating(cfg, T, seed, s.masked);
+  const auto ref = reference::dispatch(cfg, g);
+  gpu_dispatch d(cfg, g, s.masked);
+  REQUIRE(d.run().ok());
+  if (cfg.capacity.mode != capacity_mode::unbounded) {
+    gpu_layout L(cfg, d, cuda::layout_kind::padded, 1);
+    const auto st = cuda::build_layout(L.params, cfg);
+    INFO(st.message);
+    REQUIRE(st.ok());
+    require_layout_matches(L, reference::padded_layout(ref));
+  }
+  for (std::int64_t block : {1, 16, 128}) {
+    INFO("compact block " << block);
+    gpu_layout L(cfg, d, cuda::layout_kind::compact, block, /*extra_rows=*/block == 16 ? 40 : 0);
+    const auto st = cuda::build_layout(L.params, cfg);
+    INFO(st.message);
+    REQUIRE(st.ok());
+    require_layout_matches(L, reference::compact_layout(ref, block));
+  }
+}
+}  // namespace
+
+TEST_CASE("layout: padded and compact over policies", "[cuda][layout][quick]") {
+  std::uint64_t seed = 500;
+  for (int drop = 0; drop < static_cast<int>(drop_case::count); ++drop)
+    for (int cap = 0; cap < static_cast<int>(cap_case::count); ++cap) {
+      case_spec s;
+      s.prio = static_cast<priority>((drop + cap) % 4);
+      s.drop = static_cast<drop_case>(drop);
+      s.cap = static_cast<cap_case>(cap);
+      s.slots = static_cast<slot_order>(cap % 2);
+      s.masked = drop == 1;
+      check_layouts(7, 6, 2, s, seed++);
+      if (cap == 0 || cap == 2) check_layouts(200, 60, 4, s, seed++);
+    }
+}
+
+TEST_CASE("layout: shape grid", "[cuda][layout]") {
+  int i = 0;
+  for (std::int64_t T : {1, 1000, 16384})
+    for (std::int32_t E : {1, 8, 64, 256, 384})
+      for (std::int32_t k : {1, 2, 8}) {
+        if (k > E || T * E > (std::int64_t{1} << 23)) continue;
+        check_layouts(T, E, k, spec_for(i), 700 + static_cast<std::uint64_t>(i));
+        ++i;
+      }
+}
+
+TEST_CASE("layout: errors and T = 0", "[cuda][layout][quick]") {
+  case_spec s;
+  s.cap = cap_case::unbounded;
+  const auto cfg = make_config(8, 2, s);
+  const auto g = make_gating(cfg, 40, 3, false);
+  gpu_dispatch d(cfg, g, false);
+  REQUIRE(d.run().ok());
+
+  SECTION("padded needs a bounded capacity") {
+    gpu_layout L(cfg, d, cuda::layout_kind::compact, 1);
+    auto p = L.params;
+    p.kind = cuda::layout_kind::padded;
+    REQUIRE(cuda::build_layout(p, cfg).code == status_code::unsupported);
+  }
+  SECTION("max_rows below the bound is rejected") {
+    gpu_layout L(cfg, d, cuda::layout_kind::compact, 8);
+    auto p = L.params;
+    p.max_rows -= 1;
+    const auto st = cuda::build_layout(p, cfg);
+    REQUIRE(st.code == status_code::invalid_shape);
+    REQUIRE(st.message.find("max_rows") != std::string::npos);
+    p = L.params;
+    p.block_size = 0;
+    REQUIRE(cuda::build_layout(p, cfg).code == status_code::invalid_argument);
+    p = L.params;
+    p.d_assignment_row = nullptr;
+    REQUIRE(cuda::build_layout(p, cfg).code == status_code::invalid_argument);
+  }
+  SECTION("T = 0 succeeds and writes nothing") {
+    gpu_layout L(cfg, d, cuda::layout_kind::compact, 4);
+    L.offsets.fill_bytes(0x3C);
+    L.row_token.fill_bytes(0x3C);
+    auto p = L.params;
+    p.tokens = 0;
+    p.max_rows = cuda::compact_max_rows(cfg, 0, 4);
+    REQUIRE(cuda::build_layout(p, cfg).ok());
+    check_cuda(cudaDeviceSynchronize(), "sync");
+    for (auto v : L.offsets.download()) REQUIRE(v == 0x3C3C3C3C3C3C3C3CLL);
+    for (auto v : L.row_token.download()) REQUIRE(v == 0x3C3C3C3C);
+  }
+}
+
+}  // namespace moeroute::test
