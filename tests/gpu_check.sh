@@ -1,0 +1,143 @@
+#!/usr/bin/env bash
+# GPU check, called by `./build.sh gpu-check DIR` on a machine with a GPU (sized for one H200,
+# 8 minutes in all):
+#   1. configure + build Release for sm_90 in build/gpu-check (targets cuda_tests, and
+#      bench_kernels when the bench tree defines it)
+#   2. cuda_tests, the full GPU test binary
+#   3. cuda_tests "[quick]" under compute-sanitizer memcheck, racecheck and initcheck
+#   4. bench_kernels, if it was built
+# and writes one log per step plus DIR/summary.json.
+#
+# The [quick] tag: GPU test cases small enough to run under compute-sanitizer (each tool runs
+# the whole [quick] set in well under two minutes). Any GPU test author who wants a case
+# sanitized tags it [quick]; larger grids stay untagged and run in step 2 only.
+#
+# Environment: GPU_CHECK_BUDGET (seconds, default 470) caps the whole run; each step gets
+# min(its own timeout, what is left). GPU_CHECK_DRY_RUN=1 configures only and records every
+# other step as skipped (for checking the script on a machine without a GPU).
+set -uo pipefail
+
+OUT=${1:?usage: tests/gpu_check.sh DIR}
+cd "$(dirname "$0")/.." || exit 1
+ROOT=$(pwd)
+mkdir -p "$OUT"
+OUT=$(cd "$OUT" && pwd)
+BUILD="$ROOT/build/gpu-check"
+JOBS=$(nproc 2>/dev/null || echo 4)
+BUDGET=${GPU_CHECK_BUDGET:-470}
+DRY=${GPU_CHECK_DRY_RUN:-0}
+START=$(date +%s)
+export PATH="/usr/local/cuda/bin:$PATH"
+
+STEPS_JSON=""
+FAILED=0
+
+json_escape() { printf '%s' "$1" | sed -e 's/\\/\\\\/g' -e 's/"/\\"/g' | tr -d '\n\r'; }
+
+record() {  # name rc seconds status log note
+  local entry
+  entry=$(printf '{"name":"%s","rc":%s,"seconds":%s,"status":"%s","log":"%s","note":"%s"}' \
+    "$1" "$2" "$3" "$4" "$(json_escape "$5")" "$(json_escape "$6")")
+  STEPS_JSON="${STEPS_JSON:+$STEPS_JSON,}$entry"
+  printf '==> %-22s %-8s rc=%-4s %4ss  %s\n' "$1" "$4" "$2" "$3" "$6"
+}
+
+# run_step NAME TIMEOUT CMD...  (runs CMD with a timeout bounded by the budget left)
+run_step() {
+  local name=$1 limit=$2
+  shift 2
+  local log="$OUT/$name.log"
+  local left=$((BUDGET - ($(date +%s) - START)))
+  if ((left < 20)); then
+    record "$name" -1 0 skipped "$log" "budget exhausted"
+    return 0
+  fi
+  ((limit > left)) && limit=$left
+  local t0
+  t0=$(date +%s)
+  timeout --kill-after=10 "$limit" "$@" >"$log" 2>&1
+  local rc=$?
+  local dt=$(($(date +%s) - t0))
+  local st=passed note
+  note=$(grep -E "test cases|All tests passed|ERROR SUMMARY|Error:|error:" "$log" | tail -n 1)
+  if ((rc == 124 || rc == 137)); then
+    st=timeout
+    note="timed out after ${limit}s"
+  elif ((rc == 77)); then
+    st=skipped
+    note="no CUDA device"
+  elif ((rc != 0)); then
+    st=failed
+  fi
+  [ "$st" = failed ] || [ "$st" = timeout ] && FAILED=1
+  record "$name" "$rc" "$dt" "$st" "$log" "$note"
+  return $rc
+}
+
+skip_step() { record "$1" -1 0 skipped "" "$2"; }
+
+DEVICE="none"
+if command -v nvidia-smi >/dev/null 2>&1; then
+  DEVICE=$(nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader 2>/dev/null | head -n 1)
+  nvidia-smi >"$OUT/nvidia-smi.log" 2>&1 || true
+fi
+
+# 1. configure and build
+run_step configure 120 cmake -S "$ROOT" -B "$BUILD" -DCMAKE_BUILD_TYPE=Release \
+  -DCMAKE_CUDA_ARCHITECTURES=90 -DMOEROUTE_ENABLE_CUDA=ON -DMOEROUTE_BUILD_TESTS=ON \
+  -DMOEROUTE_BUILD_BENCHMARKS=ON -DMOEROUTE_BUILD_EXAMPLES=OFF
+CONFIGURED=$?
+
+TARGETS=(cuda_tests)
+if ((CONFIGURED == 0)) && cmake --build "$BUILD" --target help 2>/dev/null | grep -q "bench_kernels"; then
+  TARGETS+=(bench_kernels)
+fi
+
+if [ "$DRY" = 1 ]; then
+  skip_step build "dry run (targets: ${TARGETS[*]})"
+  for s in cuda_tests memcheck racecheck initcheck bench_kernels; do skip_step "$s" "dry run"; done
+else
+  if ((CONFIGURED == 0)); then
+    run_step build 300 cmake --build "$BUILD" -j "$JOBS" --target "${TARGETS[@]}"
+    BUILT=$?
+  else
+    skip_step build "configure failed"
+    BUILT=1
+  fi
+  TESTS="$BUILD/tests/cuda_tests"
+  if ((BUILT == 0)) && [ -x "$TESTS" ]; then
+    # 2. the full GPU test binary
+    run_step cuda_tests 150 "$TESTS" --durations yes
+    # 3. the [quick] set under each compute-sanitizer tool
+    if command -v compute-sanitizer >/dev/null 2>&1; then
+      run_step memcheck 120 compute-sanitizer --tool memcheck --leak-check full --error-exitcode 1 \
+        "$TESTS" "[quick]"
+      run_step racecheck 150 compute-sanitizer --tool racecheck --error-exitcode 1 "$TESTS" "[quick]"
+      run_step initcheck 120 compute-sanitizer --tool initcheck --error-exitcode 1 "$TESTS" "[quick]"
+    else
+      for s in memcheck racecheck initcheck; do skip_step "$s" "compute-sanitizer not found"; done
+      FAILED=1
+    fi
+  else
+    for s in cuda_tests memcheck racecheck initcheck; do skip_step "$s" "not built"; done
+  fi
+  # 4. GPU benchmarks, when the bench tree has them
+  BENCH=$(find "$BUILD" -name bench_kernels -type f -perm -u+x 2>/dev/null | head -n 1)
+  if [ -n "$BENCH" ]; then
+    run_step bench_kernels 90 "$BENCH" --benchmark_min_time=0.05 \
+      --benchmark_out="$OUT/bench_kernels.json" --benchmark_out_format=json
+  else
+    skip_step bench_kernels "no bench_kernels binary"
+  fi
+fi
+
+TOTAL=$(($(date +%s) - START))
+ALL=true
+((FAILED)) && ALL=false
+COMMIT=$(git -C "$ROOT" rev-parse --short HEAD 2>/dev/null || echo unknown)
+printf '{"date":"%s","commit":"%s","device":"%s","dry_run":%s,"total_seconds":%s,"all_passed":%s,"steps":[%s]}\n' \
+  "$(date -u +%Y-%m-%dT%H:%M:%SZ)" "$COMMIT" "$(json_escape "$DEVICE")" \
+  "$([ "$DRY" = 1 ] && echo true || echo false)" "$TOTAL" "$ALL" "$STEPS_JSON" >"$OUT/summary.json"
+echo "gpu-check: summary in $OUT/summary.json (${TOTAL}s, all_passed=$ALL)"
+((FAILED)) && exit 1
+exit 0
