@@ -254,6 +254,11 @@ TEST_CASE("gating: NaN and Inf rows as the reference sanitises them", "[cuda][ga
     auto ds = presets::deepseek_v3(E, 2, 2, 1);
     INFO(describe(ds, T));
     REQUIRE(check_gating<float>(ds, logits, T, grid_bias(E)) == "");
+    // groups on raw logits: group scores of +-FLT_MAX rows overflow to +-inf in float
+    routing_config gl = variant(E, 2, 4);
+    gl.gating.group_limit = {2, 1};
+    INFO(describe(gl, T));
+    REQUIRE(check_gating<float>(gl, logits, T) == "");
   }
 }
 

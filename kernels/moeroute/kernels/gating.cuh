@@ -211,7 +211,7 @@ gating_kernel(const gating_kernel_args a) {
 #pragma unroll Unroll
     for (int s = 0; s < Slots; ++s) {
       if (s >= ns) break;
-      if (ok.test(s) && !tk.test(s) && v[s] > bv) {
+      if (ok.test(s) && !tk.test(s) && (bi == warp::no_index || v[s] > bv)) {
         bv = v[s];
         bi = expert_of<Lanes, Vec>(lane, s);
       }
@@ -314,7 +314,7 @@ gating_kernel(const gating_kernel_args a) {
           for (int s = 0; s < Slots; ++s) {
             if (s >= ns) break;
             const int e = expert_of<Lanes, Vec>(lane, s);
-            if (e < E && e / a.per_group == g && !gtaken.test(s) && sel[s] > bv) {
+            if (e < E && e / a.per_group == g && !gtaken.test(s) && (bi == warp::no_index || sel[s] > bv)) {
               bv = sel[s];
               bi = e;
             }
@@ -337,7 +337,8 @@ gating_kernel(const gating_kernel_args a) {
         for (int s = 0; s < Slots; ++s) {
           if (s >= ns) break;
           const int g = s * Lanes + lane;
-          if (g < a.groups && ri[s] == 0 && rv[s] > bv) {
+          // group scores may be +-inf (a double sum beyond the float range): test the index
+          if (g < a.groups && ri[s] == 0 && (bi == warp::no_index || rv[s] > bv)) {
             bv = rv[s];
             bi = g;
           }
