@@ -411,6 +411,14 @@ int run(int argc, char** argv) {
   if (auto s = validate(so.base); !s) throw usage_error("--preset " + preset_name + " with E=" + std::to_string(E) +
                                                         " k=" + std::to_string(k) + ": " + s.message);
 
+  for (const auto& in : inputs) {
+    std::int64_t bad = 0;
+    for (float v : in.logits) bad += std::isfinite(v) ? 0 : 1;
+    if (bad)
+      std::fprintf(stderr, "moeroute-capacity: warning: %s has %lld non-finite logits (routed as NaN -> -FLT_MAX, "
+                   "+-Inf -> +-FLT_MAX; see docs/numerics.md)\n", in.name.c_str(), static_cast<long long>(bad));
+  }
+
   // ---- sweep
   const bool tty = isatty(2) != 0;
   std::size_t skipped = 0;
