@@ -23,17 +23,17 @@ __device__ __forceinline__ float sanitize(float x) {
 }
 
 /// expf, rounded once from double.
-__device__ __noinline__ float exp_f(float x) {
+__device__ __noinline__ inline float exp_f(float x) {
   return static_cast<float>(exp(static_cast<double>(x)));
 }
 
 /// log1pf, rounded once from double.
-__device__ __noinline__ float log1p_f(float x) {
+__device__ __noinline__ inline float log1p_f(float x) {
   return static_cast<float>(log1p(static_cast<double>(x)));
 }
 
 /// Per-expert score functions (softmax needs the row and is done by the kernel).
-__device__ __noinline__ float score_one(score_function f, float x) {
+__device__ __noinline__ inline float score_one(score_function f, float x) {
   if (f == score_function::sigmoid) return __fdiv_rn(1.0f, __fadd_rn(1.0f, exp_f(-x)));
   if (f == score_function::sqrt_softplus) {
     const float sp = x > 0.0f ? __fadd_rn(x, log1p_f(exp_f(-x))) : log1p_f(exp_f(x));
