@@ -1,0 +1,258 @@
+// SPDX-License-Identifier: Apache-2.0
+// GPU backward launchers against the CPU backward reference, on the forward's own decisions
+// (ids, fates, layout from the CPU reference, uploaded). Tolerances: logit gradients 1e-6
+// relative + 1e-9 absolute (both compute in double; device exp/log may differ by an ulp);
+// d expert_out, d x and the bias update bitwise; d weight 1e-5 relative (warp dot order).
+// Every launcher is run twice: the reruns must be bitwise identical.
+#include <catch2/catch.hpp>
+
+#include <cmath>
+#include <cstdint>
+#include <cstring>
+#include <random>
+#include <string>
+#include <vector>
+
+#include <moeroute/cuda/backward.cuh>
+#include <moeroute/presets.hpp>
+#include <moeroute/reference.hpp>
+#include <moeroute/reference/backward.hpp>
+
+#include "device_buffer.cuh"
+
+using namespace moeroute;
+namespace ref = moeroute::reference;
+
+namespace {
+
+std::vector<float> random_logits(std::int64_t T, std::int32_t E, std::uint32_t seed) {
+  std::mt19937 rng(seed);
+  std::normal_distribution<float> n(0.0f, 1.5f);
+  std::vector<float> x(T * E);
+  for (auto& v : x) v = n(rng);
+  return x;
+}
+
+std::vector<float> random_values(std::size_t n, std::uint32_t seed) {
+  std::mt19937 rng(seed);
+  std::uniform_real_distribution<float> u(-1.0f, 1.0f);
+  std::vector<float> v(n);
+  for (auto& x : v) x = u(rng);
+  return v;
+}
+
+std::vector<std::uint8_t> fate_bytes(const ref::dispatch_output& d) {
+  std::vector<std::uint8_t> f(d.fates.size());
+  for (std::size_t i = 0; i < f.size(); ++i) f[i] = static_cast<std::uint8_t>(d.fates[i]);
+  return f;
+}
+
+struct logit_case {
+  std::string name;
+  routing_config cfg;
+  std::int64_t T;
+  std::vector<float> bias;
+  std::vector<std::uint8_t> valid;
+};
+
+void check_logit_grads(const logit_case& c, std::uint32_t seed) {
+  INFO("case " << c.name);
+  const auto& cfg = c.cfg;
+  const std::int32_t E = cfg.num_experts, k = cfg.top_k;
+  const auto x = random_logits(c.T, E, seed);
+  const auto g = ref::gate(cfg, x, c.T, c.bias, c.valid);
+  const auto d = ref::dispatch(cfg, g);
+  const auto dw = random_values(c.T * k, seed + 1);
+  std::vector<float> want(c.T * E, 0.5f);  // accumulate on top of a non-zero buffer
+  ref::logit_grad_weights w;
+  w.routing = 0.75;
+  w.aux = 2.0;
+  w.sequence_aux = 0.0;
+  w.z = 0.5;
+  ref::accumulate_logit_grads(cfg, x, g, d, dw, want, w);
+
+  test::device_buffer<float> d_x(x), d_dw(dw), d_out(std::vector<float>(c.T * E, 0.5f));
+  test::device_buffer<std::int32_t> d_ids(g.ids);
+  test::device_buffer<std::uint8_t> d_fate(fate_bytes(d)), d_valid(g.valid);
+  test::device_buffer<std::int64_t> d_count(g.aux_count), d_vt(std::vector<std::int64_t>{g.valid_tokens});
+  cuda::logit_grads_params p;
+  p.d_logits = d_x.get();
+  p.tokens = c.T;
+  p.d_valid = d_valid.get();
+  p.d_ids = d_ids.get();
+  p.d_fate = d_fate.get();
+  p.d_grad_weight = d_dw.get();
+  p.d_aux_count = d_count.get();
+  p.d_valid_tokens = d_vt.get();
+  p.routing_weight = w.routing;
+  p.aux_weight = w.aux;
+  p.z_weight = w.z;
+  p.d_grad_logits = d_out.get();
+  REQUIRE(cuda::logit_grads(cfg, p));
+  test::check_cuda(cudaDeviceSynchronize(), "sync");
+  const auto got = d_out.download();
+  for (std::size_t i = 0; i < got.size(); ++i) {
+    INFO("element " << i << ": gpu " << got[i] << ", cpu " << want[i]);
+    REQUIRE(std::fabs(got[i] - want[i]) <= 1e-6 * std::fabs(want[i]) + 1e-9);
+  }
+  // rerun: bitwise identical
+  d_out.upload(std::vector<float>(c.T * E, 0.5f));
+  REQUIRE(cuda::logit_grads(cfg, p));
+  test::check_cuda(cudaDeviceSynchronize(), "sync");
+  const auto again = d_out.download();
+  REQUIRE(std::memcmp(again.data(), got.data(), got.size() * sizeof(float)) == 0);
+  // overwrite mode ignores what was there
+  d_out.upload(std::vector<float>(c.T * E, 123.0f));
+  p.accumulate = false;
+  REQUIRE(cuda::logit_grads(cfg, p));
+  test::check_cuda(cudaDeviceSynchronize(), "sync");
+  std::vector<float> want0(c.T * E, 0.0f);
+  ref::accumulate_logit_grads(cfg, x, g, d, dw, want0, w);
+  const auto got0 = d_out.download();
+  for (std::size_t i = 0; i < got0.size(); ++i)
+    REQUIRE(std::fabs(got0[i] - want0[i]) <= 1e-6 * std::fabs(want0[i]) + 1e-9);
+}
+
+}  // namespace
+
+TEST_CASE("cuda backward: logit gradients equal the CPU reference", "[cuda][backward]") {
+  std::vector<logit_case> cases;
+  presets::megatron_options mo;
+  mo.capacity_factor = 1.0;
+  cases.push_back({"Megatron top-2 softmax after top-k, capacity 1.0", presets::megatron(8, 2, mo), 64, {}, {}});
+  mo.pre_softmax = true;
+  cases.push_back({"Megatron top-2 pre-softmax", presets::megatron(8, 2, mo), 64, {}, {}});
+  cases.push_back({"DeepSpeed top-2 after drop", presets::deepspeed_top2(8, 0.5), 64, {}, {}});
+  cases.push_back({"DeepSeek-V3 sigmoid, groups, bias", presets::deepseek_v3(16, 4, 4, 2), 48,
+                   std::vector<float>(16, 0.01f), {}});
+  {
+    auto c = presets::qwen_moe(12, 3, true);
+    c.gating.score = score_function::sqrt_softplus;
+    cases.push_back({"sqrt-softplus, E = 12", c, 40, {}, {}});
+  }
+  {
+    auto c = presets::mixtral(6, 2);
+    c.gating.noise.kind = noise_kind::gaussian;
+    c.gating.noise.scale = 0.3f;
+    c.gating.noise.seed = 9;
+    c.gating.noise.target = noise_target::selection_and_gates;
+    std::vector<std::uint8_t> valid(32, 1);
+    valid[3] = valid[17] = 0;
+    cases.push_back({"Mixtral, noisy gates, padding", c, 32, {}, valid});
+  }
+  cases.push_back({"Switch top-1 residual", presets::switch_top1(5, 0.5), 30, {}, {}});
+  for (std::size_t i = 0; i < cases.size(); ++i) check_logit_grads(cases[i], 10 + static_cast<std::uint32_t>(i));
+}
+
+TEST_CASE("cuda backward: zero tokens and bad params", "[cuda][backward]") {
+  const auto cfg = presets::mixtral(8, 2);
+  cuda::logit_grads_params p;
+  CHECK(cuda::logit_grads(cfg, p));  // T = 0
+  p.tokens = 4;
+  CHECK(cuda::logit_grads(cfg, p).code == status_code::invalid_argument);
+  auto seq = cfg;
+  seq.loss.sequence_length = 2;
+  float dummy = 0;
+  std::int64_t cnt = 0;
+  p.d_logits = &dummy;
+  p.d_grad_logits = &dummy;
+  p.d_aux_count = &cnt;
+  CHECK(cuda::logit_grads(seq, p).code == status_code::unsupported);
+  cuda::permute_backward_params<float> pp;
+  pp.k = 2;
+  pp.hidden = 4;
+  CHECK(cuda::permute_backward(pp));
+  pp.tokens = 3;
+  CHECK(cuda::permute_backward(pp).code == status_code::invalid_argument);
+}
+
+TEST_CASE("cuda backward: combine and permute backward equal the CPU reference", "[cuda][backward]") {
+  struct cc {
+    const char* name;
+    routing_config cfg;
+    bool padded;
+  };
+  auto fb = presets::deepspeed_top2(6, 0.5, 1);
+  fb.dispatch.dropped = drop_policy::fallback;
+  fb.dispatch.fallback.expert = 0;
+  const cc cases[] = {{"DeepSpeed top-2 padded", presets::deepspeed_top2(8, 0.5), true},
+                      {"Mixtral compact", presets::mixtral(8, 2), false},
+                      {"Switch residual padded", presets::switch_top1(4, 0.5, 1), true},
+                      {"fallback to routed expert 0 (shared rows)", fb, true}};
+  for (const auto& c : cases) {
+    INFO("case " << c.name);
+    const std::int64_t T = 40, d = 24;
+    const auto x = random_logits(T, c.cfg.num_experts, 3);
+    const auto g = ref::gate(c.cfg, x, T);
+    const auto dsp = ref::dispatch(c.cfg, g);
+    const auto L = c.padded ? ref::padded_layout(dsp) : ref::compact_layout(dsp, 8);
+    const std::int32_t k = dsp.k;
+    const auto eo = random_values(L.num_rows * d, 4), dy = random_values(T * d, 5);
+    std::vector<float> w_eo(L.num_rows * d), w_dw(T * k), w_dx(T * d);
+    ref::combine_backward(c.cfg, dsp, L, eo, d, dy, w_eo, w_dw, w_dx);
+    std::vector<float> w_px = w_dx;
+    ref::permute_backward(dsp, L, w_eo, d, w_px, true);
+
+    test::device_buffer<float> d_eo(eo), d_dy(dy), d_weight(dsp.weight), g_eo(L.num_rows * d), g_dw(T * k),
+        g_dx(T * d);
+    test::device_buffer<std::int32_t> d_rt(L.row_token);
+    test::device_buffer<std::int64_t> d_ar(L.assignment_row);
+    test::device_buffer<std::uint8_t> d_fate(fate_bytes(dsp));
+    cuda::combine_backward_params<float> p;
+    p.d_expert_out = d_eo.get();
+    p.d_dy = d_dy.get();
+    p.d_row_token = d_rt.get();
+    p.d_assignment_row = d_ar.get();
+    p.d_weight = d_weight.get();
+    p.d_fate = d_fate.get();
+    p.rows = L.num_rows;
+    p.tokens = T;
+    p.k = k;
+    p.hidden = d;
+    p.dropped = c.cfg.dispatch.dropped;
+    p.d_grad_expert_out = g_eo.get();
+    p.d_grad_weight = g_dw.get();
+    p.d_grad_x = g_dx.get();
+    REQUIRE(cuda::combine_backward(p));
+    cuda::permute_backward_params<float> q;
+    q.d_grad_buf = g_eo.get();
+    q.d_assignment_row = d_ar.get();
+    q.tokens = T;
+    q.k = k;
+    q.hidden = d;
+    q.accumulate = true;
+    test::device_buffer<float> g_px(T * d);
+    REQUIRE(cuda::combine_backward(p));
+    test::check_cuda(cudaMemcpy(g_px.get(), g_dx.get(), T * d * sizeof(float), cudaMemcpyDeviceToDevice), "copy");
+    q.d_grad_x = g_px.get();
+    REQUIRE(cuda::permute_backward(q));
+    test::check_cuda(cudaDeviceSynchronize(), "sync");
+    CHECK(g_eo.download() == w_eo);
+    CHECK(g_dx.download() == w_dx);
+    CHECK(g_px.download() == w_px);
+    const auto dw = g_dw.download();
+    for (std::size_t i = 0; i < dw.size(); ++i) REQUIRE(dw[i] == Approx(w_dw[i]).epsilon(1e-5).margin(1e-6));
+    // rerun: bitwise
+    REQUIRE(cuda::combine_backward(p));
+    test::check_cuda(cudaDeviceSynchronize(), "sync");
+    CHECK(g_dw.download() == dw);
+  }
+}
+
+TEST_CASE("cuda backward: expert-bias update equals the CPU reference bitwise", "[cuda][backward][bias]") {
+  std::vector<float> bias = random_values(37, 8);
+  std::vector<std::int64_t> load(37);
+  for (std::size_t e = 0; e < load.size(); ++e) load[e] = static_cast<std::int64_t>((e * 7919) % 23);
+  test::device_buffer<float> d_bias(bias);
+  test::device_buffer<std::int64_t> d_load(load);
+  cuda::expert_bias_update_params p;
+  p.d_bias = d_bias.get();
+  p.d_load = d_load.get();
+  p.experts = 37;
+  p.rate = 0.01f;
+  p.recenter = true;
+  REQUIRE(cuda::expert_bias_update(p));
+  test::check_cuda(cudaDeviceSynchronize(), "sync");
+  ref::update_expert_bias(bias, load, {0.01f, true});
+  CHECK(d_bias.download() == bias);
+}
