@@ -101,8 +101,10 @@ TEST_CASE("permute: errors and T = 0", "[cuda][permute][quick]") {
   }
   p.tokens = 2;
   REQUIRE(cuda::permute(p).code == status_code::invalid_argument);  // d_x null
-  p.hidden = 0;
+  p.hidden = -1;
   REQUIRE(cuda::permute(p).code == status_code::invalid_shape);
+  p.hidden = 0;  // d = 0: nothing to copy, success
+  REQUIRE(cuda::permute(p).ok());
 }
 
 }  // namespace moeroute::test

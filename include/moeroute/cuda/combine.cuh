@@ -37,10 +37,10 @@ template <class Element>
   auto bad = [](status_code c, std::string m) { return status::make(c, std::move(m)); };
   if (p.tokens < 0) return bad(status_code::invalid_shape, "tokens = " + std::to_string(p.tokens) + ": must be >= 0");
   if (p.k < 1) return bad(status_code::invalid_shape, "k = " + std::to_string(p.k) + ": must be >= 1");
-  if (p.hidden < 1 || p.hidden > max_hidden)
-    return bad(status_code::invalid_shape, "hidden = " + std::to_string(p.hidden) + ": must be in [1, 2^20]");
+  if (p.hidden < 0 || p.hidden > max_hidden)
+    return bad(status_code::invalid_shape, "hidden = " + std::to_string(p.hidden) + ": must be in [0, 2^20]");
   if (p.rows < 0) return bad(status_code::invalid_shape, "rows = " + std::to_string(p.rows) + ": must be >= 0");
-  if (p.tokens == 0) return status::success();
+  if (p.tokens == 0 || p.hidden == 0) return status::success();
   if (p.rows > 0 && !p.d_expert_out) return bad(status_code::invalid_argument, "d_expert_out is null with rows > 0");
   if (!p.d_assignment_row) return bad(status_code::invalid_argument, "d_assignment_row is null with tokens > 0");
   if (!p.d_weight) return bad(status_code::invalid_argument, "d_weight is null with tokens > 0");
@@ -57,13 +57,13 @@ template <class Element>
 ///        reference::combine. drop_policy::residual: a valid token with no surviving assignment
 ///        gets y[t] = x[t] (copied); fallback outputs come in as ordinary rows.
 /// @return success, invalid_* or cuda_error. No workspace.
-/// @note Asynchronous, no allocation, no synchronisation, graph-capturable. T = 0 returns
-///       success and writes nothing. 16-byte accesses when d * sizeof(Element) is a multiple
+/// @note Asynchronous, no allocation, no synchronisation, graph-capturable. T = 0 (or d = 0)
+///       returns success and writes nothing. 16-byte accesses when d * sizeof(Element) is a multiple
 ///       of 16 and the buffers are 16-byte aligned.
 template <class Element>
 status combine(const combine_params<Element>& p, cudaStream_t stream = nullptr) {
   if (auto s = validate(p); !s) return s;
-  if (p.tokens == 0) return status::success();
+  if (p.tokens == 0 || p.hidden == 0) return status::success();
   constexpr int V16 = kernels::vec16_elems<Element>;
   const bool residual = p.dropped == drop_policy::residual;
   const bool vec = kernels::can_vectorize<Element>(p.hidden, p.d_expert_out, p.d_y, residual ? p.d_x : nullptr);

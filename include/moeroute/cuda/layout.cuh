@@ -58,7 +58,7 @@ struct layout_params {
 [[nodiscard]] inline status validate(const layout_params& p, const routing_config& cfg) {
   auto bad = [](status_code c, std::string m) { return status::make(c, std::move(m)); };
   if (auto s = validate(cfg); !s) return s;
-  if (p.tokens < 0) return bad(status_code::invalid_shape, "tokens = " + std::to_string(p.tokens) + ": must be >= 0");
+  if (auto s = validate_tokens(cfg, p.tokens); !s) return s;
   if (p.k != cfg.top_k) return bad(status_code::invalid_shape, "k = " + std::to_string(p.k) + ": must equal config.top_k");
   if (p.experts != cfg.num_experts)
     return bad(status_code::invalid_shape, "experts = " + std::to_string(p.experts) + ": must equal config.num_experts");

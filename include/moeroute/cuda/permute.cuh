@@ -32,10 +32,10 @@ template <class Element>
   static_assert(kernels::is_routed_element_v<Element>, "Element must be float, __half or __nv_bfloat16");
   auto bad = [](status_code c, std::string m) { return status::make(c, std::move(m)); };
   if (p.tokens < 0) return bad(status_code::invalid_shape, "tokens = " + std::to_string(p.tokens) + ": must be >= 0");
-  if (p.hidden < 1 || p.hidden > max_hidden)
-    return bad(status_code::invalid_shape, "hidden = " + std::to_string(p.hidden) + ": must be in [1, 2^20]");
+  if (p.hidden < 0 || p.hidden > max_hidden)
+    return bad(status_code::invalid_shape, "hidden = " + std::to_string(p.hidden) + ": must be in [0, 2^20]");
   if (p.rows < 0) return bad(status_code::invalid_shape, "rows = " + std::to_string(p.rows) + ": must be >= 0");
-  if (p.tokens == 0 || p.rows == 0) return status::success();
+  if (p.tokens == 0 || p.rows == 0 || p.hidden == 0) return status::success();
   if (!p.d_x) return bad(status_code::invalid_argument, "d_x is null with tokens > 0");
   if (!p.d_row_token) return bad(status_code::invalid_argument, "d_row_token is null with rows > 0");
   if (!p.d_out) return bad(status_code::invalid_argument, "d_out is null with rows > 0");
@@ -45,13 +45,13 @@ template <class Element>
 /// @brief out[row] = x[row_token[row]] for rows < *d_num_rows; padding rows (-1) get zeros.
 /// @return success, invalid_* or cuda_error. No workspace.
 /// @note Asynchronous, no allocation, no synchronisation, graph-capturable. T = 0 (or
-///       rows = 0) returns success and writes nothing; rows in [*d_num_rows, rows) are not
+///       rows = 0, or d = 0) returns success and writes nothing; rows in [*d_num_rows, rows) are not
 ///       touched. 16-byte accesses when d * sizeof(Element) is a multiple of 16 and both
 ///       buffers are 16-byte aligned, element accesses otherwise. Exact copy (no arithmetic).
 template <class Element>
 status permute(const permute_params<Element>& p, cudaStream_t stream = nullptr) {
   if (auto s = validate(p); !s) return s;
-  if (p.tokens == 0 || p.rows == 0) return status::success();
+  if (p.tokens == 0 || p.rows == 0 || p.hidden == 0) return status::success();
   constexpr int V16 = kernels::vec16_elems<Element>;
   const bool vec = kernels::can_vectorize<Element>(p.hidden, p.d_x, p.d_out);
   const std::int64_t chunks = vec ? p.hidden / V16 : p.hidden;
