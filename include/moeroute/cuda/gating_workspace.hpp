@@ -9,6 +9,7 @@
 #include <cstdint>
 
 #include <moeroute/config.hpp>
+#include <moeroute/macros.hpp>
 #include <moeroute/workspace.hpp>
 
 namespace moeroute::cuda {
@@ -38,6 +39,18 @@ struct gating_plan {
     return std::int64_t{warps_per_block} * (32 / lanes);
   }
 };
+
+/// @brief Tokens [begin, end) of chunk c: piece c % pieces of segment c / pieces. Shared by the
+///        kernel and the host tests, so both cut the batch the same way. May be empty.
+MOEROUTE_HOST_DEVICE inline void gating_chunk_range(std::int64_t segment_tokens, std::int64_t pieces,
+                                                    std::int64_t piece_tokens, std::int64_t c,
+                                                    std::int64_t& begin, std::int64_t& end) noexcept {
+  const std::int64_t seg = c / pieces, piece = c % pieces;
+  const std::int64_t seg_begin = seg * segment_tokens, seg_end = seg_begin + segment_tokens;
+  const std::int64_t b = seg_begin + piece * piece_tokens;
+  begin = b < seg_end ? b : seg_end;
+  end = begin + piece_tokens < seg_end ? begin + piece_tokens : seg_end;
+}
 
 /// @brief The plan for `tokens` tokens under `cfg` (cfg must pass validate(); T >= 0).
 [[nodiscard]] inline gating_plan make_gating_plan(const routing_config& cfg,

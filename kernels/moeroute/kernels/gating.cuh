@@ -19,6 +19,7 @@
 #include <cstdint>
 
 #include <moeroute/config.hpp>
+#include <moeroute/cuda/gating_workspace.hpp>
 #include <moeroute/dtype.hpp>
 #include <moeroute/kernels/gating_math.cuh>
 #include <moeroute/kernels/warp_topk.cuh>
@@ -135,10 +136,8 @@ gating_kernel(const gating_kernel_args a) {
   __shared__ unsigned long long s_valid, s_nonfinite;
 
   const std::int64_t c = blockIdx.x;
-  const std::int64_t seg = c / a.pieces, piece = c % a.pieces;
-  const std::int64_t seg_begin = seg * a.segment_tokens, seg_end = seg_begin + a.segment_tokens;
-  const std::int64_t begin = min(seg_begin + piece * a.piece_tokens, seg_end);
-  const std::int64_t end = min(begin + a.piece_tokens, seg_end);
+  std::int64_t begin, end;
+  cuda::gating_chunk_range(a.segment_tokens, a.pieces, a.piece_tokens, c, begin, end);
 
   double* g_acc = a.part_scores + c * E;  // the generic kernel accumulates here (lane-owned)
   if constexpr (!Generic) {
