@@ -1,6 +1,6 @@
 // SPDX-License-Identifier: Apache-2.0
 // GPU backward launchers against the CPU backward reference, on the forward's own decisions
-// (ids, fates, layout from the CPU reference, uploaded). Tolerances: logit gradients 1e-6
+// (ids, fates, layout, aux and sequence counts from the CPU reference, uploaded). Tolerances: logit gradients 1e-6
 // relative + 1e-9 absolute (both compute in double; device exp/log may differ by an ulp);
 // d expert_out, d x and the bias update bitwise; d weight 1e-5 relative (warp dot order).
 // Every launcher is run twice: the reruns must be bitwise identical.
@@ -67,14 +67,15 @@ void check_logit_grads(const logit_case& c, std::uint32_t seed) {
   ref::logit_grad_weights w;
   w.routing = 0.75;
   w.aux = 2.0;
-  w.sequence_aux = 0.0;
+  w.sequence_aux = 3.0;
   w.z = 0.5;
   ref::accumulate_logit_grads(cfg, x, g, d, dw, want, w);
 
   test::device_buffer<float> d_x(x), d_dw(dw), d_out(std::vector<float>(c.T * E, 0.5f));
   test::device_buffer<std::int32_t> d_ids(g.ids);
   test::device_buffer<std::uint8_t> d_fate(fate_bytes(d)), d_valid(g.valid);
-  test::device_buffer<std::int64_t> d_count(g.aux_count), d_vt(std::vector<std::int64_t>{g.valid_tokens});
+  test::device_buffer<std::int64_t> d_count(g.aux_count), d_vt(std::vector<std::int64_t>{g.valid_tokens}),
+      d_seq_count(g.seq_count), d_seq_tokens(g.seq_tokens);
   cuda::logit_grads_params p;
   p.d_logits = d_x.get();
   p.tokens = c.T;
@@ -84,8 +85,11 @@ void check_logit_grads(const logit_case& c, std::uint32_t seed) {
   p.d_grad_weight = d_dw.get();
   p.d_aux_count = d_count.get();
   p.d_valid_tokens = d_vt.get();
+  p.d_seq_count = d_seq_count.get();
+  p.d_seq_tokens = d_seq_tokens.get();
   p.routing_weight = w.routing;
   p.aux_weight = w.aux;
+  p.sequence_aux_weight = w.sequence_aux;
   p.z_weight = w.z;
   p.d_grad_logits = d_out.get();
   REQUIRE(cuda::logit_grads(cfg, p));
@@ -141,6 +145,17 @@ TEST_CASE("cuda backward: logit gradients equal the CPU reference", "[cuda][back
     cases.push_back({"Mixtral, noisy gates, padding", c, 32, {}, valid});
   }
   cases.push_back({"Switch top-1 residual", presets::switch_top1(5, 0.5), 30, {}, {}});
+  {
+    auto c = presets::deepseek_v3(8, 2, 4, 2);
+    c.loss.sequence_length = 8;  // sequence-level aux (DeepSeek-V2/V3)
+    std::vector<std::uint8_t> valid(32, 1);
+    for (int t = 24; t < 32; ++t) valid[t] = 0;  // the last sequence is all padding
+    valid[5] = 0;
+    cases.push_back({"DeepSeek-V3 sequence aux, padding", c, 32, std::vector<float>(8, 0.0f), valid});
+    auto m = presets::mixtral(6, 2);
+    m.loss.sequence_length = 5;
+    cases.push_back({"Mixtral sequence aux (softmax P)", m, 30, {}, {}});
+  }
   for (std::size_t i = 0; i < cases.size(); ++i) check_logit_grads(cases[i], 10 + static_cast<std::uint32_t>(i));
 }
 
@@ -157,7 +172,7 @@ TEST_CASE("cuda backward: zero tokens and bad params", "[cuda][backward]") {
   p.d_logits = &dummy;
   p.d_grad_logits = &dummy;
   p.d_aux_count = &cnt;
-  CHECK(cuda::logit_grads(seq, p).code == status_code::unsupported);
+  CHECK(cuda::logit_grads(seq, p).code == status_code::invalid_argument);  // no d_seq_count
   cuda::permute_backward_params<float> pp;
   pp.k = 2;
   pp.hidden = 4;

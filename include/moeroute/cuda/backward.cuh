@@ -36,8 +36,12 @@ struct logit_grads_params {
   const float* d_grad_weight = nullptr;        ///< [T, k] f32 dL/d combine weight; null = no routing term
   const std::int64_t* d_aux_count = nullptr;   ///< [E] int64 aux counts (gating); null = no aux term
   const std::int64_t* d_valid_tokens = nullptr;///< [1] int64 valid tokens (gating); null = T
+  const std::int64_t* d_seq_count = nullptr;   ///< [S, E] int64 (gating), S = T / loss.sequence_length
+  const std::int64_t* d_seq_tokens = nullptr;  ///< [S] int64 valid tokens per sequence (gating)
   double routing_weight = 1.0;  ///< multiplies d_grad_weight (logit_grad_weights::routing)
   double aux_weight = 1.0;      ///< dL/d aux loss; 0 = no aux term (loss.aux_coefficient applies)
+  /// dL/d sequence aux loss; used when loss.sequence_length > 0 (needs d_seq_count, d_seq_tokens)
+  double sequence_aux_weight = 1.0;
   double z_weight = 1.0;        ///< dL/d z-loss; 0 = no z term (loss.z_coefficient applies)
   bool accumulate = true;       ///< add into d_grad_logits (true) or overwrite it
   float* d_grad_logits = nullptr;              ///< [T, E] f32 out
@@ -61,21 +65,22 @@ struct logit_grads_params {
   }
   if (p.aux_weight != 0.0 && cfg.loss.aux_coefficient != 0.0f && !p.d_aux_count)
     return missing("d_aux_count", "with an aux term (aux_weight and loss.aux_coefficient non-zero)");
-  if (cfg.loss.sequence_length > 0 && p.aux_weight != 0.0)
-    return status::make(status_code::unsupported,
-                        "logit_grads: the sequence-level aux-loss gradient is CPU-only for now "
-                        "(reference::sequence_aux_loss_backward); pass aux_weight = 0 and add it there");
+  if (cfg.loss.sequence_length > 0 && p.sequence_aux_weight != 0.0 && cfg.loss.aux_coefficient != 0.0f) {
+    if (!p.d_seq_count) return missing("d_seq_count", "with a sequence-aux term (loss.sequence_length > 0)");
+    if (!p.d_seq_tokens) return missing("d_seq_tokens", "with a sequence-aux term (loss.sequence_length > 0)");
+  }
   return status::success();
 }
 
 /// @brief d logits [T, E] of the routing term (d_grad_weight through the gates: score function,
 ///        renormalisation before / after drop with the FLT_EPSILON clamp, scaling, noise as a
-///        constant), the batch aux loss (through P only) and the z-loss, added per element in
-///        that order into d_grad_logits (or written, accumulate = false). Same formulas as
-///        reference::accumulate_logit_grads (with sequence_aux = 0); math in double.
-/// @return success, invalid_* (naming the field), unsupported (sequence aux) or cuda_error.
+///        constant), the batch aux loss (through P only), the sequence aux loss (when
+///        loss.sequence_length > 0) and the z-loss, added per element in that order into
+///        d_grad_logits (or written, accumulate = false). Same formulas and order as
+///        reference::accumulate_logit_grads; math in double.
+/// @return success, invalid_* (naming the field) or cuda_error.
 /// @note Asynchronous, no allocation, no synchronisation, graph-capturable. One thread per
-///       token, fixed order: bitwise reproducible. Cost O(E k) per token. T = 0: success, no-op.
+///       token, fixed order: bitwise reproducible. Cost O(E k + S) per token. T = 0: no-op.
 ///       Padding tokens get 0 (written) or nothing (accumulate). Non-finite logits get 0.
 inline status logit_grads(const routing_config& cfg, const logit_grads_params& p,
                           cudaStream_t stream = nullptr) {
@@ -107,6 +112,15 @@ inline status logit_grads(const routing_config& cfg, const logit_grads_params& p
   const bool aux = p.aux_weight != 0.0 && cfg.loss.aux_coefficient != 0.0f;
   a.aux_count = aux ? p.d_aux_count : nullptr;
   a.aux_weight = aux ? p.aux_weight * cfg.loss.aux_coefficient * reference::aux_scale_value(cfg) : 0.0;
+  const bool seq = cfg.loss.sequence_length > 0 && p.sequence_aux_weight != 0.0 &&
+                   cfg.loss.aux_coefficient != 0.0f;
+  if (seq) {
+    a.seq_count = p.d_seq_count;
+    a.seq_tokens = p.d_seq_tokens;
+    a.sequences = p.tokens / cfg.loss.sequence_length;
+    a.seq_len = cfg.loss.sequence_length;
+    a.seq_weight = p.sequence_aux_weight * cfg.loss.aux_coefficient * reference::aux_scale_value(cfg);
+  }
   a.z_weight = cfg.loss.z_coefficient != 0.0f ? p.z_weight * cfg.loss.z_coefficient : 0.0;
   a.accumulate = p.accumulate;
   a.grad_logits = p.d_grad_logits;

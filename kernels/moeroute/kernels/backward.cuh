@@ -50,6 +50,9 @@ struct logit_grads_args {
   const float* grad_weight = nullptr;    // [T, k] or null: no routing term
   const std::int64_t* aux_count = nullptr;     // [E] or null: no aux term
   const std::int64_t* valid_tokens = nullptr;  // [1]
+  const std::int64_t* seq_count = nullptr;     // [S, E] or null: no sequence-aux term
+  const std::int64_t* seq_tokens = nullptr;    // [S]
+  std::int64_t sequences = 0, seq_len = 0;     // S, L
   // gating semantics
   int score = 0;
   bool softmax_after = false, before_drop = false, after_drop = false;
@@ -58,7 +61,7 @@ struct logit_grads_args {
   float noise_scale = 0.0f;
   std::uint64_t noise_seed = 0, noise_offset = 0;
   // term weights (already multiplied by the loss coefficients and scales, except 1/T^2, 1/T)
-  double routing_weight = 1.0, aux_weight = 0.0, z_weight = 0.0;
+  double routing_weight = 1.0, aux_weight = 0.0, seq_weight = 0.0, z_weight = 0.0;
   bool accumulate = true;
   float* grad_logits = nullptr;  // [T, E]
 };
@@ -172,23 +175,46 @@ __global__ void logit_grads_kernel(logit_grads_args a) {
     // ---- aux and z terms: softmax / normalised scores of the clean logits
     const bool aux = a.aux_count != nullptr && a.aux_weight != 0.0;
     const bool zl = a.z_weight != 0.0;
+    // sequence aux: dL/dP[t, e] = seq_weight / used * count[q, e] / L_q^2, q = t / L
+    bool seq = a.seq_count != nullptr && a.seq_weight != 0.0 && a.seq_len > 0;
+    double seq_base = 0.0, seq_L2 = 1.0, dot_seq = 0.0;
+    const std::int64_t q = seq ? t / a.seq_len : 0;
+    if (seq) {
+      std::int64_t used = 0;
+      for (std::int64_t i = 0; i < a.sequences; ++i) used += a.seq_tokens[i] > 0 ? 1 : 0;
+      const double Ls = static_cast<double>(a.seq_tokens[q]);
+      seq = used > 0 && Ls > 0.0;
+      seq_base = seq ? a.seq_weight / static_cast<double>(used) : 0.0;
+      seq_L2 = Ls * Ls;
+    }
+    auto gp_seq = [&](std::int32_t e) {
+      return seq_base * static_cast<double>(a.seq_count[q * E + e]) / seq_L2;
+    };
     double cm = -static_cast<double>(FLT_MAX), cse = 0.0, ssum = 0.0, dot_aux = 0.0;
     const double Tn = static_cast<double>(Tvalid);
     const double c_aux = a.aux_weight / (Tn * Tn), c_z = a.z_weight * 2.0 / Tn;
     auto clean = [&](std::int32_t e) { return bwd::sanitize(load_logit<In>(a, t, e)); };
-    if (aux || zl) {
+    if (aux || seq || zl) {
       for (std::int32_t e = 0; e < E; ++e) cm = fmax(cm, clean(e));
       for (std::int32_t e = 0; e < E; ++e) cse += exp(clean(e) - cm);
     }
-    if (aux) {
-      if (a.score != bwd::score_softmax)
-        for (std::int32_t e = 0; e < E; ++e) ssum += bwd::score(a.score, clean(e));
-      for (std::int32_t e = 0; e < E; ++e) {
-        const double P = a.score == bwd::score_softmax ? exp(clean(e) - cm) / cse
-                                                       : bwd::score(a.score, clean(e)) / (ssum + 1e-20);
-        dot_aux += c_aux * static_cast<double>(a.aux_count[e]) * P;
-      }
-    }
+    if ((aux || seq) && a.score != bwd::score_softmax)
+      for (std::int32_t e = 0; e < E; ++e) ssum += bwd::score(a.score, clean(e));
+    auto P_of = [&](std::int32_t e) {
+      return a.score == bwd::score_softmax ? exp(clean(e) - cm) / cse
+                                           : bwd::score(a.score, clean(e)) / (ssum + 1e-20);
+    };
+    if (aux)
+      for (std::int32_t e = 0; e < E; ++e) dot_aux += c_aux * static_cast<double>(a.aux_count[e]) * P_of(e);
+    if (seq)
+      for (std::int32_t e = 0; e < E; ++e) dot_seq += gp_seq(e) * P_of(e);
+    // backward of P for a given dL/dP (gp) and sum_i gp_i P_i (dot)
+    auto p_backward = [&](std::int32_t e, double gp, double dot) {
+      const double x = clean(e);
+      if (a.score == bwd::score_softmax) return (exp(x - cm) / cse) * (gp - dot);
+      const double sc = bwd::score(a.score, x);
+      return bwd::score_deriv(a.score, x, sc) * (gp - dot) / (ssum + 1e-20);
+    };
     const double lse = cm + log(cse);
     // ---- one pass over the row
     for (std::int32_t e = 0; e < E; ++e) {
@@ -214,18 +240,9 @@ __global__ void logit_grads_kernel(logit_grads_args a) {
           }
           v = __fadd_rn(v, static_cast<float>(r));
         }
-        if (aux) {
-          const double x = clean(e);
-          const double gp = c_aux * static_cast<double>(a.aux_count[e]);
-          double g;
-          if (a.score == bwd::score_softmax) {
-            g = (exp(x - cm) / cse) * (gp - dot_aux);
-          } else {
-            const double s = bwd::score(a.score, x);
-            g = bwd::score_deriv(a.score, x, s) * (gp - dot_aux) / (ssum + 1e-20);
-          }
-          v = __fadd_rn(v, static_cast<float>(g));
-        }
+        if (aux)
+          v = __fadd_rn(v, static_cast<float>(p_backward(e, c_aux * static_cast<double>(a.aux_count[e]), dot_aux)));
+        if (seq) v = __fadd_rn(v, static_cast<float>(p_backward(e, gp_seq(e), dot_seq)));
         if (zl) v = __fadd_rn(v, static_cast<float>(c_z * lse * (exp(clean(e) - cm) / cse)));
       }
       out[e] = v;
