@@ -23,18 +23,30 @@ MOEROUTE_HOST_DEVICE inline std::int64_t capacity_from_factor(std::int64_t token
                                                               double factor, bool round_up) {
   const double per_expert =
       static_cast<double>(tokens) * static_cast<double>(includes_k ? k : 1) / static_cast<double>(experts);
-  const double raw = per_expert * factor;
+  double raw = per_expert * factor;
+  // Out-of-range values (only reachable with inputs validate() rejects) are clamped, so the
+  // conversion below is always defined; NaN becomes 0.
+  if (!(raw >= 0.0)) raw = 0.0;
+  if (raw > 4.0e18) raw = 4.0e18;
   return static_cast<std::int64_t>(round_up ? std::ceil(raw) : std::floor(raw));
 }
 
 /// @brief Capacity of each routed expert for a batch of `tokens` tokens.
 /// @param max_load the largest number of assignments any expert received before dropping;
 ///        used only by capacity_mode::max_load (pass anything otherwise).
-/// @return C >= 0, or unbounded_capacity for capacity_mode::unbounded.
+/// @return C >= 0, or unbounded_capacity for capacity_mode::unbounded. Throws moeroute::error
+///         for a config validate() rejects, tokens outside [0, max_tokens] or max_load < 0.
 /// @note `no_drop_when_exceeds_tokens` needs no special case: an expert receives at most T
 ///       assignments (a token picks an expert once), so C > T never drops a routed assignment.
 [[nodiscard]] inline std::int64_t expert_capacity(const routing_config& c, std::int64_t tokens,
                                                   std::int64_t max_load = 0) {
+  throw_if_error(validate(c));
+  if (tokens < 0 || tokens > max_tokens)
+    throw error(status::make(status_code::invalid_shape,
+                             detail::field_msg("tokens", tokens, "must be in [0, moeroute::max_tokens]")));
+  if (max_load < 0 || max_load > max_tokens)
+    throw error(status::make(status_code::invalid_argument,
+                             detail::field_msg("max_load", max_load, "must be in [0, moeroute::max_tokens]")));
   const auto& cap = c.capacity;
   std::int64_t C = 0;
   switch (cap.mode) {

@@ -213,7 +213,10 @@ struct routing_config {
 /// Documented limits, enforced by validate() rather than by overflow.
 inline constexpr std::int32_t max_experts = 8192;
 inline constexpr std::int32_t max_top_k = 8192;
-inline constexpr std::int64_t max_tokens = std::int64_t{1} << 40;
+/// Tokens per batch: token indices and slots are int32 (dispatch_output::slot,
+/// expert_layout::row_token), so a batch holds at most 2^31 - 1 tokens. Capacities, the
+/// fixed and minimum capacity included, are bounded by the same number.
+inline constexpr std::int64_t max_tokens = (std::int64_t{1} << 31) - 1;
 inline constexpr std::int64_t max_hidden = std::int64_t{1} << 20;
 
 namespace detail {
@@ -294,6 +297,10 @@ std::string field_msg(const char* field, T value, const char* why) {
     return bad(field_msg("capacity.min_capacity", cap.min_capacity, "must be >= 0"));
   if (cap.mode == capacity_mode::fixed && cap.fixed < 0)
     return bad(field_msg("capacity.fixed", cap.fixed, "must be >= 0"));
+  if (cap.min_capacity > max_tokens)
+    return bad(field_msg("capacity.min_capacity", cap.min_capacity, "exceeds moeroute::max_tokens"));
+  if (cap.mode == capacity_mode::fixed && cap.fixed > max_tokens)
+    return bad(field_msg("capacity.fixed", cap.fixed, "exceeds moeroute::max_tokens"));
 
   const auto& d = c.dispatch;
   if (d.dropped == drop_policy::fallback) {
@@ -305,6 +312,9 @@ std::string field_msg(const char* field, T value, const char* why) {
     if (d.fallback.capacity < -1)
       return bad(field_msg("dispatch.fallback.capacity", d.fallback.capacity,
                            "must be -1 (unbounded) or >= 0"));
+    if (d.fallback.capacity > max_tokens)
+      return bad(field_msg("dispatch.fallback.capacity", d.fallback.capacity,
+                           "exceeds moeroute::max_tokens"));
   }
   if (d.dropped == drop_policy::next_choice && d.reroute.max_candidates < 1)
     return bad(field_msg("dispatch.reroute.max_candidates", d.reroute.max_candidates, "must be >= 1"));
@@ -328,11 +338,20 @@ std::string field_msg(const char* field, T value, const char* why) {
     return status::make(status_code::invalid_shape, detail::field_msg("tokens", tokens, "must be >= 0"));
   if (tokens > max_tokens)
     return status::make(status_code::invalid_shape,
-                        detail::field_msg("tokens", tokens, "exceeds moeroute::max_tokens (2^40)"));
+                        detail::field_msg("tokens", tokens, "exceeds moeroute::max_tokens (2^31 - 1)"));
   if (c.loss.sequence_length > 0 && tokens % c.loss.sequence_length != 0)
     return status::make(status_code::invalid_shape,
                         "tokens = " + std::to_string(tokens) + " is not a multiple of " +
                             "loss.sequence_length = " + std::to_string(c.loss.sequence_length));
+  return status::success();
+}
+
+/// @brief Checks a hidden size (columns of the token and expert-buffer rows): 0 <= d <= max_hidden.
+[[nodiscard]] inline status validate_hidden(std::int64_t hidden) {
+  if (hidden < 0 || hidden > max_hidden)
+    return status::make(status_code::invalid_shape,
+                        detail::field_msg("hidden size d", hidden,
+                                          "must be in [0, moeroute::max_hidden = 2^20]"));
   return status::success();
 }
 

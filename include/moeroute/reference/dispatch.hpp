@@ -6,8 +6,10 @@
 
 #include <algorithm>
 #include <cfloat>
+#include <cmath>
 #include <cstdint>
 #include <numeric>
+#include <string>
 #include <tuple>
 #include <vector>
 
@@ -91,6 +93,58 @@ inline priority_key make_key(const routing_config& cfg, std::int64_t t, std::int
 
 }  // namespace detail
 
+/// @brief Checks that a gating_output is one `reference::gate` could have produced for `cfg`:
+///        matching E, k and reroute candidates, every array of its documented length, expert
+///        ids in [0, E) and finite gates. @return success or an error naming the field.
+[[nodiscard]] inline status validate_gating_output(const routing_config& cfg, const gating_output& g) {
+  if (auto s = validate(cfg); !s) return s;
+  const auto bad = [](status_code c, std::string m) { return status::make(c, std::move(m)); };
+  if (g.tokens < 0 || g.tokens > max_tokens)
+    return bad(status_code::invalid_shape,
+               moeroute::detail::field_msg("gating_output.tokens", g.tokens, "must be in [0, max_tokens]"));
+  if (g.experts != cfg.num_experts)
+    return bad(status_code::invalid_argument,
+               "gating_output.experts = " + std::to_string(g.experts) +
+                   " does not match config num_experts = " + std::to_string(cfg.num_experts));
+  if (g.k != cfg.top_k)
+    return bad(status_code::invalid_argument, "gating_output.k = " + std::to_string(g.k) +
+                                                  " does not match config top_k = " +
+                                                  std::to_string(cfg.top_k));
+  const std::int32_t R = cfg.candidates_per_token() - cfg.top_k;
+  if (g.reroute_candidates != R)
+    return bad(status_code::invalid_argument,
+               "gating_output.reroute_candidates = " + std::to_string(g.reroute_candidates) +
+                   " does not match the config (" + std::to_string(R) +
+                   "): gate with the config you dispatch with");
+  const auto sized = [&](const char* what, std::size_t got, std::int64_t want) {
+    return static_cast<std::int64_t>(got) == want
+               ? status::success()
+               : bad(status_code::invalid_shape, std::string("gating_output.") + what + " has " +
+                                                     std::to_string(got) + " elements, expected " +
+                                                     std::to_string(want));
+  };
+  const std::int64_t T = g.tokens;
+  if (auto s = sized("ids", g.ids.size(), T * g.k); !s) return s;
+  if (auto s = sized("gates", g.gates.size(), T * g.k); !s) return s;
+  if (auto s = sized("reroute_ids", g.reroute_ids.size(), T * R); !s) return s;
+  if (auto s = sized("valid", g.valid.size(), T); !s) return s;
+  for (std::size_t a = 0; a < g.ids.size(); ++a) {
+    if (g.ids[a] < 0 || g.ids[a] >= g.experts)
+      return bad(status_code::invalid_argument,
+                 "gating_output.ids[" + std::to_string(a) + "] = " + std::to_string(g.ids[a]) +
+                     " is outside [0, num_experts = " + std::to_string(g.experts) + ")");
+    if (!std::isfinite(g.gates[a]))
+      return bad(status_code::invalid_argument,
+                 "gating_output.gates[" + std::to_string(a) + "] is not finite");
+  }
+  for (std::size_t a = 0; a < g.reroute_ids.size(); ++a)
+    if (g.reroute_ids[a] < 0 || g.reroute_ids[a] >= g.experts)
+      return bad(status_code::invalid_argument,
+                 "gating_output.reroute_ids[" + std::to_string(a) + "] = " +
+                     std::to_string(g.reroute_ids[a]) + " is outside [0, num_experts)");
+  return status::success();
+}
+
 /// @brief Capacity assignment for a batch (see docs/concepts.md for the policies).
 /// @param cfg the config the gating ran with
 /// @param g   gating_output from reference::gate
@@ -100,11 +154,9 @@ inline priority_key make_key(const routing_config& cfg, std::int64_t t, std::int
 ///       choice rank). A rerouted assignment whose target already holds its token shares that
 ///       token's slot, so no (token, expert) pair occupies two rows.
 inline dispatch_output dispatch(const routing_config& cfg, const gating_output& g) {
-  throw_if_error(validate(cfg));
+  throw_if_error(validate_gating_output(cfg, g));
   const std::int64_t T = g.tokens;
   const std::int32_t k = g.k, E = g.experts, ET = cfg.total_experts();
-  if (k != cfg.top_k || E != cfg.num_experts)
-    throw error(status::make(status_code::invalid_argument, "gating_output does not match config"));
   const auto& d = cfg.dispatch;
 
   dispatch_output out;

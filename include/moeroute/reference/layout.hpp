@@ -36,12 +36,44 @@ struct expert_layout {
 };
 
 namespace detail {
+/// A dispatch_output whose arrays have their documented lengths (a layout indexes them all).
+inline void check_dispatch_output(const dispatch_output& dsp) {
+  const auto bad = [](status_code c, const std::string& m) { throw error(status::make(c, m)); };
+  if (dsp.tokens < 0 || dsp.tokens > max_tokens || dsp.k < 1 || dsp.experts < 1 ||
+      dsp.total_experts < dsp.experts || dsp.total_experts > dsp.experts + 1)
+    bad(status_code::invalid_shape,
+        "dispatch_output: tokens = " + std::to_string(dsp.tokens) + ", k = " + std::to_string(dsp.k) +
+            ", experts = " + std::to_string(dsp.experts) + ", total_experts = " +
+            std::to_string(dsp.total_experts) + " are not the extents of a dispatch");
+  const std::int64_t n = dsp.tokens * dsp.k;
+  const auto sized = [&](const char* what, std::size_t got, std::int64_t want) {
+    if (static_cast<std::int64_t>(got) != want)
+      bad(status_code::invalid_shape, std::string("dispatch_output.") + what + " has " +
+                                          std::to_string(got) + " elements, expected " +
+                                          std::to_string(want));
+  };
+  sized("expert", dsp.expert.size(), n);
+  sized("slot", dsp.slot.size(), n);
+  sized("weight", dsp.weight.size(), n);
+  sized("fates", dsp.fates.size(), n);
+  sized("load", dsp.load.size(), dsp.total_experts);
+  for (std::int32_t e = 0; e < dsp.total_experts; ++e)
+    if (dsp.load[e] < 0 || dsp.load[e] > dsp.tokens)
+      bad(status_code::invalid_argument, "dispatch_output.load[" + std::to_string(e) + "] = " +
+                                             std::to_string(dsp.load[e]) + " is outside [0, tokens]");
+}
+
 inline void fill_rows(const dispatch_output& dsp, expert_layout& L) {
   L.row_token.assign(L.num_rows, -1);
   L.assignment_row.assign(dsp.tokens * dsp.k, -1);
   for (std::int64_t a = 0; a < dsp.tokens * dsp.k; ++a) {
     const std::int32_t e = dsp.expert[a];
     if (e < 0) continue;
+    if (e >= dsp.total_experts || dsp.slot[a] < 0 || dsp.slot[a] >= L.offsets[e + 1] - L.offsets[e])
+      throw error(status::make(status_code::invalid_argument,
+                               "dispatch_output: assignment " + std::to_string(a) + " has expert " +
+                                   std::to_string(e) + ", slot " + std::to_string(dsp.slot[a]) +
+                                   ", outside that expert's segment"));
     const std::int64_t row = L.offsets[e] + dsp.slot[a];
     L.assignment_row[a] = row;
     L.row_token[row] = static_cast<std::int32_t>(a / dsp.k);
@@ -52,6 +84,7 @@ inline void fill_rows(const dispatch_output& dsp, expert_layout& L) {
 /// @brief Padded layout [E, C, d] (+ a dedicated fallback segment of its capacity, or of its
 ///        load when unbounded). Needs a bounded capacity.
 inline expert_layout padded_layout(const dispatch_output& dsp) {
+  detail::check_dispatch_output(dsp);
   if (dsp.capacity < 0)
     throw error(status::make(status_code::unsupported,
                              "padded layout needs a bounded capacity; capacity_mode::unbounded "
@@ -76,6 +109,10 @@ inline expert_layout compact_layout(const dispatch_output& dsp, std::int64_t blo
   if (block_size < 1)
     throw error(status::make(status_code::invalid_argument,
                              "block_size = " + std::to_string(block_size) + ": must be >= 1"));
+  if (block_size > max_tokens)
+    throw error(status::make(status_code::invalid_argument,
+                             "block_size = " + std::to_string(block_size) + ": exceeds max_tokens"));
+  detail::check_dispatch_output(dsp);
   expert_layout L;
   L.total_experts = dsp.total_experts;
   L.block_size = block_size;

@@ -5,6 +5,7 @@
 #pragma once
 
 #include <cstdint>
+#include <string>
 #include <vector>
 
 #include <moeroute/config.hpp>
@@ -24,6 +25,37 @@ namespace moeroute::reference {
   return E;
 }
 
+namespace detail {
+/// The losses read the gating_output's per-expert and per-token sums: they must belong to cfg.
+inline void check_loss_inputs(const routing_config& cfg, const gating_output& g) {
+  throw_if_error(validate(cfg));
+  const auto fail = [](status_code c, const std::string& m) { throw error(status::make(c, m)); };
+  if (g.experts != cfg.num_experts || g.k != cfg.top_k)
+    fail(status_code::invalid_argument,
+         "gating_output (experts = " + std::to_string(g.experts) + ", k = " + std::to_string(g.k) +
+             ") does not match config (num_experts = " + std::to_string(cfg.num_experts) +
+             ", top_k = " + std::to_string(cfg.top_k) + ")");
+  const std::int64_t E = g.experts, T = g.tokens, S = g.sequences;
+  if (T < 0 || S < 0 || g.valid_tokens < 0 || g.valid_tokens > T)
+    fail(status_code::invalid_shape, "gating_output: tokens = " + std::to_string(T) +
+                                         ", valid_tokens = " + std::to_string(g.valid_tokens) +
+                                         ", sequences = " + std::to_string(S) + " are inconsistent");
+  const auto sized = [&](const char* what, std::size_t got, std::int64_t want) {
+    if (static_cast<std::int64_t>(got) != want)
+      fail(status_code::invalid_shape, std::string("gating_output.") + what + " has " +
+                                           std::to_string(got) + " elements, expected " +
+                                           std::to_string(want));
+  };
+  sized("aux_score_sum", g.aux_score_sum.size(), E);
+  sized("aux_count", g.aux_count.size(), E);
+  sized("valid", g.valid.size(), T);
+  sized("logsumexp", g.logsumexp.size(), T);
+  sized("seq_score_sum", g.seq_score_sum.size(), S * E);
+  sized("seq_count", g.seq_count.size(), S * E);
+  sized("seq_tokens", g.seq_tokens.size(), S);
+}
+}  // namespace detail
+
 struct aux_loss_result {
   double value = 0.0;                  ///< coefficient * scale * sum_i (count_i/T) (P_sum_i/T)
   double scale = 0.0;                  ///< the s above (without the coefficient)
@@ -34,6 +66,7 @@ struct aux_loss_result {
 
 /// @brief Batch-level aux loss from a gating_output. Zero valid tokens give 0.
 [[nodiscard]] inline aux_loss_result aux_loss(const routing_config& cfg, const gating_output& g) {
+  detail::check_loss_inputs(cfg, g);
   aux_loss_result r;
   r.scale = aux_scale_value(cfg);
   r.tokens = g.valid_tokens;
@@ -53,6 +86,16 @@ struct aux_loss_result {
                                                const std::vector<double>& score_sum,
                                                const std::vector<std::int64_t>& counts,
                                                std::int64_t tokens) {
+  throw_if_error(validate(cfg));
+  const auto E = static_cast<std::size_t>(cfg.num_experts);
+  if (score_sum.size() != E || counts.size() != E)
+    throw error(status::make(status_code::invalid_shape,
+                             "score_sum has " + std::to_string(score_sum.size()) + " and counts " +
+                                 std::to_string(counts.size()) + " elements, expected num_experts = " +
+                                 std::to_string(E) + " each"));
+  if (tokens < 0)
+    throw error(status::make(status_code::invalid_shape,
+                             moeroute::detail::field_msg("tokens", tokens, "must be >= 0")));
   if (tokens == 0) return 0.0;
   double s = 0.0;
   const double T = static_cast<double>(tokens);
@@ -64,6 +107,7 @@ struct aux_loss_result {
 ///        and P over its own valid tokens). Needs loss.sequence_length > 0; sequences with no
 ///        valid token count as 0 and are left out of the mean.
 [[nodiscard]] inline double sequence_aux_loss(const routing_config& cfg, const gating_output& g) {
+  detail::check_loss_inputs(cfg, g);
   if (g.sequences == 0) return 0.0;
   const double scale = aux_scale_value(cfg);
   double total = 0.0;
@@ -88,6 +132,7 @@ struct z_loss_result {
 
 /// @brief Router z-loss (ST-MoE): mean over valid tokens of logsumexp(logits)^2.
 [[nodiscard]] inline z_loss_result z_loss(const routing_config& cfg, const gating_output& g) {
+  detail::check_loss_inputs(cfg, g);
   z_loss_result r;
   r.tokens = g.valid_tokens;
   for (std::int64_t t = 0; t < g.tokens; ++t) {
