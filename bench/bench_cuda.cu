@@ -28,15 +28,15 @@ namespace {
 // No `using namespace moeroute`: nvcc's generated stubs name ::cuda::std, which a using-directive
 // at namespace scope would make ambiguous with moeroute::cuda.
 namespace ex = moeroute::examples;
-using moeroute::status;
 using moeroute::dtype;
-using moeroute::bench::model_shape;
-using moeroute::bench::model_shapes;
-using moeroute::bench::token_counts;
+using moeroute::status;
 using moeroute::bench::h200_peak_bytes_per_s;
 using moeroute::bench::make_logits;
+using moeroute::bench::model_shape;
+using moeroute::bench::model_shapes;
 using moeroute::bench::scenario_kind;
 using moeroute::bench::scenario_params;
+using moeroute::bench::token_counts;
 using pipeline = ex::moe_pipeline<__nv_bfloat16>;
 
 /// Times `launch` with CUDA events, one iteration per event pair, after a warm-up.
@@ -65,7 +65,8 @@ void time_launch(benchmark::State& st, cudaStream_t stream, const std::function<
   cudaEventDestroy(a);
   cudaEventDestroy(b);
   st.SetItemsProcessed(st.iterations() * tokens);
-  st.SetBytesProcessed(static_cast<std::int64_t>(bytes_per_iter * static_cast<double>(st.iterations())));
+  st.SetBytesProcessed(
+      static_cast<std::int64_t>(bytes_per_iter * static_cast<double>(st.iterations())));
   st.counters["pct_of_peak"] = benchmark::Counter(
       100.0 * bytes_per_iter * static_cast<double>(st.iterations()) / h200_peak_bytes_per_s,
       benchmark::Counter::kIsRate);
@@ -78,6 +79,12 @@ struct fixture {
   std::int64_t rows_used = 0;
   // histogram outputs
   ex::device_buffer<unsigned long long> hist_counts, hist_bad;
+  fixture() = default;
+  fixture(const fixture&) = delete;
+  fixture& operator=(const fixture&) = delete;
+  ~fixture() {
+    if (stream) cudaStreamDestroy(stream);
+  }
 };
 
 fixture& get_fixture(const model_shape& m, std::int64_t T) {
@@ -89,8 +96,8 @@ fixture& get_fixture(const model_shape& m, std::int64_t T) {
   cache.clear();
   auto f = std::make_unique<fixture>();
   cudaStreamCreate(&f->stream);
-  f->p = std::make_unique<pipeline>(m.capacity_config(1.25), T, m.hidden, moeroute::cuda::layout_kind::compact, 16,
-                                    dtype::bf16);
+  f->p = std::make_unique<pipeline>(m.capacity_config(1.25), T, m.hidden,
+                                    moeroute::cuda::layout_kind::compact, 16, dtype::bf16);
   f->p->upload_logits(make_logits(scenario_kind::uniform, T, m.experts, scenario_params{}));
   if (f->p->cfg.gating.expert_bias) f->p->bias.upload(std::vector<float>(m.experts, 0.0f));
   f->p->upload_x(ex::example_values(static_cast<std::size_t>(T * m.hidden), 5));
@@ -108,50 +115,63 @@ void register_all() {
   for (const model_shape& m : model_shapes) {
     for (std::int64_t T : token_counts) {
       const std::string sfx = "/" + std::string(m.name) + "/T=" + std::to_string(T);
-      const double E = m.experts, k = m.top_k, d = static_cast<double>(m.hidden), t = static_cast<double>(T);
+      const double E = m.experts, k = m.top_k, d = static_cast<double>(m.hidden),
+                   t = static_cast<double>(T);
       auto reg = [&](const std::string& name, auto body) {
-        benchmark::RegisterBenchmark((name + sfx).c_str(), body)->UseManualTime()->Unit(benchmark::kMicrosecond)
+        benchmark::RegisterBenchmark((name + sfx).c_str(), body)
+            ->UseManualTime()
+            ->Unit(benchmark::kMicrosecond)
             ->MinTime(0.05);
       };
       // gating: bf16 logits in; ids + gates + logsumexp out (+ per-chunk partial sums)
       reg("cuda_gating_bf16", [m, T, E, k, t](benchmark::State& st) {
         auto& f = get_fixture(m, T);
-        time_launch(st, f.stream, [&] { return f.p->gate(f.stream); }, t * (E * 2 + k * 8 + 4), T);
+        time_launch(
+            st, f.stream, [&] { return f.p->gate(f.stream); }, t * (E * 2 + k * 8 + 4), T);
       });
       reg("cuda_losses", [m, T, E](benchmark::State& st) {
         auto& f = get_fixture(m, T);
-        time_launch(st, f.stream, [&] { return f.p->losses(f.stream); }, E * 16 + 32, T);
+        time_launch(
+            st, f.stream, [&] { return f.p->losses(f.stream); }, E * 16 + 32, T);
       });
       reg("cuda_dispatch_cf1.25", [m, T, E, k, t](benchmark::State& st) {
         auto& f = get_fixture(m, T);
-        time_launch(st, f.stream, [&] { return f.p->dispatch(f.stream); }, t * k * (8 + 13) + E * 48, T);
+        time_launch(
+            st, f.stream, [&] { return f.p->dispatch(f.stream); }, t * k * (8 + 13) + E * 48, T);
       });
       reg("cuda_compact_layout_b16", [m, T, k, t](benchmark::State& st) {
         auto& f = get_fixture(m, T);
-        time_launch(st, f.stream, [&] { return f.p->layout(f.stream); },
-                    t * k * 16 + static_cast<double>(f.p->max_rows) * 4, T);
+        time_launch(
+            st, f.stream, [&] { return f.p->layout(f.stream); },
+            t * k * 16 + static_cast<double>(f.p->max_rows) * 4, T);
       });
       reg("cuda_permute_bf16", [m, T, d](benchmark::State& st) {
         auto& f = get_fixture(m, T);
-        time_launch(st, f.stream, [&] { return f.p->permute(f.stream); },
-                    2.0 * static_cast<double>(f.rows_used) * d * 2, T);
+        time_launch(
+            st, f.stream, [&] { return f.p->permute(f.stream); },
+            2.0 * static_cast<double>(f.rows_used) * d * 2, T);
       });
       reg("cuda_combine_bf16", [m, T, k, d, t](benchmark::State& st) {
         auto& f = get_fixture(m, T);
-        time_launch(st, f.stream, [&] { return f.p->combine(f.stream); }, (t * k * d + t * d) * 2 + t * k * 12, T);
+        time_launch(
+            st, f.stream, [&] { return f.p->combine(f.stream); },
+            (t * k * d + t * d) * 2 + t * k * 12, T);
       });
       reg("cuda_expert_histogram", [m, T, k, t](benchmark::State& st) {
         auto& f = get_fixture(m, T);
-        time_launch(st, f.stream, [&] {
-          moeroute::cuda::expert_histogram_params h;
-          h.d_ids = f.p->ids.get();
-          h.tokens = T;
-          h.k = m.top_k;
-          h.experts = m.experts;
-          h.d_counts = f.hist_counts.get();
-          h.d_out_of_range = f.hist_bad.get();
-          return moeroute::cuda::expert_histogram(h, f.stream);
-        }, t * k * 4, T);
+        time_launch(
+            st, f.stream,
+            [&] {
+              moeroute::cuda::expert_histogram_params h;
+              h.d_ids = f.p->ids.get();
+              h.tokens = T;
+              h.k = m.top_k;
+              h.experts = m.experts;
+              h.d_counts = f.hist_counts.get();
+              h.d_out_of_range = f.hist_bad.get();
+              return moeroute::cuda::expert_histogram(h, f.stream);
+            },
+            t * k * 4, T);
       });
     }
   }
@@ -166,7 +186,8 @@ int main(int argc, char** argv) {
     cudaDeviceProp prop{};
     cudaGetDeviceProperties(&prop, 0);
     benchmark::AddCustomContext("gpu", prop.name);
-    benchmark::AddCustomContext("peak_bandwidth_assumed", "4.8 TB/s (H200 HBM3e); pct_of_peak is relative to it");
+    benchmark::AddCustomContext("peak_bandwidth_assumed",
+                                "4.8 TB/s (H200 HBM3e); pct_of_peak is relative to it");
     register_all();
   } else {
     std::fprintf(stderr, "bench_kernels_cuda: no CUDA device (%s): no GPU benchmark registered\n",

@@ -52,92 +52,118 @@ void register_all() {
       const std::string sfx = "/" + model + "/T=" + std::to_string(T);
 
       // gate: read T*E fp32 logits, write [T,k] ids + gates (+ logsumexp)
-      benchmark::RegisterBenchmark(("gate" + sfx).c_str(), [m, T](benchmark::State& st) {
-        const routing_config cfg = m.config();
-        const auto logits = make_logits(scenario_kind::uniform, T, m.experts, scenario_params{});
-        const std::vector<float> bias(cfg.gating.expert_bias ? m.experts : 0, 0.0f);
-        for (auto _ : st) {
-          auto g = reference::gate<float>(cfg, logits, T, bias);
-          benchmark::DoNotOptimize(g.ids.data());
-        }
-        set_counters(st, T, T * (m.experts * 4.0 + m.top_k * 8.0 + 4.0));
-      })->Unit(benchmark::kMicrosecond)->MinTime(0.05);
+      benchmark::RegisterBenchmark(
+          ("gate" + sfx).c_str(),
+          [m, T](benchmark::State& st) {
+            const routing_config cfg = m.config();
+            const auto logits =
+                make_logits(scenario_kind::uniform, T, m.experts, scenario_params{});
+            const std::vector<float> bias(cfg.gating.expert_bias ? m.experts : 0, 0.0f);
+            for (auto _ : st) {
+              auto g = reference::gate<float>(cfg, logits, T, bias);
+              benchmark::DoNotOptimize(g.ids.data());
+            }
+            set_counters(st, T, T * (m.experts * 4.0 + m.top_k * 8.0 + 4.0));
+          })
+          ->Unit(benchmark::kMicrosecond)
+          ->MinTime(0.05);
 
       // dispatch (capacity factor 1.25): read [T,k] ids + gates, write expert/slot/weight/fate
-      benchmark::RegisterBenchmark(("dispatch_cf1.25" + sfx).c_str(), [m, T, E, k](benchmark::State& st) {
-        const auto p = prepare(m, T, m.capacity_config());
-        for (auto _ : st) {
-          auto d = reference::dispatch(p.cfg, p.gating);
-          benchmark::DoNotOptimize(d.slot.data());
-        }
-        set_counters(st, T, T * k * (8.0 + 13.0) + E * 48.0);
-      })->Unit(benchmark::kMicrosecond)->MinTime(0.05);
+      benchmark::RegisterBenchmark(("dispatch_cf1.25" + sfx).c_str(),
+                                   [m, T, E, k](benchmark::State& st) {
+                                     const auto p = prepare(m, T, m.capacity_config());
+                                     for (auto _ : st) {
+                                       auto d = reference::dispatch(p.cfg, p.gating);
+                                       benchmark::DoNotOptimize(d.slot.data());
+                                     }
+                                     set_counters(st, T, T * k * (8.0 + 13.0) + E * 48.0);
+                                   })
+          ->Unit(benchmark::kMicrosecond)
+          ->MinTime(0.05);
 
       // layouts: read [T,k] expert + slot, write row_token [rows] + assignment_row [T,k]
-      benchmark::RegisterBenchmark(("padded_layout" + sfx).c_str(), [m, T, k](benchmark::State& st) {
-        const auto p = prepare(m, T, m.capacity_config());
-        std::int64_t rows = 0;
-        for (auto _ : st) {
-          auto L = reference::padded_layout(p.dispatch);
-          rows = L.num_rows;
-          benchmark::DoNotOptimize(L.row_token.data());
-        }
-        set_counters(st, T, T * k * 16.0 + rows * 4.0);
-      })->Unit(benchmark::kMicrosecond)->MinTime(0.05);
-      benchmark::RegisterBenchmark(("compact_layout_b16" + sfx).c_str(), [m, T, k](benchmark::State& st) {
-        const auto p = prepare(m, T, m.config());
-        std::int64_t rows = 0;
-        for (auto _ : st) {
-          auto L = reference::compact_layout(p.dispatch, 16);
-          rows = L.num_rows;
-          benchmark::DoNotOptimize(L.row_token.data());
-        }
-        set_counters(st, T, T * k * 16.0 + rows * 8.0);
-      })->Unit(benchmark::kMicrosecond)->MinTime(0.05);
+      benchmark::RegisterBenchmark(("padded_layout" + sfx).c_str(),
+                                   [m, T, k](benchmark::State& st) {
+                                     const auto p = prepare(m, T, m.capacity_config());
+                                     std::int64_t rows = 0;
+                                     for (auto _ : st) {
+                                       auto L = reference::padded_layout(p.dispatch);
+                                       rows = L.num_rows;
+                                       benchmark::DoNotOptimize(L.row_token.data());
+                                     }
+                                     set_counters(st, T, T * k * 16.0 + rows * 4.0);
+                                   })
+          ->Unit(benchmark::kMicrosecond)
+          ->MinTime(0.05);
+      benchmark::RegisterBenchmark(("compact_layout_b16" + sfx).c_str(),
+                                   [m, T, k](benchmark::State& st) {
+                                     const auto p = prepare(m, T, m.config());
+                                     std::int64_t rows = 0;
+                                     for (auto _ : st) {
+                                       auto L = reference::compact_layout(p.dispatch, 16);
+                                       rows = L.num_rows;
+                                       benchmark::DoNotOptimize(L.row_token.data());
+                                     }
+                                     set_counters(st, T, T * k * 16.0 + rows * 8.0);
+                                   })
+          ->Unit(benchmark::kMicrosecond)
+          ->MinTime(0.05);
 
       // losses: aux (batch), sequence aux, z-loss from the gating sums
-      benchmark::RegisterBenchmark(("losses" + sfx).c_str(), [m, T, E](benchmark::State& st) {
-        const auto p = prepare(m, T, m.config());
-        for (auto _ : st) {
-          auto a = reference::aux_loss(p.cfg, p.gating);
-          auto z = reference::z_loss(p.cfg, p.gating);
-          benchmark::DoNotOptimize(a.value);
-          benchmark::DoNotOptimize(z.value);
-        }
-        set_counters(st, T, E * 16.0 + T * 5.0);
-      })->Unit(benchmark::kMicrosecond)->MinTime(0.05);
+      benchmark::RegisterBenchmark(("losses" + sfx).c_str(),
+                                   [m, T, E](benchmark::State& st) {
+                                     const auto p = prepare(m, T, m.config());
+                                     for (auto _ : st) {
+                                       auto a = reference::aux_loss(p.cfg, p.gating);
+                                       auto z = reference::z_loss(p.cfg, p.gating);
+                                       benchmark::DoNotOptimize(a.value);
+                                       benchmark::DoNotOptimize(z.value);
+                                     }
+                                     set_counters(st, T, E * 16.0 + T * 5.0);
+                                   })
+          ->Unit(benchmark::kMicrosecond)
+          ->MinTime(0.05);
     }
 
     // permute / combine: bf16 hidden states, compact layout of the model's dropless routing
     for (std::int64_t T : cpu_data_token_counts) {
-      const std::string sfx = "/" + model + "/T=" + std::to_string(T) + "/d=" + std::to_string(m.hidden);
-      benchmark::RegisterBenchmark(("permute_bf16" + sfx).c_str(), [m, T](benchmark::State& st) {
-        const auto p = prepare(m, T, m.config());
-        const auto L = reference::compact_layout(p.dispatch, 1);
-        const std::int64_t d = m.hidden;
-        std::vector<bf16_bits> x(static_cast<std::size_t>(T * d), to_bf16(0.5f));
-        std::vector<bf16_bits> out(static_cast<std::size_t>(L.num_rows * d));
-        for (auto _ : st) {
-          reference::permute<bf16_bits>(L, x, T, d, out);
-          benchmark::DoNotOptimize(out.data());
-          benchmark::ClobberMemory();
-        }
-        set_counters(st, T, 2.0 * L.num_rows * d * 2.0);
-      })->Unit(benchmark::kMicrosecond)->MinTime(0.05);
-      benchmark::RegisterBenchmark(("combine_bf16" + sfx).c_str(), [m, T](benchmark::State& st) {
-        const auto p = prepare(m, T, m.config());
-        const auto L = reference::compact_layout(p.dispatch, 1);
-        const std::int64_t d = m.hidden;
-        std::vector<bf16_bits> eo(static_cast<std::size_t>(L.num_rows * d), to_bf16(0.25f));
-        std::vector<bf16_bits> x(static_cast<std::size_t>(T * d), to_bf16(0.5f));
-        std::vector<bf16_bits> y(static_cast<std::size_t>(T * d));
-        for (auto _ : st) {
-          reference::combine<bf16_bits>(p.cfg, p.dispatch, L, eo, d, x, y);
-          benchmark::DoNotOptimize(y.data());
-          benchmark::ClobberMemory();
-        }
-        set_counters(st, T, (L.num_rows * d + T * d) * 2.0);
-      })->Unit(benchmark::kMicrosecond)->MinTime(0.05);
+      const std::string sfx =
+          "/" + model + "/T=" + std::to_string(T) + "/d=" + std::to_string(m.hidden);
+      benchmark::RegisterBenchmark(
+          ("permute_bf16" + sfx).c_str(),
+          [m, T](benchmark::State& st) {
+            const auto p = prepare(m, T, m.config());
+            const auto L = reference::compact_layout(p.dispatch, 1);
+            const std::int64_t d = m.hidden;
+            std::vector<bf16_bits> x(static_cast<std::size_t>(T * d), to_bf16(0.5f));
+            std::vector<bf16_bits> out(static_cast<std::size_t>(L.num_rows * d));
+            for (auto _ : st) {
+              reference::permute<bf16_bits>(L, x, T, d, out);
+              benchmark::DoNotOptimize(out.data());
+              benchmark::ClobberMemory();
+            }
+            set_counters(st, T, 2.0 * L.num_rows * d * 2.0);
+          })
+          ->Unit(benchmark::kMicrosecond)
+          ->MinTime(0.05);
+      benchmark::RegisterBenchmark(
+          ("combine_bf16" + sfx).c_str(),
+          [m, T](benchmark::State& st) {
+            const auto p = prepare(m, T, m.config());
+            const auto L = reference::compact_layout(p.dispatch, 1);
+            const std::int64_t d = m.hidden;
+            std::vector<bf16_bits> eo(static_cast<std::size_t>(L.num_rows * d), to_bf16(0.25f));
+            std::vector<bf16_bits> x(static_cast<std::size_t>(T * d), to_bf16(0.5f));
+            std::vector<bf16_bits> y(static_cast<std::size_t>(T * d));
+            for (auto _ : st) {
+              reference::combine<bf16_bits>(p.cfg, p.dispatch, L, eo, d, x, y);
+              benchmark::DoNotOptimize(y.data());
+              benchmark::ClobberMemory();
+            }
+            set_counters(st, T, (L.num_rows * d + T * d) * 2.0);
+          })
+          ->Unit(benchmark::kMicrosecond)
+          ->MinTime(0.05);
     }
   }
 }

@@ -18,8 +18,8 @@
 #include <string>
 #include <vector>
 
-#include <CLI/CLI.hpp>
 #include <fmt/format.h>
+#include <CLI/CLI.hpp>
 #include <nlohmann/json.hpp>
 
 #include <moeroute/io/npy.hpp>
@@ -71,7 +71,8 @@ std::vector<factor_choice> parse_factors(const std::string& s) {
     char* end = nullptr;
     const double f = std::strtod(item.c_str(), &end);
     if (end == item.c_str() || *end != '\0' || !std::isfinite(f) || f <= 0.0 || f > 1e6)
-      throw usage_error("--factors: '" + item + "' is not a capacity factor (a number in (0, 1e6] or 'dropless')");
+      throw usage_error("--factors: '" + item +
+                        "' is not a capacity factor (a number in (0, 1e6] or 'dropless')");
     out.push_back({false, f});
   }
   if (out.empty()) throw usage_error("--factors: the list is empty");
@@ -143,12 +144,13 @@ void write_csv(std::ostream& os, const std::vector<sweep_row>& rows) {
   os << csv_header << '\n';
   for (const auto& r : rows) {
     const auto& s = r.stats;
-    os << fmt::format("{},{},{},{},{},{},{},{},{},{},{},{},{},{:.6f},{},{},{},{:.6f},{},{:.3f},{:.4f},{},{},{:.6g},{:.6g},{:.2f},\n",
-                      r.scenario, r.tokens, r.experts, r.top_k, r.factor, r.capacity,
-                      r.priority_name, r.policy_name, r.layout_name, s.assignments, s.kept,
-                      s.rerouted, s.dropped, s.drop_rate, s.fully_dropped_tokens, s.rows,
-                      s.empty_rows, s.padding_waste, s.max_load, s.mean_load, r.max_over_mean,
-                      s.dead_experts, r.buffer_bytes, r.aux_loss, r.z_loss, r.cpu_us);
+    os << fmt::format(
+        "{},{},{},{},{},{},{},{},{},{},{},{},{},{:.6f},{},{},{},{:.6f},{},{:.3f},{:.4f},{},{},{:."
+        "6g},{:.6g},{:.2f},\n",
+        r.scenario, r.tokens, r.experts, r.top_k, r.factor, r.capacity, r.priority_name,
+        r.policy_name, r.layout_name, s.assignments, s.kept, s.rerouted, s.dropped, s.drop_rate,
+        s.fully_dropped_tokens, s.rows, s.empty_rows, s.padding_waste, s.max_load, s.mean_load,
+        r.max_over_mean, s.dead_experts, r.buffer_bytes, r.aux_loss, r.z_loss, r.cpu_us);
   }
 }
 
@@ -198,21 +200,27 @@ void write_table(std::ostream& os, const std::vector<sweep_row>& rows,
       current = r.scenario;
       const auto it = descriptions.find(r.scenario);
       os << fmt::format("\n== {} — {} | T={} E={} k={} | {}\n", r.scenario,
-                        it != descriptions.end() ? it->second : "", r.tokens, r.experts, r.top_k, setup);
-      os << fmt::format("{:>8} {:>7} {:>12} {:>11} {:>7} {:>9} {:>8} {:>7} {:>8} {:>5} {:>10} {:>9} {:>9} {:>10}\n",
-                        "factor", "C", "priority", "policy", "drop%", "tok.drop", "rerouted",
-                        "pad%", "max/mean", "dead", "buffer", "aux", "z-loss", "cpu/call");
+                        it != descriptions.end() ? it->second : "", r.tokens, r.experts, r.top_k,
+                        setup);
+      os << fmt::format(
+          "{:>8} {:>7} {:>12} {:>11} {:>7} {:>9} {:>8} {:>7} {:>8} {:>5} {:>10} {:>9} {:>9} "
+          "{:>10}\n",
+          "factor", "C", "priority", "policy", "drop%", "tok.drop", "rerouted", "pad%", "max/mean",
+          "dead", "buffer", "aux", "z-loss", "cpu/call");
     }
     const auto& s = r.stats;
-    os << fmt::format("{:>8} {:>7} {:>12} {:>11} {:>7.2f} {:>9} {:>8} {:>7.2f} {:>8.2f} {:>5} {:>10} {:>9.4g} {:>9.4g} {:>10}\n",
-                      r.factor, r.capacity < 0 ? std::string("inf") : std::to_string(r.capacity),
-                      r.priority_name, r.policy_name, 100.0 * s.drop_rate, s.fully_dropped_tokens,
-                      s.rerouted, 100.0 * s.padding_waste, r.max_over_mean, s.dead_experts,
-                      fmt_bytes(r.buffer_bytes), r.aux_loss, r.z_loss, fmt_time(r.cpu_us));
+    os << fmt::format(
+        "{:>8} {:>7} {:>12} {:>11} {:>7.2f} {:>9} {:>8} {:>7.2f} {:>8.2f} {:>5} {:>10} {:>9.4g} "
+        "{:>9.4g} {:>10}\n",
+        r.factor, r.capacity < 0 ? std::string("inf") : std::to_string(r.capacity), r.priority_name,
+        r.policy_name, 100.0 * s.drop_rate, s.fully_dropped_tokens, s.rerouted,
+        100.0 * s.padding_waste, r.max_over_mean, s.dead_experts, fmt_bytes(r.buffer_bytes),
+        r.aux_loss, r.z_loss, fmt_time(r.cpu_us));
   }
   os << "\ndrop% = dropped / routed assignments; tok.drop = tokens with no expert at all;\n"
         "pad% = empty rows / buffer rows of the layout; buffer = layout rows x hidden x dtype;\n"
-        "cpu/call = one reference::route + layout on this CPU (the reference, not a tuned kernel).\n"
+        "cpu/call = one reference::route + layout on this CPU (the reference, not a tuned "
+        "kernel).\n"
         "GPU column: not measured — this tool times the CPU reference only; GPU kernel timings\n"
         "come from bench_kernels_cuda (docs/performance.md).\n";
 }
@@ -220,8 +228,10 @@ void write_table(std::ostream& os, const std::vector<sweep_row>& rows,
 std::string shell_quote(const std::string& s) {
   std::string q = "'";
   for (char c : s) {
-    if (c == '\'') q += "'\\''";
-    else q += c;
+    if (c == '\'')
+      q += "'\\''";
+    else
+      q += c;
   }
   return q + "'";
 }
@@ -234,19 +244,25 @@ std::string file_stem(const std::string& path) {
 }
 
 int run(int argc, char** argv) {
-  CLI::App app{"moeroute-capacity: compare capacity factors, priorities and drop policies on your "
-               "router logits (CPU reference)"};
+  CLI::App app{
+      "moeroute-capacity: compare capacity factors, priorities and drop policies on your "
+      "router logits (CPU reference)"};
   app.footer(
       "Examples:\n"
-      "  # your logits: np.save('logits.npy', router_logits.float().cpu().numpy())  # [T,E] or [L,T,E]\n"
+      "  # your logits: np.save('logits.npy', router_logits.float().cpu().numpy())  # [T,E] or "
+      "[L,T,E]\n"
       "  moeroute-capacity --npy logits.npy --top-k 2 --preset mixtral --plot cap.png\n"
       "  # synthetic, a DeepSeek-V3-sized layer, CSV out:\n"
-      "  moeroute-capacity --scenario uniform,zipf,collapsed --preset deepseek_v3 --tokens 4096 \\\n"
-      "      --factors 1.0,1.25,dropless --policies zero_weight,fallback --format csv --out sweep.csv\n"
+      "  moeroute-capacity --scenario uniform,zipf,collapsed --preset deepseek_v3 --tokens 4096 "
+      "\\\n"
+      "      --factors 1.0,1.25,dropless --policies zero_weight,fallback --format csv --out "
+      "sweep.csv\n"
       "Exit codes: 0 ok, 2 bad arguments or malformed .npy, 1 other errors.");
 
-  std::string npy, scenario_list = "uniform,zipf,collapsed,homogeneous,mixed", preset_name = "deepspeed_topk";
-  std::string factors = "0.5,0.75,1.0,1.25,1.5,2.0,dropless", priorities = "preset", policies = "preset";
+  std::string npy, scenario_list = "uniform,zipf,collapsed,homogeneous,mixed",
+                   preset_name = "deepspeed_topk";
+  std::string factors = "0.5,0.75,1.0,1.25,1.5,2.0,dropless", priorities = "preset",
+              policies = "preset";
   std::string format = "table", out_path, csv_path, json_path, plot_path, dtype_name = "bf16";
   std::string layout_name = "auto", python = MOEROUTE_PYTHON, plot_script = MOEROUTE_PLOT_SCRIPT;
   std::int64_t tokens = 4096, hidden = 0, block_size = 16, layer = -1;
@@ -255,36 +271,53 @@ int run(int argc, char** argv) {
   int repeats = 1;
   bool quiet = false;
 
-  auto* o_npy = app.add_option("--npy", npy, "router logits from np.save: float32/float16, [T,E] or [layers,T,E]");
-  auto* o_scn = app.add_option("--scenario", scenario_list,
-                               "synthetic batches (comma list): uniform, zipf, collapsed, homogeneous, mixed, all")
-                    ->capture_default_str();
+  auto* o_npy = app.add_option(
+      "--npy", npy, "router logits from np.save: float32/float16, [T,E] or [layers,T,E]");
+  auto* o_scn =
+      app.add_option(
+             "--scenario", scenario_list,
+             "synthetic batches (comma list): uniform, zipf, collapsed, homogeneous, mixed, all")
+          ->capture_default_str();
   app.add_option("--layer", layer, "with a 3-D .npy: sweep only this layer (default: every layer)");
-  auto* o_tok = app.add_option("--tokens", tokens, "tokens per synthetic batch")->capture_default_str();
-  auto* o_exp = app.add_option("--experts", experts, "routed experts E (default: the preset's model)");
+  auto* o_tok =
+      app.add_option("--tokens", tokens, "tokens per synthetic batch")->capture_default_str();
+  auto* o_exp =
+      app.add_option("--experts", experts, "routed experts E (default: the preset's model)");
   auto* o_k = app.add_option("--top-k", top_k, "experts per token k (default: the preset's model)");
-  app.add_option("--preset", preset_name, "routing preset: " + preset_names())->capture_default_str();
-  app.add_option("--factors", factors, "capacity factors (comma list; 'dropless' = no capacity)")->capture_default_str();
-  app.add_option("--priorities", priorities,
-                 "priority modes: preset, all, token_major, choice_major, score, random")->capture_default_str();
-  app.add_option("--policies", policies,
-                 "drop policies: preset, all, zero_weight, residual, fallback (shared expert), next_choice")
+  app.add_option("--preset", preset_name, "routing preset: " + preset_names())
       ->capture_default_str();
-  app.add_option("--zipf-s", sp.zipf_s, "Zipf exponent s of the zipf scenario")->capture_default_str();
-  app.add_option("--collapse-share", sp.collapse_share, "share p of tokens on expert 0 in the collapsed scenario")
+  app.add_option("--factors", factors, "capacity factors (comma list; 'dropless' = no capacity)")
+      ->capture_default_str();
+  app.add_option("--priorities", priorities,
+                 "priority modes: preset, all, token_major, choice_major, score, random")
+      ->capture_default_str();
+  app.add_option(
+         "--policies", policies,
+         "drop policies: preset, all, zero_weight, residual, fallback (shared expert), next_choice")
+      ->capture_default_str();
+  app.add_option("--zipf-s", sp.zipf_s, "Zipf exponent s of the zipf scenario")
+      ->capture_default_str();
+  app.add_option("--collapse-share", sp.collapse_share,
+                 "share p of tokens on expert 0 in the collapsed scenario")
       ->capture_default_str();
   app.add_option("--mixed-sources", sp.mixed_sources, "documents interleaved in the mixed scenario")
       ->capture_default_str();
   app.add_option("--seed", sp.seed, "seed of the synthetic scenarios")->capture_default_str();
-  app.add_option("--hidden", hidden, "hidden size d for the buffer memory (default: the preset's model)");
-  app.add_option("--dtype", dtype_name, "buffer element type: f32, f16, bf16")->capture_default_str();
-  app.add_option("--layout", layout_name,
-                 "expert buffer layout: auto (padded for factors, compact for dropless), padded, compact")
+  app.add_option("--hidden", hidden,
+                 "hidden size d for the buffer memory (default: the preset's model)");
+  app.add_option("--dtype", dtype_name, "buffer element type: f32, f16, bf16")
       ->capture_default_str();
-  app.add_option("--block-size", block_size, "compact layout segment alignment (grouped-GEMM tile rows)")
+  app.add_option(
+         "--layout", layout_name,
+         "expert buffer layout: auto (padded for factors, compact for dropless), padded, compact")
       ->capture_default_str();
-  app.add_option("--repeat", repeats, "timed routing calls per row (minimum reported)")->capture_default_str();
-  app.add_option("--format", format, "stdout/--out format: table, csv, json")->capture_default_str();
+  app.add_option("--block-size", block_size,
+                 "compact layout segment alignment (grouped-GEMM tile rows)")
+      ->capture_default_str();
+  app.add_option("--repeat", repeats, "timed routing calls per row (minimum reported)")
+      ->capture_default_str();
+  app.add_option("--format", format, "stdout/--out format: table, csv, json")
+      ->capture_default_str();
   app.add_option("--out", out_path, "write the --format output to this file instead of stdout");
   app.add_option("--csv", csv_path, "also write CSV to this file");
   app.add_option("--json", json_path, "also write JSON to this file");
@@ -307,28 +340,43 @@ int run(int argc, char** argv) {
 
   // ---- check the arguments
   const named_preset* preset = find_preset(preset_name);
-  if (!preset) throw usage_error("--preset: unknown preset '" + preset_name + "' (known: " + preset_names() + ")");
+  if (!preset)
+    throw usage_error("--preset: unknown preset '" + preset_name + "' (known: " + preset_names() +
+                      ")");
   if (format != "table" && format != "csv" && format != "json")
     throw usage_error("--format: '" + format + "' is not one of table, csv, json");
   dtype bdt;
-  if (dtype_name == "f32" || dtype_name == "float32") bdt = dtype::f32;
-  else if (dtype_name == "f16" || dtype_name == "float16") bdt = dtype::f16;
-  else if (dtype_name == "bf16" || dtype_name == "bfloat16") bdt = dtype::bf16;
-  else throw usage_error("--dtype: '" + dtype_name + "' is not one of f32, f16, bf16");
+  if (dtype_name == "f32" || dtype_name == "float32")
+    bdt = dtype::f32;
+  else if (dtype_name == "f16" || dtype_name == "float16")
+    bdt = dtype::f16;
+  else if (dtype_name == "bf16" || dtype_name == "bfloat16")
+    bdt = dtype::bf16;
+  else
+    throw usage_error("--dtype: '" + dtype_name + "' is not one of f32, f16, bf16");
   layout_choice lay;
-  if (layout_name == "auto") lay = layout_choice::automatic;
-  else if (layout_name == "padded") lay = layout_choice::padded;
-  else if (layout_name == "compact") lay = layout_choice::compact;
-  else throw usage_error("--layout: '" + layout_name + "' is not one of auto, padded, compact");
-  if (block_size < 1 || block_size > (1 << 20)) throw usage_error("--block-size must be in [1, 2^20]");
+  if (layout_name == "auto")
+    lay = layout_choice::automatic;
+  else if (layout_name == "padded")
+    lay = layout_choice::padded;
+  else if (layout_name == "compact")
+    lay = layout_choice::compact;
+  else
+    throw usage_error("--layout: '" + layout_name + "' is not one of auto, padded, compact");
+  if (block_size < 1 || block_size > (1 << 20))
+    throw usage_error("--block-size must be in [1, 2^20]");
   if (repeats < 1 || repeats > 1000) throw usage_error("--repeat must be in [1, 1000]");
   if (hidden < 0 || hidden > max_hidden) throw usage_error("--hidden must be in [1, 2^20]");
-  if (!std::isfinite(sp.zipf_s) || sp.zipf_s < 0 || sp.zipf_s > 100) throw usage_error("--zipf-s must be in [0, 100]");
-  if (!(sp.collapse_share >= 0 && sp.collapse_share <= 1)) throw usage_error("--collapse-share must be in [0, 1]");
-  if (sp.mixed_sources < 1 || sp.mixed_sources > (1 << 20)) throw usage_error("--mixed-sources must be in [1, 2^20]");
+  if (!std::isfinite(sp.zipf_s) || sp.zipf_s < 0 || sp.zipf_s > 100)
+    throw usage_error("--zipf-s must be in [0, 100]");
+  if (!(sp.collapse_share >= 0 && sp.collapse_share <= 1))
+    throw usage_error("--collapse-share must be in [0, 1]");
+  if (sp.mixed_sources < 1 || sp.mixed_sources > (1 << 20))
+    throw usage_error("--mixed-sources must be in [1, 2^20]");
   if (!plot_path.empty()) {
     const auto ext = plot_path.size() >= 4 ? plot_path.substr(plot_path.size() - 4) : "";
-    if (ext != ".png" && ext != ".svg") throw usage_error("--plot: the file must end in .png or .svg");
+    if (ext != ".png" && ext != ".svg")
+      throw usage_error("--plot: the file must end in .png or .svg");
   }
 
   sweep_options so;
@@ -346,8 +394,10 @@ int run(int argc, char** argv) {
   std::vector<std::vector<float>> storage;
   std::map<std::string, std::string> descriptions;
   io::npy_array arr;
-  if (o_exp->count() > 0 && (experts < 1 || experts > max_experts)) throw usage_error("--experts must be in [1, 8192]");
-  if (o_k->count() > 0 && (top_k < 1 || top_k > max_top_k)) throw usage_error("--top-k must be >= 1");
+  if (o_exp->count() > 0 && (experts < 1 || experts > max_experts))
+    throw usage_error("--experts must be in [1, 8192]");
+  if (o_k->count() > 0 && (top_k < 1 || top_k > max_top_k))
+    throw usage_error("--top-k must be >= 1");
   std::int32_t E = experts > 0 ? experts : preset->default_experts;
   if (!npy.empty()) {
     if (auto s = io::read_npy(npy, arr); !s) throw usage_error(s.message);
@@ -356,32 +406,40 @@ int run(int argc, char** argv) {
                         ", must be in [1, 8192]");
     E = static_cast<std::int32_t>(arr.experts());
     const std::int64_t L = arr.layers(), T = arr.tokens();
-    if (layer >= L) throw usage_error("--layer " + std::to_string(layer) + ": the file has " + std::to_string(L) + " layer(s)");
+    if (layer >= L)
+      throw usage_error("--layer " + std::to_string(layer) + ": the file has " + std::to_string(L) +
+                        " layer(s)");
     const std::string stem = file_stem(npy);
     for (std::int64_t l = 0; l < L; ++l) {
       if (layer >= 0 && l != layer) continue;
       sweep_input in;
       in.name = arr.shape.size() == 3 ? fmt::format("{}[{}]", stem, l) : stem;
-      in.description = fmt::format("{} {} {}", npy, io::to_string(arr.dtype),
-                                   arr.shape.size() == 3 ? fmt::format("layer {} of {}", l, L) : std::string("[T,E]"));
+      in.description = fmt::format(
+          "{} {} {}", npy, io::to_string(arr.dtype),
+          arr.shape.size() == 3 ? fmt::format("layer {} of {}", l, L) : std::string("[T,E]"));
       in.tokens = T;
-      in.logits = std::span<const float>(arr.values).subspan(static_cast<std::size_t>(l * T * E),
-                                                              static_cast<std::size_t>(T * E));
+      in.logits =
+          std::span<const float>(arr.values)
+              .subspan(static_cast<std::size_t>(l * T * E), static_cast<std::size_t>(T * E));
       descriptions[in.name] = in.description;
       inputs.push_back(in);
     }
   } else {
     if (layer >= 0) throw usage_error("--layer needs --npy");
-    if (tokens < 0 || tokens > (std::int64_t{1} << 22)) throw usage_error("--tokens must be in [0, 4194304]");
+    if (tokens < 0 || tokens > (std::int64_t{1} << 22))
+      throw usage_error("--tokens must be in [0, 4194304]");
     if (E < 1 || E > max_experts) throw usage_error("--experts must be in [1, 8192]");
-    if (tokens * E > (std::int64_t{1} << 28)) throw usage_error("--tokens x --experts exceeds 2^28 logits");
+    if (tokens * E > (std::int64_t{1} << 28))
+      throw usage_error("--tokens x --experts exceeds 2^28 logits");
     auto names = split_list(scenario_list);
-    if (names.size() == 1 && names[0] == "all") names = {"uniform", "zipf", "collapsed", "homogeneous", "mixed"};
+    if (names.size() == 1 && names[0] == "all")
+      names = {"uniform", "zipf", "collapsed", "homogeneous", "mixed"};
     if (names.empty()) throw usage_error("--scenario: the list is empty");
     for (const auto& n : names) {
       scenario_kind kind;
       if (!parse_scenario(n, kind))
-        throw usage_error("--scenario: unknown scenario '" + n + "' (known: uniform, zipf, collapsed, homogeneous, mixed, all)");
+        throw usage_error("--scenario: unknown scenario '" + n +
+                          "' (known: uniform, zipf, collapsed, homogeneous, mixed, all)");
       storage.push_back(make_logits(kind, tokens, E, sp));
     }
     for (std::size_t i = 0; i < names.size(); ++i) {
@@ -390,11 +448,22 @@ int run(int argc, char** argv) {
       scenario_kind kind = scenario_kind::uniform;
       parse_scenario(names[i], kind);
       switch (kind) {
-        case scenario_kind::uniform: in.description = "iid N(0,1) logits, balanced"; break;
-        case scenario_kind::zipf: in.description = fmt::format("Zipf-skewed popularity, s={:g}", sp.zipf_s); break;
-        case scenario_kind::collapsed: in.description = fmt::format("{:g}% of tokens collapse onto expert 0", 100 * sp.collapse_share); break;
-        case scenario_kind::homogeneous: in.description = "near-identical tokens (one document)"; break;
-        case scenario_kind::mixed: in.description = fmt::format("{} documents interleaved", sp.mixed_sources); break;
+        case scenario_kind::uniform:
+          in.description = "iid N(0,1) logits, balanced";
+          break;
+        case scenario_kind::zipf:
+          in.description = fmt::format("Zipf-skewed popularity, s={:g}", sp.zipf_s);
+          break;
+        case scenario_kind::collapsed:
+          in.description =
+              fmt::format("{:g}% of tokens collapse onto expert 0", 100 * sp.collapse_share);
+          break;
+        case scenario_kind::homogeneous:
+          in.description = "near-identical tokens (one document)";
+          break;
+        case scenario_kind::mixed:
+          in.description = fmt::format("{} documents interleaved", sp.mixed_sources);
+          break;
       }
       in.tokens = tokens;
       in.logits = storage[i];
@@ -408,15 +477,19 @@ int run(int argc, char** argv) {
   } catch (const error& e) {
     throw usage_error(e.get_status().message);
   }
-  if (auto s = validate(so.base); !s) throw usage_error("--preset " + preset_name + " with E=" + std::to_string(E) +
-                                                        " k=" + std::to_string(k) + ": " + s.message);
+  if (auto s = validate(so.base); !s)
+    throw usage_error("--preset " + preset_name + " with E=" + std::to_string(E) +
+                      " k=" + std::to_string(k) + ": " + s.message);
 
   for (const auto& in : inputs) {
     std::int64_t bad = 0;
     for (float v : in.logits) bad += std::isfinite(v) ? 0 : 1;
     if (bad)
-      std::fprintf(stderr, "moeroute-capacity: warning: %s has %lld non-finite logits (routed as NaN -> -FLT_MAX, "
-                   "+-Inf -> +-FLT_MAX; see docs/numerics.md)\n", in.name.c_str(), static_cast<long long>(bad));
+      std::fprintf(
+          stderr,
+          "moeroute-capacity: warning: %s has %lld non-finite logits (routed as NaN -> -FLT_MAX, "
+          "+-Inf -> +-FLT_MAX; see docs/numerics.md)\n",
+          in.name.c_str(), static_cast<long long>(bad));
   }
 
   // ---- sweep
@@ -439,9 +512,11 @@ int run(int argc, char** argv) {
   const auto rows = run_sweep(so, inputs, progress, skip);
 
   // ---- output
-  const std::string setup = fmt::format("preset {} | d={} {} | layout {}", preset->name, so.hidden,
-                                        to_string(bdt), layout_name == "auto" ? "padded (factors) / compact/" +
-                                        std::to_string(block_size) + " (dropless)" : layout_name);
+  const std::string setup =
+      fmt::format("preset {} | d={} {} | layout {}", preset->name, so.hidden, to_string(bdt),
+                  layout_name == "auto"
+                      ? "padded (factors) / compact/" + std::to_string(block_size) + " (dropless)"
+                      : layout_name);
   nlohmann::json meta;
   meta["tool"] = "moeroute-capacity";
   meta["preset"] = std::string(preset->name);
@@ -454,14 +529,18 @@ int run(int argc, char** argv) {
   meta["skipped"] = skipped;
 
   std::ostringstream main_out;
-  if (format == "table") write_table(main_out, rows, descriptions, setup);
-  else if (format == "csv") write_csv(main_out, rows);
-  else main_out << to_json(rows, meta).dump(2) << '\n';
+  if (format == "table")
+    write_table(main_out, rows, descriptions, setup);
+  else if (format == "csv")
+    write_csv(main_out, rows);
+  else
+    main_out << to_json(rows, meta).dump(2) << '\n';
   if (out_path.empty()) {
     std::cout << main_out.str();
   } else {
     std::ofstream f(out_path);
-    if (!(f << main_out.str())) throw std::runtime_error("cannot write --out file '" + out_path + "'");
+    if (!(f << main_out.str()))
+      throw std::runtime_error("cannot write --out file '" + out_path + "'");
   }
   if (!csv_path.empty()) {
     std::ofstream f(csv_path);

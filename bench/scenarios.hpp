@@ -17,11 +17,10 @@ namespace moeroute::bench {
 
 enum class scenario_kind { uniform, zipf, collapsed, homogeneous, mixed };
 
-inline constexpr std::string_view scenario_names[] = {"uniform", "zipf", "collapsed", "homogeneous", "mixed"};
+inline constexpr std::string_view scenario_names[] = {"uniform", "zipf", "collapsed", "homogeneous",
+                                                      "mixed"};
 
-inline const char* to_string(scenario_kind s) {
-  return scenario_names[static_cast<int>(s)].data();
-}
+inline const char* to_string(scenario_kind s) { return scenario_names[static_cast<int>(s)].data(); }
 
 /// @return true and sets `out` when `name` is a scenario name.
 inline bool parse_scenario(std::string_view name, scenario_kind& out) {
@@ -34,10 +33,10 @@ inline bool parse_scenario(std::string_view name, scenario_kind& out) {
 }
 
 struct scenario_params {
-  double zipf_s = 1.2;            ///< Zipf exponent: expert popularity ~ 1 / rank^s
-  double collapse_share = 0.5;    ///< collapsed: share p of tokens forced onto expert 0
-  double homogeneous_noise = 0.05;///< homogeneous: per-token noise around one shared row
-  std::int32_t mixed_sources = 64;///< mixed: number of distinct "documents" interleaved
+  double zipf_s = 1.2;              ///< Zipf exponent: expert popularity ~ 1 / rank^s
+  double collapse_share = 0.5;      ///< collapsed: share p of tokens forced onto expert 0
+  double homogeneous_noise = 0.05;  ///< homogeneous: per-token noise around one shared row
+  std::int32_t mixed_sources = 64;  ///< mixed: number of distinct "documents" interleaved
   std::uint64_t seed = 1234;
 };
 
@@ -83,7 +82,8 @@ inline std::vector<float> make_logits(scenario_kind kind, std::int64_t T, std::i
       std::vector<std::int32_t> rank(E);
       for (std::int32_t e = 0; e < E; ++e) rank[e] = e;
       for (std::int32_t e = E - 1; e > 0; --e) {
-        const auto j = static_cast<std::int32_t>(detail::uniform_at(s, e, 2) * static_cast<float>(e + 1));
+        const auto j =
+            static_cast<std::int32_t>(detail::uniform_at(s, e, 2) * static_cast<float>(e + 1));
         std::swap(rank[e], rank[j > e ? e : j]);
       }
       std::vector<float> logp(E);

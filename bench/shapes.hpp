@@ -15,8 +15,8 @@ struct model_shape {
   std::string_view name;
   std::int32_t experts;
   std::int32_t top_k;
-  std::int64_t hidden;       ///< d
-  std::int32_t groups;       ///< group limit (0 = none)
+  std::int64_t hidden;  ///< d
+  std::int32_t groups;  ///< group limit (0 = none)
   std::int32_t group_topk;
   /// The model's own routing (dropless presets route every assignment).
   [[nodiscard]] routing_config config() const {
@@ -38,10 +38,8 @@ struct model_shape {
 /// Switch-Base (E=128, k=1, d=768); Mixtral 8x7B (E=8, k=2, d=4096); DeepSeek-V3 (E=256, k=8,
 /// 8 groups / top-4, d=7168); Qwen3-MoE 30B-A3B (E=128, k=8, d=2048); OLMoE (E=64, k=8, d=2048).
 inline constexpr model_shape model_shapes[] = {
-    {"switch_base", 128, 1, 768, 0, 0},
-    {"mixtral_8x7b", 8, 2, 4096, 0, 0},
-    {"deepseek_v3", 256, 8, 7168, 8, 4},
-    {"qwen3_moe", 128, 8, 2048, 0, 0},
+    {"switch_base", 128, 1, 768, 0, 0},  {"mixtral_8x7b", 8, 2, 4096, 0, 0},
+    {"deepseek_v3", 256, 8, 7168, 8, 4}, {"qwen3_moe", 128, 8, 2048, 0, 0},
     {"olmoe", 64, 8, 2048, 0, 0},
 };
 

@@ -38,8 +38,10 @@ struct factor_choice {
 enum class layout_choice { automatic, padded, compact };
 
 /// Names for the priority / policy enums, as the CLI spells them.
-inline constexpr std::string_view priority_names[] = {"token_major", "choice_major", "score", "random"};
-inline constexpr std::string_view policy_names[] = {"zero_weight", "residual", "fallback", "next_choice"};
+inline constexpr std::string_view priority_names[] = {"token_major", "choice_major", "score",
+                                                      "random"};
+inline constexpr std::string_view policy_names[] = {"zero_weight", "residual", "fallback",
+                                                    "next_choice"};
 
 inline const char* to_string(priority p) { return priority_names[static_cast<int>(p)].data(); }
 inline const char* to_string(drop_policy p) { return policy_names[static_cast<int>(p)].data(); }
@@ -64,22 +66,22 @@ inline bool parse_policy(std::string_view s, drop_policy& out) {
 
 /// One batch to sweep: a name and [T, E] logits.
 struct sweep_input {
-  std::string name;          ///< scenario name, or the .npy file / layer
-  std::string description;   ///< e.g. "zipf s=1.2"
+  std::string name;         ///< scenario name, or the .npy file / layer
+  std::string description;  ///< e.g. "zipf s=1.2"
   std::int64_t tokens = 0;
   std::span<const float> logits;  ///< [T, E]
 };
 
 struct sweep_options {
-  routing_config base;       ///< the preset (E and k set)
+  routing_config base;  ///< the preset (E and k set)
   std::vector<factor_choice> factors;
-  std::vector<std::optional<priority>> priorities;    ///< nullopt = the preset's own
-  std::vector<std::optional<drop_policy>> policies;   ///< nullopt = the preset's own
+  std::vector<std::optional<priority>> priorities;   ///< nullopt = the preset's own
+  std::vector<std::optional<drop_policy>> policies;  ///< nullopt = the preset's own
   layout_choice layout = layout_choice::automatic;
   std::int64_t block_size = 16;  ///< compact layout segment alignment
   std::int64_t hidden = 4096;
   dtype buffer_dtype = dtype::bf16;
-  int repeats = 1;               ///< timed calls per row; the minimum is reported
+  int repeats = 1;  ///< timed calls per row; the minimum is reported
 };
 
 /// One row of the result table.
@@ -87,15 +89,15 @@ struct sweep_row {
   std::string scenario;
   std::int64_t tokens = 0;
   std::int32_t experts = 0, top_k = 0;
-  std::string factor;          ///< "1.25" or "dropless"
-  double factor_value = NAN;   ///< NaN for dropless
-  std::int64_t capacity = 0;   ///< per routed expert; -1 = unbounded
+  std::string factor;         ///< "1.25" or "dropless"
+  double factor_value = NAN;  ///< NaN for dropless
+  std::int64_t capacity = 0;  ///< per routed expert; -1 = unbounded
   std::string priority_name, policy_name, layout_name;
   reference::routing_stats stats;
   double max_over_mean = 0.0;
   std::int64_t buffer_bytes = 0;  ///< layout rows * hidden * element size
   double aux_loss = 0.0, z_loss = 0.0;
-  double cpu_us = 0.0;            ///< one route() + layout on the CPU reference, microseconds
+  double cpu_us = 0.0;  ///< one route() + layout on the CPU reference, microseconds
 };
 
 /// @brief Configs of a sweep in order: factor-major, then priority, then policy.
@@ -132,8 +134,8 @@ inline sweep_row run_one(const sweep_options& o, const sweep_input& in, const ro
   r.factor_value = f.dropless ? NAN : f.factor;
   r.priority_name = to_string(cfg.dispatch.prio);
   r.policy_name = to_string(cfg.dispatch.dropped);
-  const bool padded = o.layout == layout_choice::padded ||
-                      (o.layout == layout_choice::automatic && !f.dropless);
+  const bool padded =
+      o.layout == layout_choice::padded || (o.layout == layout_choice::automatic && !f.dropless);
   r.layout_name = padded ? "padded" : "compact/" + std::to_string(o.block_size);
   const std::vector<float> bias(cfg.gating.expert_bias ? cfg.num_experts : 0, 0.0f);
 
@@ -164,10 +166,13 @@ using progress_fn = std::function<void(std::size_t, std::size_t, const std::stri
 using skip_fn = std::function<void(const std::string&)>;
 
 /// @brief The whole sweep over inputs x factors x priorities x policies.
-inline std::vector<sweep_row> run_sweep(const sweep_options& o, const std::vector<sweep_input>& inputs,
-                                        const progress_fn& progress = {}, const skip_fn& skipped = {}) {
+inline std::vector<sweep_row> run_sweep(const sweep_options& o,
+                                        const std::vector<sweep_input>& inputs,
+                                        const progress_fn& progress = {},
+                                        const skip_fn& skipped = {}) {
   std::vector<sweep_row> rows;
-  const std::size_t total = inputs.size() * o.factors.size() * o.priorities.size() * o.policies.size();
+  const std::size_t total =
+      inputs.size() * o.factors.size() * o.priorities.size() * o.policies.size();
   std::size_t i = 0;
   for (const auto& in : inputs)
     for (const auto& f : o.factors)
@@ -175,7 +180,8 @@ inline std::vector<sweep_row> run_sweep(const sweep_options& o, const std::vecto
         for (const auto& d : o.policies) {
           routing_config cfg;
           const std::string what = in.name + " factor " + f.label() + " " +
-                                   (p ? to_string(*p) : "preset") + "/" + (d ? to_string(*d) : "preset");
+                                   (p ? to_string(*p) : "preset") + "/" +
+                                   (d ? to_string(*d) : "preset");
           if (progress) progress(i, total, what);
           ++i;
           if (auto s = sweep_config(o, f, p, d, cfg); !s) {

@@ -24,7 +24,8 @@ struct lcg {
 };
 
 // out[n, m] = a[n, kdim] @ b[kdim, m]
-void matmul(const float* a, const float* b, float* out, std::int64_t n, std::int64_t kdim, std::int64_t m) {
+void matmul(const float* a, const float* b, float* out, std::int64_t n, std::int64_t kdim,
+            std::int64_t m) {
   for (std::int64_t i = 0; i < n; ++i)
     for (std::int64_t j = 0; j < m; ++j) {
       float acc = 0.0f;
@@ -112,25 +113,31 @@ int main() {
   }
 
   const auto s = reference::compute_stats(r.dispatch, L);
-  std::printf("moeroute CPU MoE layer: T=%lld tokens, d=%lld, E=%d experts, top-%d, capacity factor %.2f\n",
-              static_cast<long long>(T), static_cast<long long>(d), E, k, cfg.capacity.factor);
+  std::printf(
+      "moeroute CPU MoE layer: T=%lld tokens, d=%lld, E=%d experts, top-%d, capacity factor %.2f\n",
+      static_cast<long long>(T), static_cast<long long>(d), E, k, cfg.capacity.factor);
   std::printf("  capacity per expert C = %lld  (padded buffer: %lld rows, %.1f%% padding)\n",
               static_cast<long long>(r.dispatch.capacity), static_cast<long long>(L.num_rows),
               100.0 * s.padding_waste);
   std::printf("  assignments %lld: kept %lld, dropped %lld (drop rate %.1f%%)\n",
               static_cast<long long>(s.assignments), static_cast<long long>(s.kept),
               static_cast<long long>(s.dropped), 100.0 * s.drop_rate);
-  std::printf("  tokens with no expert (residual pass-through): %lld\n", static_cast<long long>(s.fully_dropped_tokens));
-  std::printf("  requests per expert (capacity %lld):\n", static_cast<long long>(r.dispatch.capacity));
+  std::printf("  tokens with no expert (residual pass-through): %lld\n",
+              static_cast<long long>(s.fully_dropped_tokens));
+  std::printf("  requests per expert (capacity %lld):\n",
+              static_cast<long long>(r.dispatch.capacity));
   for (std::int32_t e = 0; e < E; ++e) {
-    std::printf("    expert %d: %3lld requested, %3lld kept  ", e, static_cast<long long>(r.dispatch.requested[e]),
+    std::printf("    expert %d: %3lld requested, %3lld kept  ", e,
+                static_cast<long long>(r.dispatch.requested[e]),
                 static_cast<long long>(r.dispatch.kept[e]));
-    for (std::int64_t i = 0; i < r.dispatch.requested[e]; ++i) std::putchar(i < r.dispatch.kept[e] ? '#' : '.');
+    for (std::int64_t i = 0; i < r.dispatch.requested[e]; ++i)
+      std::putchar(i < r.dispatch.kept[e] ? '#' : '.');
     std::putchar('\n');
   }
   std::printf("  aux loss %.4f (1.0 = balanced), z-loss %.4f\n", r.aux.value, r.z.value);
-  std::printf("  layer output vs direct per-token computation: max |diff| = %.3g (%lld pass-through)\n",
-              max_err, static_cast<long long>(passthrough));
+  std::printf(
+      "  layer output vs direct per-token computation: max |diff| = %.3g (%lld pass-through)\n",
+      max_err, static_cast<long long>(passthrough));
   if (max_err > 1e-5 || passthrough != s.fully_dropped_tokens) {
     std::printf("MISMATCH\n");
     return 1;

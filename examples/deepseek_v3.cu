@@ -22,7 +22,8 @@ namespace ex = moeroute::examples;
 int main() {
   int devices = 0;
   if (cudaGetDeviceCount(&devices) != cudaSuccess || devices == 0) {
-    std::printf("deepseek_v3: no CUDA device, nothing to run (the example builds; run it on a GPU)\n");
+    std::printf(
+        "deepseek_v3: no CUDA device, nothing to run (the example builds; run it on a GPU)\n");
     return 0;
   }
   try {
@@ -33,8 +34,8 @@ int main() {
     cfg.capacity.mode = capacity_mode::factor;  // the model is dropless; here: C from factor 1.0
     cfg.capacity.factor = 1.0;
     cfg.dispatch.dropped = drop_policy::fallback;
-    cfg.dispatch.fallback.expert = -1;    // a dedicated shared expert, index E
-    cfg.dispatch.fallback.capacity = -1;  // unbounded
+    cfg.dispatch.fallback.expert = -1;            // a dedicated shared expert, index E
+    cfg.dispatch.fallback.capacity = -1;          // unbounded
     const std::int32_t ET = cfg.total_experts();  // 257
 
     std::vector<float> logits = ex::example_values(static_cast<std::size_t>(T * E), 21, 2.0f);
@@ -49,7 +50,8 @@ int main() {
     moe.upload_logits(logits);
     moe.bias.upload(bias);
     moe.upload_x(x);
-    ex::device_buffer<float> d_w1(w1.size()), d_w2(w2.size()), hidden(static_cast<std::size_t>(moe.max_rows * f));
+    ex::device_buffer<float> d_w1(w1.size()), d_w2(w2.size()),
+        hidden(static_cast<std::size_t>(moe.max_rows * f));
     d_w1.upload(w1);
     d_w2.upload(w2);
 
@@ -58,10 +60,12 @@ int main() {
     ex::check(moe.route(stream), "route");
     ex::check(moe.permute(stream), "permute");
     const unsigned blocks = static_cast<unsigned>(moe.max_rows / block);
-    ex::block_grouped_gemm<<<dim3(blocks, static_cast<unsigned>((f + 127) / 128)), 128, 0, stream>>>(
-        moe.xe.get(), d_w1.get(), moe.block_expert.get(), block, d, f, true, hidden.get());
-    ex::block_grouped_gemm<<<dim3(blocks, static_cast<unsigned>((d + 127) / 128)), 128, 0, stream>>>(
-        hidden.get(), d_w2.get(), moe.block_expert.get(), block, f, d, false, moe.ye.get());
+    ex::block_grouped_gemm<<<dim3(blocks, static_cast<unsigned>((f + 127) / 128)), 128, 0,
+                             stream>>>(moe.xe.get(), d_w1.get(), moe.block_expert.get(), block, d,
+                                       f, true, hidden.get());
+    ex::block_grouped_gemm<<<dim3(blocks, static_cast<unsigned>((d + 127) / 128)), 128, 0,
+                             stream>>>(hidden.get(), d_w2.get(), moe.block_expert.get(), block, f,
+                                       d, false, moe.ye.get());
     ex::cuda_check(cudaGetLastError(), "block_grouped_gemm");
     ex::check(moe.combine(stream), "combine");
     ex::cuda_check(cudaStreamSynchronize(stream), "cudaStreamSynchronize");
@@ -69,26 +73,34 @@ int main() {
     const auto s = moe.summary();
     const auto y = ex::moe_pipeline<float>::to_host_floats(moe.y);
     reference::routing_result ref;
-    const auto y_ref = ex::reference_moe_forward(cfg, logits, bias, x, T, d, f, w1, w2, false, block, &ref);
+    const auto y_ref =
+        ex::reference_moe_forward(cfg, logits, bias, x, T, d, f, w1, w2, false, block, &ref);
     const double diff = ex::max_rel_diff(y, y_ref);
     const bool counts_match = s.totals.kept == ref.dispatch.total_kept &&
-                              s.totals.rerouted == ref.dispatch.total_rerouted && s.load == ref.dispatch.load;
+                              s.totals.rerouted == ref.dispatch.total_rerouted &&
+                              s.load == ref.dispatch.load;
 
     std::int32_t dead = 0;
     for (std::int32_t e = 0; e < E; ++e) dead += s.requested[e] == 0 ? 1 : 0;
-    std::printf("DeepSeek-V3 routing on the GPU: T=%lld, E=%d routed + 1 shared fallback expert, top-%d,"
-                " 8 groups / top-4, scale 2.5\n",
-                static_cast<long long>(T), E, k);
-    std::printf("  capacity factor 1.0 -> C = %lld per routed expert\n", static_cast<long long>(s.totals.capacity));
-    std::printf("  %lld assignments: kept %lld, to the shared expert %lld, dropped %lld (drop rate %.1f%%)\n",
-                static_cast<long long>(s.assignments), static_cast<long long>(s.totals.kept),
-                static_cast<long long>(s.totals.rerouted), static_cast<long long>(s.totals.dropped),
-                100.0 * s.drop_rate());
-    std::printf("  shared expert holds %lld rows; busiest routed expert asked for %lld; %d routed experts unused\n",
-                static_cast<long long>(s.load[E]),
-                static_cast<long long>(*std::max_element(s.requested.begin(), s.requested.end())), dead);
-    std::printf("  compact layout: %lld rows (16-row blocks); aux loss %.3g\n", static_cast<long long>(s.num_rows),
-                s.aux_loss);
+    std::printf(
+        "DeepSeek-V3 routing on the GPU: T=%lld, E=%d routed + 1 shared fallback expert, top-%d,"
+        " 8 groups / top-4, scale 2.5\n",
+        static_cast<long long>(T), E, k);
+    std::printf("  capacity factor 1.0 -> C = %lld per routed expert\n",
+                static_cast<long long>(s.totals.capacity));
+    std::printf(
+        "  %lld assignments: kept %lld, to the shared expert %lld, dropped %lld (drop rate "
+        "%.1f%%)\n",
+        static_cast<long long>(s.assignments), static_cast<long long>(s.totals.kept),
+        static_cast<long long>(s.totals.rerouted), static_cast<long long>(s.totals.dropped),
+        100.0 * s.drop_rate());
+    std::printf(
+        "  shared expert holds %lld rows; busiest routed expert asked for %lld; %d routed experts "
+        "unused\n",
+        static_cast<long long>(s.load[E]),
+        static_cast<long long>(*std::max_element(s.requested.begin(), s.requested.end())), dead);
+    std::printf("  compact layout: %lld rows (16-row blocks); aux loss %.3g\n",
+                static_cast<long long>(s.num_rows), s.aux_loss);
     std::printf("  vs CPU reference: counts %s, max relative |y diff| = %.2e\n",
                 counts_match ? "identical" : "DIFFER", diff);
     cudaStreamDestroy(stream);

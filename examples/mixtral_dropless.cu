@@ -21,7 +21,8 @@ namespace ex = moeroute::examples;
 int main() {
   int devices = 0;
   if (cudaGetDeviceCount(&devices) != cudaSuccess || devices == 0) {
-    std::printf("mixtral_dropless: no CUDA device, nothing to run (the example builds; run it on a GPU)\n");
+    std::printf(
+        "mixtral_dropless: no CUDA device, nothing to run (the example builds; run it on a GPU)\n");
     return 0;
   }
   try {
@@ -39,7 +40,8 @@ int main() {
     ex::moe_pipeline<float> moe(cfg, T, d, moeroute::cuda::layout_kind::compact, block);
     moe.upload_logits(logits);
     moe.upload_x(x);
-    ex::device_buffer<float> d_w1(w1.size()), d_w2(w2.size()), hidden(static_cast<std::size_t>(moe.max_rows * f));
+    ex::device_buffer<float> d_w1(w1.size()), d_w2(w2.size()),
+        hidden(static_cast<std::size_t>(moe.max_rows * f));
 
     cudaStream_t stream;
     ex::cuda_check(cudaStreamCreate(&stream), "cudaStreamCreate");
@@ -53,10 +55,12 @@ int main() {
     // Grouped GEMM over 16-row blocks; blocks past the rows in use have block_expert = -1.
     // The grid covers the upper bound max_rows, so no host round trip is needed.
     const unsigned blocks = static_cast<unsigned>(moe.max_rows / block);
-    ex::block_grouped_gemm<<<dim3(blocks, static_cast<unsigned>((f + 127) / 128)), 128, 0, stream>>>(
-        moe.xe.get(), d_w1.get(), moe.block_expert.get(), block, d, f, true, hidden.get());
-    ex::block_grouped_gemm<<<dim3(blocks, static_cast<unsigned>((d + 127) / 128)), 128, 0, stream>>>(
-        hidden.get(), d_w2.get(), moe.block_expert.get(), block, f, d, false, moe.ye.get());
+    ex::block_grouped_gemm<<<dim3(blocks, static_cast<unsigned>((f + 127) / 128)), 128, 0,
+                             stream>>>(moe.xe.get(), d_w1.get(), moe.block_expert.get(), block, d,
+                                       f, true, hidden.get());
+    ex::block_grouped_gemm<<<dim3(blocks, static_cast<unsigned>((d + 127) / 128)), 128, 0,
+                             stream>>>(hidden.get(), d_w2.get(), moe.block_expert.get(), block, f,
+                                       d, false, moe.ye.get());
     ex::cuda_check(cudaGetLastError(), "block_grouped_gemm");
     ex::check(moe.combine(stream), "combine");
     ex::cuda_check(cudaStreamSynchronize(stream), "cudaStreamSynchronize");
@@ -64,19 +68,26 @@ int main() {
     const auto s = moe.summary();
     const auto y = ex::moe_pipeline<float>::to_host_floats(moe.y);
     reference::routing_result ref;
-    const auto y_ref = ex::reference_moe_forward(cfg, logits, {}, x, T, d, f, w1, w2, false, block, &ref);
+    const auto y_ref =
+        ex::reference_moe_forward(cfg, logits, {}, x, T, d, f, w1, w2, false, block, &ref);
     const double diff = ex::max_rel_diff(y, y_ref);
-    const bool counts_match = s.totals.kept == ref.dispatch.total_kept && s.load == ref.dispatch.load;
+    const bool counts_match =
+        s.totals.kept == ref.dispatch.total_kept && s.load == ref.dispatch.load;
 
     std::int64_t used = 0;
     for (auto l : s.load) used += l;
-    std::printf("Mixtral dropless top-2 MoE layer on the GPU: T=%lld, E=%d, k=%d, d=%lld, ffn=%lld\n",
-                static_cast<long long>(T), E, k, static_cast<long long>(d), static_cast<long long>(f));
-    std::printf("  %lld assignments, %lld dropped (dropless) -> compact layout of %lld rows in %lld-row blocks"
-                " (%.1f%% alignment padding)\n",
-                static_cast<long long>(s.assignments), static_cast<long long>(s.totals.dropped),
-                static_cast<long long>(s.num_rows), static_cast<long long>(block),
-                s.num_rows > 0 ? 100.0 * static_cast<double>(s.num_rows - used) / static_cast<double>(s.num_rows) : 0.0);
+    std::printf(
+        "Mixtral dropless top-2 MoE layer on the GPU: T=%lld, E=%d, k=%d, d=%lld, ffn=%lld\n",
+        static_cast<long long>(T), E, k, static_cast<long long>(d), static_cast<long long>(f));
+    std::printf(
+        "  %lld assignments, %lld dropped (dropless) -> compact layout of %lld rows in %lld-row "
+        "blocks"
+        " (%.1f%% alignment padding)\n",
+        static_cast<long long>(s.assignments), static_cast<long long>(s.totals.dropped),
+        static_cast<long long>(s.num_rows), static_cast<long long>(block),
+        s.num_rows > 0
+            ? 100.0 * static_cast<double>(s.num_rows - used) / static_cast<double>(s.num_rows)
+            : 0.0);
     std::printf("  rows per expert:");
     for (std::int32_t e = 0; e < E; ++e) std::printf(" %lld", static_cast<long long>(s.load[e]));
     std::printf("\n  aux loss %.4f (%.2f = balanced), z-loss %.4f\n", s.aux_loss,

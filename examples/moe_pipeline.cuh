@@ -38,7 +38,8 @@ namespace moeroute::examples {
 /// Throws on a CUDA runtime error (examples only; the library returns statuses).
 inline void cuda_check(cudaError_t e, const char* what) {
   if (e != cudaSuccess)
-    throw std::runtime_error(std::string(what) + ": " + cudaGetErrorName(e) + ": " + cudaGetErrorString(e));
+    throw std::runtime_error(std::string(what) + ": " + cudaGetErrorName(e) + ": " +
+                             cudaGetErrorString(e));
 }
 /// Throws moeroute::error when a launcher returned an error.
 inline void check(const status& s, const char* what) {
@@ -55,12 +56,17 @@ class device_buffer {
   }
   device_buffer(const device_buffer&) = delete;
   device_buffer& operator=(const device_buffer&) = delete;
-  device_buffer(device_buffer&& o) noexcept : p_(o.p_), n_(o.n_) { o.p_ = nullptr; o.n_ = 0; }
+  device_buffer(device_buffer&& o) noexcept : p_(o.p_), n_(o.n_) {
+    o.p_ = nullptr;
+    o.n_ = 0;
+  }
   device_buffer& operator=(device_buffer&& o) noexcept {
     if (this != &o) {
       reset();
-      p_ = o.p_; n_ = o.n_;
-      o.p_ = nullptr; o.n_ = 0;
+      p_ = o.p_;
+      n_ = o.n_;
+      o.p_ = nullptr;
+      o.n_ = 0;
     }
     return *this;
   }
@@ -115,33 +121,34 @@ struct moe_pipeline {
   dtype logits_dtype = dtype::f32;
 
   // gating
-  device_buffer<std::byte> logits;            // [T, E] logits_dtype
-  device_buffer<float> bias;                  // [E] (expert_bias only)
-  device_buffer<std::int32_t> ids, reroute_ids;  // [T, k], [T, R]
-  device_buffer<float> gates, logsumexp;      // [T, k], [T]
-  device_buffer<double> aux_score_sum, z_sum; // [E], [1]
+  device_buffer<std::byte> logits;                                 // [T, E] logits_dtype
+  device_buffer<float> bias;                                       // [E] (expert_bias only)
+  device_buffer<std::int32_t> ids, reroute_ids;                    // [T, k], [T, R]
+  device_buffer<float> gates, logsumexp;                           // [T, k], [T]
+  device_buffer<double> aux_score_sum, z_sum;                      // [E], [1]
   device_buffer<std::int64_t> aux_count, valid_tokens, nonfinite;  // [E], [1], [1]
-  device_buffer<double> seq_score_sum;        // [S, E]
-  device_buffer<std::int64_t> seq_count, seq_tokens;  // [S, E], [S]
+  device_buffer<double> seq_score_sum;                             // [S, E]
+  device_buffer<std::int64_t> seq_count, seq_tokens;               // [S, E], [S]
   device_buffer<std::byte> gating_ws, dispatch_ws;
   // losses
   device_buffer<double> aux_loss, seq_aux_loss, z_loss;  // [1] each
   // dispatch
-  device_buffer<std::int32_t> expert, slot;   // [T, k]
-  device_buffer<float> weight;                // [T, k]
-  device_buffer<std::uint8_t> fate;           // [T, k]
+  device_buffer<std::int32_t> expert, slot;                        // [T, k]
+  device_buffer<float> weight;                                     // [T, k]
+  device_buffer<std::uint8_t> fate;                                // [T, k]
   device_buffer<std::int64_t> requested, kept, rerouted, dropped;  // [E]
-  device_buffer<std::int64_t> received, load; // [ET]
-  device_buffer<cuda::dispatch_totals> totals;  // [1]
+  device_buffer<std::int64_t> received, load;                      // [ET]
+  device_buffer<cuda::dispatch_totals> totals;                     // [1]
   // layout
-  device_buffer<std::int64_t> offsets, rows_used, assignment_row, num_rows;  // [ET+1], [ET], [T,k], [1]
+  device_buffer<std::int64_t> offsets, rows_used, assignment_row,
+      num_rows;                                         // [ET+1], [ET], [T,k], [1]
   device_buffer<std::int32_t> row_token, block_expert;  // [max_rows], [max_rows / block]
   // hidden states
-  device_buffer<Element> x, xe, ye, y;        // [T,d], [max_rows,d], [max_rows,d], [T,d]
+  device_buffer<Element> x, xe, ye, y;  // [T,d], [max_rows,d], [max_rows,d], [T,d]
 
   /// Allocates everything (cudaMalloc). kind = padded needs a bounded capacity.
-  moe_pipeline(const routing_config& c, std::int64_t tokens, std::int64_t hidden, cuda::layout_kind layout,
-               std::int64_t block, dtype logit_type = dtype::f32)
+  moe_pipeline(const routing_config& c, std::int64_t tokens, std::int64_t hidden,
+               cuda::layout_kind layout, std::int64_t block, dtype logit_type = dtype::f32)
       : cfg(c), T(tokens), d(hidden), kind(layout), block_size(block), logits_dtype(logit_type) {
     check(validate(cfg), "config");
     E = cfg.num_experts;
@@ -150,7 +157,8 @@ struct moe_pipeline {
     R = cfg.candidates_per_token() - k;
     max_rows = cuda::layout_max_rows(cfg, T, kind, block_size);
     if (max_rows < 0)
-      throw std::invalid_argument("padded layout needs a bounded capacity (capacity_mode::unbounded is compact-only)");
+      throw std::invalid_argument(
+          "padded layout needs a bounded capacity (capacity_mode::unbounded is compact-only)");
     const auto n = static_cast<std::size_t>(T * k);
     const std::int64_t S = cfg.loss.sequence_length > 0 ? T / cfg.loss.sequence_length : 0;
     logits = device_buffer<std::byte>(static_cast<std::size_t>(T * E) * size_of(logits_dtype));
@@ -215,13 +223,15 @@ struct moe_pipeline {
   }
   /// Uploads router logits [T, E] (converted to logits_dtype).
   void upload_logits(const std::vector<float>& h) {
-    if (h.size() != static_cast<std::size_t>(T * E)) throw std::invalid_argument("upload_logits: size != T * E");
+    if (h.size() != static_cast<std::size_t>(T * E))
+      throw std::invalid_argument("upload_logits: size != T * E");
     std::vector<std::byte> raw(logits.size());
     if (logits_dtype == dtype::f32) {
       std::memcpy(raw.data(), h.data(), raw.size());
     } else {
       for (std::size_t i = 0; i < h.size(); ++i) {
-        const std::uint16_t b = logits_dtype == dtype::f16 ? to_half(h[i]).bits : to_bf16(h[i]).bits;
+        const std::uint16_t b =
+            logits_dtype == dtype::f16 ? to_half(h[i]).bits : to_bf16(h[i]).bits;
         std::memcpy(raw.data() + 2 * i, &b, 2);
       }
     }
@@ -390,15 +400,16 @@ struct moe_pipeline {
 /// @brief The same MoE layer on the CPU reference, to check a GPU run against:
 ///        route -> layout -> permute -> y_e = relu(x_e W1[e]) W2[e] per expert -> combine.
 /// @param w1 [ET, d, f] and w2 [ET, f, d] row-major expert weights (ET = cfg.total_experts()).
-inline std::vector<float> reference_moe_forward(const routing_config& cfg, const std::vector<float>& logits,
-                                                const std::vector<float>& bias, const std::vector<float>& x,
-                                                std::int64_t T, std::int64_t d, std::int64_t f,
-                                                const std::vector<float>& w1, const std::vector<float>& w2,
-                                                bool padded, std::int64_t block_size,
-                                                reference::routing_result* out_routing = nullptr) {
+inline std::vector<float> reference_moe_forward(
+    const routing_config& cfg, const std::vector<float>& logits, const std::vector<float>& bias,
+    const std::vector<float>& x, std::int64_t T, std::int64_t d, std::int64_t f,
+    const std::vector<float>& w1, const std::vector<float>& w2, bool padded,
+    std::int64_t block_size, reference::routing_result* out_routing = nullptr) {
   const auto r = reference::route<float>(cfg, logits, T, bias);
-  const auto L = padded ? reference::padded_layout(r.dispatch) : reference::compact_layout(r.dispatch, block_size);
-  std::vector<float> xe(static_cast<std::size_t>(L.num_rows * d)), ye(xe.size(), 0.0f), h(static_cast<std::size_t>(f));
+  const auto L = padded ? reference::padded_layout(r.dispatch)
+                        : reference::compact_layout(r.dispatch, block_size);
+  std::vector<float> xe(static_cast<std::size_t>(L.num_rows * d)), ye(xe.size(), 0.0f),
+      h(static_cast<std::size_t>(f));
   reference::permute<float>(L, x, T, d, xe);
   for (std::int32_t e = 0; e < L.total_experts; ++e)
     for (std::int64_t row = L.offsets[e]; row < L.offsets[e + 1]; ++row) {
@@ -437,15 +448,17 @@ inline double max_rel_diff(const std::vector<float>& a, const std::vector<float>
 /// grid (blocks, ceil(N / 128)), 128 threads; A [rows, K], W [experts, K, N], C [rows, N].
 template <class F = float>
 __global__ void block_grouped_gemm(const F* __restrict__ A, const F* __restrict__ W,
-                                   const std::int32_t* __restrict__ block_expert, std::int64_t block_rows,
-                                   std::int64_t K, std::int64_t N, bool relu, F* __restrict__ C) {
+                                   const std::int32_t* __restrict__ block_expert,
+                                   std::int64_t block_rows, std::int64_t K, std::int64_t N,
+                                   bool relu, F* __restrict__ C) {
   const std::int32_t e = block_expert[blockIdx.x];
   const std::int64_t n = static_cast<std::int64_t>(blockIdx.y) * blockDim.x + threadIdx.x;
   if (e < 0 || n >= N) return;
   const F* w = W + static_cast<std::int64_t>(e) * K * N;
   for (std::int64_t r = blockIdx.x * block_rows; r < (blockIdx.x + 1) * block_rows; ++r) {
     float acc = 0.0f;
-    for (std::int64_t c = 0; c < K; ++c) acc = __fadd_rn(acc, __fmul_rn(A[r * K + c], w[c * N + n]));
+    for (std::int64_t c = 0; c < K; ++c)
+      acc = __fadd_rn(acc, __fmul_rn(A[r * K + c], w[c * N + n]));
     C[r * N + n] = relu ? fmaxf(acc, 0.0f) : acc;
   }
 }

@@ -29,7 +29,9 @@ __global__ void relu_inplace(float* v, std::int64_t n) {
 }
 
 void cublas_check(cublasStatus_t s, const char* what) {
-  if (s != CUBLAS_STATUS_SUCCESS) throw std::runtime_error(std::string(what) + " failed: cuBLAS status " + std::to_string(static_cast<int>(s)));
+  if (s != CUBLAS_STATUS_SUCCESS)
+    throw std::runtime_error(std::string(what) + " failed: cuBLAS status " +
+                             std::to_string(static_cast<int>(s)));
 }
 
 // Row-major C[b] (M x N) = A[b] (M x K) @ B[b] (K x N) for b < batch, via column-major cuBLAS
@@ -37,8 +39,8 @@ void cublas_check(cublasStatus_t s, const char* what) {
 void batched_gemm(cublasHandle_t h, const float* A, const float* B, float* C, int M, int N, int K,
                   long long strideA, long long strideB, long long strideC, int batch) {
   const float one = 1.0f, zero = 0.0f;
-  cublas_check(cublasSgemmStridedBatched(h, CUBLAS_OP_N, CUBLAS_OP_N, N, M, K, &one, B, N, strideB, A, K,
-                                         strideA, &zero, C, N, strideC, batch),
+  cublas_check(cublasSgemmStridedBatched(h, CUBLAS_OP_N, CUBLAS_OP_N, N, M, K, &one, B, N, strideB,
+                                         A, K, strideA, &zero, C, N, strideC, batch),
                "cublasSgemmStridedBatched");
 }
 
@@ -47,7 +49,8 @@ void batched_gemm(cublasHandle_t h, const float* A, const float* B, float* C, in
 int main() {
   int devices = 0;
   if (cudaGetDeviceCount(&devices) != cudaSuccess || devices == 0) {
-    std::printf("switch_top1: no CUDA device, nothing to run (the example builds; run it on a GPU)\n");
+    std::printf(
+        "switch_top1: no CUDA device, nothing to run (the example builds; run it on a GPU)\n");
     return 0;
   }
   try {
@@ -84,11 +87,11 @@ int main() {
     // expert has exactly C rows: one strided batched GEMM per FFN matrix.
     const std::int64_t C = expert_capacity(cfg, T);
     ex::device_buffer<float> hidden(static_cast<std::size_t>(E * C * f));
-    batched_gemm(blas, moe.xe.get(), d_w1.get(), hidden.get(), static_cast<int>(C), static_cast<int>(f),
-                 static_cast<int>(d), C * d, d * f, C * f, E);
+    batched_gemm(blas, moe.xe.get(), d_w1.get(), hidden.get(), static_cast<int>(C),
+                 static_cast<int>(f), static_cast<int>(d), C * d, d * f, C * f, E);
     relu_inplace<<<256, 256, 0, stream>>>(hidden.get(), static_cast<std::int64_t>(hidden.size()));
-    batched_gemm(blas, hidden.get(), d_w2.get(), moe.ye.get(), static_cast<int>(C), static_cast<int>(d),
-                 static_cast<int>(f), C * f, f * d, C * d, E);
+    batched_gemm(blas, hidden.get(), d_w2.get(), moe.ye.get(), static_cast<int>(C),
+                 static_cast<int>(d), static_cast<int>(f), C * f, f * d, C * d, E);
 
     // Combine (residual: tokens with no slot get x back).
     ex::check(moe.combine(stream), "combine");
@@ -98,21 +101,29 @@ int main() {
 
     // The CPU reference of the same layer.
     reference::routing_result ref;
-    const auto y_ref = ex::reference_moe_forward(cfg, logits, {}, x, T, d, f, w1, w2, true, 1, &ref);
+    const auto y_ref =
+        ex::reference_moe_forward(cfg, logits, {}, x, T, d, f, w1, w2, true, 1, &ref);
     const double diff = ex::max_rel_diff(y, y_ref);
-    const bool counts_match = s.totals.kept == ref.dispatch.total_kept && s.totals.dropped == ref.dispatch.total_dropped;
+    const bool counts_match =
+        s.totals.kept == ref.dispatch.total_kept && s.totals.dropped == ref.dispatch.total_dropped;
 
-    std::printf("Switch top-1 MoE layer on the GPU: T=%lld tokens, E=%d experts, d=%lld, ffn=%lld\n",
-                static_cast<long long>(T), E, static_cast<long long>(d), static_cast<long long>(f));
+    std::printf(
+        "Switch top-1 MoE layer on the GPU: T=%lld tokens, E=%d experts, d=%lld, ffn=%lld\n",
+        static_cast<long long>(T), E, static_cast<long long>(d), static_cast<long long>(f));
     std::printf("  capacity factor 1.25 -> C = %lld slots per expert; padded buffer %lld rows\n",
                 static_cast<long long>(s.totals.capacity), static_cast<long long>(s.num_rows));
-    std::printf("  kept %lld, dropped %lld of %lld tokens (drop rate %.1f%%); dropped tokens pass through (residual)\n",
-                static_cast<long long>(s.totals.kept), static_cast<long long>(s.totals.dropped),
-                static_cast<long long>(s.assignments), 100.0 * s.drop_rate());
+    std::printf(
+        "  kept %lld, dropped %lld of %lld tokens (drop rate %.1f%%); dropped tokens pass through "
+        "(residual)\n",
+        static_cast<long long>(s.totals.kept), static_cast<long long>(s.totals.dropped),
+        static_cast<long long>(s.assignments), 100.0 * s.drop_rate());
     std::printf("  busiest expert asked for %lld slots; aux loss %.4f, z-loss %.4f\n",
-                static_cast<long long>(*std::max_element(s.requested.begin(), s.requested.end())), s.aux_loss, s.z_loss);
-    std::printf("  vs CPU reference: counts %s, max relative |y diff| = %.2e (cuBLAS sums in its own order)\n",
-                counts_match ? "identical" : "DIFFER", diff);
+                static_cast<long long>(*std::max_element(s.requested.begin(), s.requested.end())),
+                s.aux_loss, s.z_loss);
+    std::printf(
+        "  vs CPU reference: counts %s, max relative |y diff| = %.2e (cuBLAS sums in its own "
+        "order)\n",
+        counts_match ? "identical" : "DIFFER", diff);
     cublasDestroy(blas);
     cudaStreamDestroy(stream);
     if (!counts_match || !(diff < 1e-4)) {

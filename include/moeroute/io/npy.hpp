@@ -31,17 +31,21 @@ namespace moeroute::io {
 /// Element types the reader understands.
 enum class npy_dtype : std::uint8_t { f32, f16 };
 
-[[nodiscard]] constexpr std::size_t item_size(npy_dtype t) noexcept { return t == npy_dtype::f32 ? 4 : 2; }
-[[nodiscard]] constexpr const char* to_string(npy_dtype t) noexcept { return t == npy_dtype::f32 ? "float32" : "float16"; }
+[[nodiscard]] constexpr std::size_t item_size(npy_dtype t) noexcept {
+  return t == npy_dtype::f32 ? 4 : 2;
+}
+[[nodiscard]] constexpr const char* to_string(npy_dtype t) noexcept {
+  return t == npy_dtype::f32 ? "float32" : "float16";
+}
 
 /// What the header of a .npy file says.
 struct npy_header {
   int major = 0, minor = 0;
   npy_dtype dtype = npy_dtype::f32;
   bool big_endian = false;
-  std::vector<std::int64_t> shape;   ///< 2 or 3 extents, C order
-  std::size_t data_offset = 0;       ///< first byte of the data (magic + lengths + header)
-  std::size_t data_bytes = 0;        ///< prod(shape) * item size
+  std::vector<std::int64_t> shape;  ///< 2 or 3 extents, C order
+  std::size_t data_offset = 0;      ///< first byte of the data (magic + lengths + header)
+  std::size_t data_bytes = 0;       ///< prod(shape) * item size
   [[nodiscard]] std::int64_t elements() const noexcept {
     std::int64_t n = 1;
     for (auto s : shape) n *= s;
@@ -51,11 +55,13 @@ struct npy_header {
 
 /// A loaded array, converted to float (float16 exactly widened).
 struct npy_array {
-  npy_dtype dtype = npy_dtype::f32;   ///< the dtype stored in the file
-  std::vector<std::int64_t> shape;    ///< [T, E] or [layers, T, E]
-  std::vector<float> values;          ///< prod(shape) values, C order
+  npy_dtype dtype = npy_dtype::f32;  ///< the dtype stored in the file
+  std::vector<std::int64_t> shape;   ///< [T, E] or [layers, T, E]
+  std::vector<float> values;         ///< prod(shape) values, C order
   [[nodiscard]] std::int64_t layers() const noexcept { return shape.size() == 3 ? shape[0] : 1; }
-  [[nodiscard]] std::int64_t tokens() const noexcept { return shape.empty() ? 0 : shape[shape.size() - 2]; }
+  [[nodiscard]] std::int64_t tokens() const noexcept {
+    return shape.empty() ? 0 : shape[shape.size() - 2];
+  }
   [[nodiscard]] std::int64_t experts() const noexcept { return shape.empty() ? 0 : shape.back(); }
 };
 
@@ -117,7 +123,8 @@ class npy_header_parser {
         have_shape = true;
         if (auto st = parse_shape(h.shape); !st) return st;
       } else {
-        return err("unexpected key '" + printable(key) + "' (a .npy header has exactly descr, "
+        return err("unexpected key '" + printable(key) +
+                   "' (a .npy header has exactly descr, "
                    "fortran_order and shape)");
       }
       skip_ws();
@@ -150,11 +157,13 @@ class npy_header_parser {
                      "arr.astype(np.float32)");
     }
     if (fortran)
-      return npy_bad("fortran_order is True: save a C-ordered array "
-                     "(np.save(f, np.ascontiguousarray(a)))");
+      return npy_bad(
+          "fortran_order is True: save a C-ordered array "
+          "(np.save(f, np.ascontiguousarray(a)))");
     if (h.shape.size() != 2 && h.shape.size() != 3)
-      return npy_bad("shape has " + std::to_string(h.shape.size()) +
-                     " dimensions: expected 2 ([tokens, experts]) or 3 ([layers, tokens, experts])");
+      return npy_bad(
+          "shape has " + std::to_string(h.shape.size()) +
+          " dimensions: expected 2 ([tokens, experts]) or 3 ([layers, tokens, experts])");
     return status::success();
   }
 
@@ -167,7 +176,8 @@ class npy_header_parser {
                    printable(s_, 120) + "\")");
   }
   void skip_ws() {
-    while (pos_ < s_.size() && (s_[pos_] == ' ' || s_[pos_] == '\t' || s_[pos_] == '\n' || s_[pos_] == '\r'))
+    while (pos_ < s_.size() &&
+           (s_[pos_] == ' ' || s_[pos_] == '\t' || s_[pos_] == '\n' || s_[pos_] == '\r'))
       ++pos_;
   }
   bool eat(char c) {
@@ -178,7 +188,8 @@ class npy_header_parser {
     return false;
   }
   status parse_string(std::string& out) {
-    if (pos_ >= s_.size() || (s_[pos_] != '\'' && s_[pos_] != '"')) return err("expected a quoted string");
+    if (pos_ >= s_.size() || (s_[pos_] != '\'' && s_[pos_] != '"'))
+      return err("expected a quoted string");
     const char q = s_[pos_++];
     out.clear();
     while (pos_ < s_.size() && s_[pos_] != q) {
@@ -250,8 +261,9 @@ inline std::uint32_t read_le32(const std::uint8_t* p) {
   h = npy_header{};
   static constexpr std::uint8_t magic[6] = {0x93, 'N', 'U', 'M', 'P', 'Y'};
   if (prefix.size() < 6 || std::memcmp(prefix.data(), magic, 6) != 0)
-    return npy_bad("bad magic: the file does not start with \"\\x93NUMPY\" (is it a .npy file "
-                   "written by np.save? .npz archives and pickles are not supported)");
+    return npy_bad(
+        "bad magic: the file does not start with \"\\x93NUMPY\" (is it a .npy file "
+        "written by np.save? .npz archives and pickles are not supported)");
   if (prefix.size() < 8) return npy_bad("file ends inside the version bytes");
   h.major = prefix[6];
   h.minor = prefix[7];
@@ -260,18 +272,19 @@ inline std::uint32_t read_le32(const std::uint8_t* p) {
                    std::to_string(h.minor) + " (supported: 1.0, 2.0, 3.0)");
   const std::size_t len_bytes = h.major == 1 ? 2 : 4;
   if (prefix.size() < 8 + len_bytes) return npy_bad("file ends inside the header length");
-  const std::size_t header_len = h.major == 1
-      ? (std::size_t{prefix[8]} | (std::size_t{prefix[9]} << 8))
-      : static_cast<std::size_t>(detail::read_le32(prefix.data() + 8));
+  const std::size_t header_len =
+      h.major == 1 ? (std::size_t{prefix[8]} | (std::size_t{prefix[9]} << 8))
+                   : static_cast<std::size_t>(detail::read_le32(prefix.data() + 8));
   const std::size_t header_start = 8 + len_bytes;
   if (header_len > npy_max_header_bytes)
     return npy_bad("header length " + std::to_string(header_len) + " exceeds the 1 MiB limit");
   if (header_start + header_len > file_size)
-    return npy_bad("header length " + std::to_string(header_len) + " runs past the end of the file (" +
-                   std::to_string(file_size) + " bytes)");
+    return npy_bad("header length " + std::to_string(header_len) +
+                   " runs past the end of the file (" + std::to_string(file_size) + " bytes)");
   if (header_start + header_len > prefix.size())
     return npy_bad("header length " + std::to_string(header_len) + " runs past the bytes given");
-  const std::string_view text(reinterpret_cast<const char*>(prefix.data() + header_start), header_len);
+  const std::string_view text(reinterpret_cast<const char*>(prefix.data() + header_start),
+                              header_len);
   for (char c : text)
     if (c == '\0') return npy_bad("header contains a NUL byte");
   if (auto s = detail::npy_header_parser(text).parse(h); !s) return s;
@@ -314,15 +327,17 @@ inline std::uint32_t read_le32(const std::uint8_t* p) {
       std::uint8_t b[4];
       std::memcpy(b, p + 4 * i, 4);
       const std::uint32_t u = h.big_endian
-          ? (std::uint32_t{b[3]} | (std::uint32_t{b[2]} << 8) | (std::uint32_t{b[1]} << 16) | (std::uint32_t{b[0]} << 24))
-          : detail::read_le32(b);
+                                  ? (std::uint32_t{b[3]} | (std::uint32_t{b[2]} << 8) |
+                                     (std::uint32_t{b[1]} << 16) | (std::uint32_t{b[0]} << 24))
+                                  : detail::read_le32(b);
       float f;
       std::memcpy(&f, &u, 4);
       out.values[i] = f;
     }
   } else {
     for (std::size_t i = 0; i < n; ++i) {
-      const std::uint8_t lo = p[2 * i + (h.big_endian ? 1 : 0)], hi = p[2 * i + (h.big_endian ? 0 : 1)];
+      const std::uint8_t lo = p[2 * i + (h.big_endian ? 1 : 0)],
+                         hi = p[2 * i + (h.big_endian ? 0 : 1)];
       out.values[i] = to_float(half_bits{static_cast<std::uint16_t>(lo | (hi << 8))});
     }
   }
@@ -345,7 +360,9 @@ inline std::uint32_t read_le32(const std::uint8_t* p) {
   if (!f) return status::make(status_code::invalid_argument, "cannot open '" + path + "'");
   f.seekg(0, std::ios::end);
   const std::streamoff end = f.tellg();
-  if (end < 0) return status::make(status_code::invalid_argument, "cannot determine the size of '" + path + "'");
+  if (end < 0)
+    return status::make(status_code::invalid_argument,
+                        "cannot determine the size of '" + path + "'");
   const auto file_size = static_cast<std::size_t>(end);
   f.seekg(0, std::ios::beg);
   // Preamble: at most 12 bytes, then the header it announces.
@@ -357,24 +374,30 @@ inline std::uint32_t read_le32(const std::uint8_t* p) {
   if (!s && prefix.size() >= 10 && prefix[0] == 0x93) {
     // Need the full header: size it from the length field (bounded by the checks above).
     const std::size_t len_bytes = prefix[6] == 1 ? 2 : 4;
-    const std::size_t header_len = len_bytes == 2
-        ? (std::size_t{prefix[8]} | (std::size_t{prefix[9]} << 8))
-        : (prefix.size() >= 12 ? static_cast<std::size_t>(detail::read_le32(prefix.data() + 8)) : 0);
+    const std::size_t header_len =
+        len_bytes == 2
+            ? (std::size_t{prefix[8]} | (std::size_t{prefix[9]} << 8))
+            : (prefix.size() >= 12 ? static_cast<std::size_t>(detail::read_le32(prefix.data() + 8))
+                                   : 0);
     const std::size_t want = 8 + len_bytes + header_len;
     if (header_len <= npy_max_header_bytes && want <= file_size && want > prefix.size()) {
       const std::size_t old = prefix.size();
       prefix.resize(want);
-      if (!f.read(reinterpret_cast<char*>(prefix.data() + old), static_cast<std::streamsize>(want - old)))
-        return status::make(status_code::invalid_argument, "cannot read the header of '" + path + "'");
+      if (!f.read(reinterpret_cast<char*>(prefix.data() + old),
+                  static_cast<std::streamsize>(want - old)))
+        return status::make(status_code::invalid_argument,
+                            "cannot read the header of '" + path + "'");
       s = parse_npy_header(prefix, file_size, h);
     }
   }
   if (!s) return status::make(s.code, path + ": " + s.message);
   std::vector<std::uint8_t> data(h.data_bytes);
   f.seekg(static_cast<std::streamoff>(h.data_offset), std::ios::beg);
-  if (!data.empty() && !f.read(reinterpret_cast<char*>(data.data()), static_cast<std::streamsize>(data.size())))
+  if (!data.empty() &&
+      !f.read(reinterpret_cast<char*>(data.data()), static_cast<std::streamsize>(data.size())))
     return status::make(status_code::invalid_argument, "cannot read the data of '" + path + "'");
-  if (auto d = decode_npy_data(h, data, out); !d) return status::make(d.code, path + ": " + d.message);
+  if (auto d = decode_npy_data(h, data, out); !d)
+    return status::make(d.code, path + ": " + d.message);
   return status::success();
 }
 
@@ -394,7 +417,8 @@ inline std::uint32_t read_le32(const std::uint8_t* p) {
     n *= d;
   }
   if (static_cast<std::size_t>(n) != values.size())
-    return status::make(status_code::invalid_shape, "write_npy: values.size() does not match shape");
+    return status::make(status_code::invalid_shape,
+                        "write_npy: values.size() does not match shape");
   std::string hdr = "{'descr': '<f4', 'fortran_order': False, 'shape': (";
   for (std::size_t i = 0; i < shape.size(); ++i) {
     hdr += std::to_string(shape[i]);
@@ -403,10 +427,18 @@ inline std::uint32_t read_le32(const std::uint8_t* p) {
   hdr += "), }";
   while ((10 + hdr.size() + 1) % 64 != 0) hdr += ' ';
   hdr += '\n';
-  if (hdr.size() > 65535) return status::make(status_code::invalid_shape, "write_npy: header too long");
+  if (hdr.size() > 65535)
+    return status::make(status_code::invalid_shape, "write_npy: header too long");
   std::ofstream f(path, std::ios::binary);
   if (!f) return status::make(status_code::invalid_argument, "cannot create '" + path + "'");
-  const unsigned char pre[10] = {0x93, 'N', 'U', 'M', 'P', 'Y', 1, 0,
+  const unsigned char pre[10] = {0x93,
+                                 'N',
+                                 'U',
+                                 'M',
+                                 'P',
+                                 'Y',
+                                 1,
+                                 0,
                                  static_cast<unsigned char>(hdr.size() & 0xFF),
                                  static_cast<unsigned char>(hdr.size() >> 8)};
   f.write(reinterpret_cast<const char*>(pre), 10);
@@ -415,7 +447,8 @@ inline std::uint32_t read_le32(const std::uint8_t* p) {
     std::uint32_t u;
     std::memcpy(&u, &v, 4);
     const unsigned char b[4] = {static_cast<unsigned char>(u), static_cast<unsigned char>(u >> 8),
-                                static_cast<unsigned char>(u >> 16), static_cast<unsigned char>(u >> 24)};
+                                static_cast<unsigned char>(u >> 16),
+                                static_cast<unsigned char>(u >> 24)};
     f.write(reinterpret_cast<const char*>(b), 4);
   }
   if (!f) return status::make(status_code::invalid_argument, "write to '" + path + "' failed");
