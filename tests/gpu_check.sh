@@ -1,11 +1,12 @@
 #!/usr/bin/env bash
 # GPU check, called by `./build.sh gpu-check DIR` on a machine with a GPU (sized for one H200,
 # 8 minutes in all):
-#   1. configure + build Release for sm_90 in build/gpu-check (targets cuda_tests, and
-#      bench_kernels when the bench tree defines it)
+#   1. configure + build Release for sm_90 in build/gpu-check (cuda_tests, the CUDA examples
+#      and bench_kernels_cuda)
 #   2. cuda_tests, the full GPU test binary
 #   3. cuda_tests "[quick]" under compute-sanitizer memcheck, racecheck and initcheck
-#   4. bench_kernels, if it was built
+#   4. the CUDA examples (each checks itself against the CPU reference)
+#   5. bench_kernels_cuda, the GPU kernel benchmarks (JSON in DIR)
 # and writes one log per step plus DIR/summary.json.
 #
 # The [quick] tag: GPU test cases small enough to run under compute-sanitizer (each tool runs
@@ -85,17 +86,19 @@ fi
 # 1. configure and build
 run_step configure 120 cmake -S "$ROOT" -B "$BUILD" -DCMAKE_BUILD_TYPE=Release \
   -DCMAKE_CUDA_ARCHITECTURES=90 -DMOEROUTE_ENABLE_CUDA=ON -DMOEROUTE_BUILD_TESTS=ON \
-  -DMOEROUTE_BUILD_BENCHMARKS=ON -DMOEROUTE_BUILD_EXAMPLES=OFF
+  -DMOEROUTE_BUILD_BENCHMARKS=ON -DMOEROUTE_BUILD_EXAMPLES=ON
 CONFIGURED=$?
 
-TARGETS=(cuda_tests)
-if ((CONFIGURED == 0)) && cmake --build "$BUILD" --target help 2>/dev/null | grep -q "bench_kernels"; then
-  TARGETS+=(bench_kernels)
+EXAMPLES=(example_cuda_gating example_cuda_dispatch example_switch_top1 example_mixtral_dropless
+          example_deepseek_v3)
+TARGETS=(cuda_tests "${EXAMPLES[@]}")
+if ((CONFIGURED == 0)) && cmake --build "$BUILD" --target help 2>/dev/null | grep -q "bench_kernels_cuda"; then
+  TARGETS+=(bench_kernels_cuda)
 fi
 
 if [ "$DRY" = 1 ]; then
   skip_step build "dry run (targets: ${TARGETS[*]})"
-  for s in cuda_tests memcheck racecheck initcheck bench_kernels; do skip_step "$s" "dry run"; done
+  for s in cuda_tests memcheck racecheck initcheck examples bench_kernels_cuda; do skip_step "$s" "dry run"; done
 else
   if ((CONFIGURED == 0)); then
     run_step build 300 cmake --build "$BUILD" -j "$JOBS" --target "${TARGETS[@]}"
@@ -121,13 +124,21 @@ else
   else
     for s in cuda_tests memcheck racecheck initcheck; do skip_step "$s" "not built"; done
   fi
-  # 4. GPU benchmarks, when the bench tree has them
-  BENCH=$(find "$BUILD" -name bench_kernels -type f -perm -u+x 2>/dev/null | head -n 1)
-  if [ -n "$BENCH" ]; then
-    run_step bench_kernels 90 "$BENCH" --benchmark_min_time=0.05 \
-      --benchmark_out="$OUT/bench_kernels.json" --benchmark_out_format=json
+  # 4. the CUDA examples
+  for ex in "${EXAMPLES[@]}"; do
+    if [ -x "$BUILD/examples/$ex" ]; then
+      run_step "$ex" 30 "$BUILD/examples/$ex"
+    else
+      skip_step "$ex" "not built"
+    fi
+  done
+  # 5. GPU benchmarks
+  BENCH="$BUILD/bench/bench_kernels_cuda"
+  if [ -x "$BENCH" ]; then
+    run_step bench_kernels_cuda 120 "$BENCH" --benchmark_min_time=0.05 \
+      --benchmark_out="$OUT/bench_kernels_cuda.json" --benchmark_out_format=json
   else
-    skip_step bench_kernels "no bench_kernels binary"
+    skip_step bench_kernels_cuda "no bench_kernels_cuda binary"
   fi
 fi
 
