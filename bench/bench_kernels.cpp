@@ -1,7 +1,8 @@
 // SPDX-License-Identifier: Apache-2.0
 // Google Benchmark of every CPU reference stage over the shapes of real models (shapes.hpp):
-// gate, dispatch, padded and compact layouts, permute, combine, losses. Each case reports
-// bytes and items (tokens) per second. JSON with --benchmark_out=FILE --benchmark_out_format=json.
+// gate, dispatch, padded and compact layouts, permute, combine, losses, and the backward passes
+// (logit gradients, combine backward, permute backward). Each case reports bytes and items
+// (tokens) per second. JSON with --benchmark_out=FILE --benchmark_out_format=json.
 //
 // These time the *reference* (plain loop nests written to be obviously correct), which is
 // what the CUDA kernels are checked against — not a tuned CPU implementation.
@@ -12,6 +13,7 @@
 #include <benchmark/benchmark.h>
 
 #include <moeroute/reference.hpp>
+#include <moeroute/reference/backward.hpp>
 
 #include "scenarios.hpp"
 #include "shapes.hpp"
@@ -37,6 +39,24 @@ prepared prepare(const model_shape& m, std::int64_t T, const routing_config& cfg
   p.gating = reference::gate<float>(cfg, p.logits, T, p.bias);
   p.dispatch = reference::dispatch(cfg, p.gating);
   return p;
+}
+
+/// n deterministic upstream gradients in [-0.5, 0.5) (d_weight for the logit-gradient case).
+std::vector<float> grad_values(std::int64_t n, std::uint64_t seed) {
+  std::vector<float> v(static_cast<std::size_t>(n));
+  std::uint64_t s = seed;
+  for (auto& x : v) {
+    s = s * 6364136223846793005ULL + 1442695040888963407ULL;
+    x = static_cast<float>(s >> 40) / 16777216.0f - 0.5f;
+  }
+  return v;
+}
+
+/// Rows of the layout that hold a token (the rows the backward kernels read or gather into).
+std::int64_t live_rows(const reference::expert_layout& L) {
+  std::int64_t n = 0;
+  for (std::int32_t t : L.row_token) n += t >= 0 ? 1 : 0;
+  return n;
 }
 
 void set_counters(benchmark::State& st, std::int64_t T, double bytes_per_iter) {
@@ -123,6 +143,24 @@ void register_all() {
                                    })
           ->Unit(benchmark::kMicrosecond)
           ->MinTime(0.05);
+
+      // backward, router logits (accumulate_logit_grads: routing + aux + z terms): read T*E fp32
+      // logits, [T,k] ids + fates + d_weight, E aux counts; read and write T*E fp32 d_logits
+      benchmark::RegisterBenchmark(("backward_logit_grads" + sfx).c_str(),
+                                   [m, T, E, k](benchmark::State& st) {
+                                     const auto p = prepare(m, T, m.config());
+                                     const auto dw = grad_values(T * k, 1);
+                                     std::vector<float> dl(static_cast<std::size_t>(T * E), 0.0f);
+                                     for (auto _ : st) {
+                                       reference::accumulate_logit_grads<float>(
+                                           p.cfg, p.logits, p.gating, p.dispatch, dw, dl);
+                                       benchmark::DoNotOptimize(dl.data());
+                                       benchmark::ClobberMemory();
+                                     }
+                                     set_counters(st, T, T * (E * 12.0 + k * 9.0) + E * 8.0);
+                                   })
+          ->Unit(benchmark::kMicrosecond)
+          ->MinTime(0.05);
     }
 
     // permute / combine: bf16 hidden states, compact layout of the model's dropless routing
@@ -161,6 +199,52 @@ void register_all() {
               benchmark::ClobberMemory();
             }
             set_counters(st, T, (L.num_rows * d + T * d) * 2.0);
+          })
+          ->Unit(benchmark::kMicrosecond)
+          ->MinTime(0.05);
+
+      // backward of combine (bf16, compact layout of the dropless routing): gather dy [T,d] into
+      // every live row and write d_expert_out [rows,d]; per token read dy and the live expert
+      // rows, write d_weight [T,k] fp32 and the residual d_x [T,d]; [T,k] weights, fates, rows
+      benchmark::RegisterBenchmark(
+          ("backward_combine_bf16" + sfx).c_str(),
+          [m, T, k](benchmark::State& st) {
+            const auto p = prepare(m, T, m.config());
+            const auto L = reference::compact_layout(p.dispatch, 1);
+            const std::int64_t d = m.hidden;
+            const std::int64_t live = live_rows(L);
+            std::vector<bf16_bits> eo(static_cast<std::size_t>(L.num_rows * d), to_bf16(0.25f));
+            std::vector<bf16_bits> dy(static_cast<std::size_t>(T * d), to_bf16(0.5f));
+            std::vector<bf16_bits> deo(eo.size()), dx(dy.size());
+            std::vector<float> dw(static_cast<std::size_t>(T * k));
+            for (auto _ : st) {
+              reference::combine_backward<bf16_bits>(p.cfg, p.dispatch, L, eo, d, dy, deo, dw, dx);
+              benchmark::DoNotOptimize(deo.data());
+              benchmark::DoNotOptimize(dw.data());
+              benchmark::ClobberMemory();
+            }
+            set_counters(st, T,
+                         (live * d + L.num_rows * d) * 2.0 + L.num_rows * 4.0 +
+                             (T * d + live * d + T * d) * 2.0 + T * k * (8.0 + 4.0 + 1.0 + 4.0));
+          })
+          ->Unit(benchmark::kMicrosecond)
+          ->MinTime(0.05);
+      // backward of permute (bf16): per token sum its live rows of d_buf [rows,d] into d_x [T,d]
+      benchmark::RegisterBenchmark(
+          ("backward_permute_bf16" + sfx).c_str(),
+          [m, T, k](benchmark::State& st) {
+            const auto p = prepare(m, T, m.config());
+            const auto L = reference::compact_layout(p.dispatch, 1);
+            const std::int64_t d = m.hidden;
+            const std::int64_t live = live_rows(L);
+            std::vector<bf16_bits> dbuf(static_cast<std::size_t>(L.num_rows * d), to_bf16(0.25f));
+            std::vector<bf16_bits> dx(static_cast<std::size_t>(T * d));
+            for (auto _ : st) {
+              reference::permute_backward<bf16_bits>(p.dispatch, L, dbuf, d, dx);
+              benchmark::DoNotOptimize(dx.data());
+              benchmark::ClobberMemory();
+            }
+            set_counters(st, T, (live * d + T * d) * 2.0 + T * k * 8.0);
           })
           ->Unit(benchmark::kMicrosecond)
           ->MinTime(0.05);
