@@ -1,7 +1,8 @@
 // SPDX-License-Identifier: Apache-2.0
 // Google Benchmark of the CUDA launchers over the model shapes of bench/shapes.hpp: gating,
-// losses, dispatch (capacity factor 1.25), compact layout, permute, combine and the expert
-// histogram, bf16 logits and hidden states. Each case is timed with CUDA events around the
+// losses, dispatch (capacity factor 1.25), compact layout, permute, combine, the expert
+// histogram and the backward launchers (logit gradients, combine and permute backward, expert-bias
+// update), bf16 logits and hidden states. Each case is timed with CUDA events around the
 // launch (UseManualTime) after one warm-up call, and reports bytes and items (tokens) per
 // second plus `pct_of_peak`: achieved bytes/s against the H200's 4.8 TB/s HBM3e.
 // Cases are registered only when a CUDA device exists; without one the binary says so and
@@ -17,6 +18,7 @@
 #include <cuda_bf16.h>
 #include <cuda_runtime.h>
 
+#include <moeroute/cuda/backward.cuh>
 #include <moeroute/cuda/expert_histogram.cuh>
 
 #include "moe_pipeline.cuh"
@@ -77,8 +79,12 @@ struct fixture {
   std::unique_ptr<pipeline> p;
   cudaStream_t stream = nullptr;
   std::int64_t rows_used = 0;
+  std::int64_t live_rows = 0;  ///< rows holding an assignment (kept + rerouted)
   // histogram outputs
   ex::device_buffer<unsigned long long> hist_counts, hist_bad;
+  // backward: upstream gradients in, gradients out
+  ex::device_buffer<float> grad_weight_in, grad_logits, grad_weight;  // [T,k], [T,E], [T,k]
+  ex::device_buffer<__nv_bfloat16> dy, grad_ye, grad_x;               // [T,d], [rows,d], [T,d]
   fixture() = default;
   fixture(const fixture&) = delete;
   fixture& operator=(const fixture&) = delete;
@@ -105,8 +111,20 @@ fixture& get_fixture(const model_shape& m, std::int64_t T) {
   ex::check(f->p->permute(f->stream), "permute");
   const auto s = f->p->summary();
   f->rows_used = s.num_rows;
+  f->live_rows = s.totals.kept + s.totals.rerouted;
   f->hist_counts = ex::device_buffer<unsigned long long>(m.experts);
   f->hist_bad = ex::device_buffer<unsigned long long>(1);
+  const auto n = static_cast<std::size_t>(T * m.top_k);
+  f->grad_weight_in = ex::device_buffer<float>(n);
+  f->grad_weight_in.upload(ex::example_values(n, 7, 0.5f));
+  f->grad_logits = ex::device_buffer<float>(static_cast<std::size_t>(T * m.experts));
+  f->grad_weight = ex::device_buffer<float>(n);
+  f->dy = ex::device_buffer<__nv_bfloat16>(static_cast<std::size_t>(T * m.hidden));
+  f->dy.upload(pipeline::convert<__nv_bfloat16>(
+      ex::example_values(static_cast<std::size_t>(T * m.hidden), 9)));
+  f->grad_ye =
+      ex::device_buffer<__nv_bfloat16>(static_cast<std::size_t>(f->p->max_rows * m.hidden));
+  f->grad_x = ex::device_buffer<__nv_bfloat16>(static_cast<std::size_t>(T * m.hidden));
   cache.emplace_back(key, std::move(f));
   return *cache.back().second;
 }
@@ -173,7 +191,110 @@ void register_all() {
             },
             t * k * 4, T);
       });
+
+      // backward, router logits (routing + aux + z terms, overwrite): bf16 logits, [T,k] ids +
+      // fates + d_weight, E aux counts in; T*E fp32 d_logits out
+      reg("cuda_backward_logit_grads_bf16", [m, T, E, k, t](benchmark::State& st) {
+        auto& f = get_fixture(m, T);
+        time_launch(
+            st, f.stream,
+            [&] {
+              moeroute::cuda::logit_grads_params g;
+              g.d_logits = f.p->logits.get();
+              g.logits_dtype = dtype::bf16;
+              g.tokens = T;
+              g.d_ids = f.p->ids.get();
+              g.d_fate = f.p->fate.get();
+              g.d_grad_weight = f.grad_weight_in.get();
+              g.d_aux_count = f.p->aux_count.get();
+              g.d_valid_tokens = f.p->valid_tokens.get();
+              g.d_seq_count = f.p->seq_count.get();
+              g.d_seq_tokens = f.p->seq_tokens.get();
+              g.accumulate = false;
+              g.d_grad_logits = f.grad_logits.get();
+              return moeroute::cuda::logit_grads(f.p->cfg, g, f.stream);
+            },
+            t * (E * (2 + 4) + k * 9) + E * 8 + 8, T);
+      });
+      // backward of combine: gather dy into every live row, write d_expert_out [rows,d]
+      // (padding rows 0) + row_token; per token read dy and its live expert rows, write d_weight
+      // and the residual d_x; [T,k] assignment rows, weights, fates
+      reg("cuda_backward_combine_bf16", [m, T, k, d, t](benchmark::State& st) {
+        auto& f = get_fixture(m, T);
+        const double rows = static_cast<double>(f.rows_used),
+                     live = static_cast<double>(f.live_rows);
+        time_launch(
+            st, f.stream,
+            [&] {
+              moeroute::cuda::combine_backward_params<__nv_bfloat16> c;
+              c.d_expert_out = f.p->ye.get();
+              c.d_dy = f.dy.get();
+              c.d_row_token = f.p->row_token.get();
+              c.d_assignment_row = f.p->assignment_row.get();
+              c.d_weight = f.p->weight.get();
+              c.d_fate = f.p->fate.get();
+              c.rows = f.rows_used;
+              c.tokens = T;
+              c.k = m.top_k;
+              c.hidden = m.hidden;
+              c.dropped = f.p->cfg.dispatch.dropped;
+              c.d_grad_expert_out = f.grad_ye.get();
+              c.d_grad_weight = f.grad_weight.get();
+              c.d_grad_x = f.grad_x.get();
+              return moeroute::cuda::combine_backward(c, f.stream);
+            },
+            (live * d + rows * d) * 2 + rows * 4 + (t * d + live * d + t * d) * 2 +
+                t * k * (8 + 4 + 1 + 4),
+            T);
+      });
+      // backward of permute: per token sum its live rows of d_buf [rows,d] into d_x [T,d]
+      reg("cuda_backward_permute_bf16", [m, T, k, d, t](benchmark::State& st) {
+        auto& f = get_fixture(m, T);
+        const double live = static_cast<double>(f.live_rows);
+        time_launch(
+            st, f.stream,
+            [&] {
+              moeroute::cuda::permute_backward_params<__nv_bfloat16> q;
+              q.d_grad_buf = f.grad_ye.get();
+              q.d_assignment_row = f.p->assignment_row.get();
+              q.tokens = T;
+              q.k = m.top_k;
+              q.hidden = m.hidden;
+              q.d_grad_x = f.grad_x.get();
+              return moeroute::cuda::permute_backward(q, f.stream);
+            },
+            (live * d + t * d) * 2 + t * k * 8, T);
+      });
     }
+
+    // expert-bias update (aux-loss-free balancing, once per step): read E int64 loads, read and
+    // write E fp32 biases (twice with recenter). One thread: latency, not bandwidth.
+    benchmark::RegisterBenchmark(
+        ("cuda_backward_expert_bias_update/" + std::string(m.name)).c_str(),
+        [m](benchmark::State& st) {
+          const std::size_t E = static_cast<std::size_t>(m.experts);
+          std::vector<std::int64_t> load(E);
+          for (std::size_t e = 0; e < E; ++e) load[e] = static_cast<std::int64_t>((e * 37) % 101);
+          ex::device_buffer<float> bias(E);
+          ex::device_buffer<std::int64_t> d_load(E);
+          bias.upload(std::vector<float>(E, 0.0f));
+          d_load.upload(load);
+          cudaStream_t stream = nullptr;
+          cudaStreamCreate(&stream);
+          moeroute::cuda::expert_bias_update_params b;
+          b.d_bias = bias.get();
+          b.d_load = d_load.get();
+          b.experts = m.experts;
+          b.rate = 1e-3f;
+          b.recenter = true;
+          time_launch(
+              st, stream, [&] { return moeroute::cuda::expert_bias_update(b, stream); },
+              static_cast<double>(E) * (8 + 4 + 4 + 4 + 4), m.experts);
+          cudaStreamDestroy(stream);
+        })
+        ->UseManualTime()
+        ->Unit(benchmark::kMicrosecond)
+        ->MinTime(0.05);
   }
 }
 
