@@ -210,6 +210,19 @@ struct routing_config {
   }
 };
 
+/// @brief The scale s in  aux = coefficient * s * sum_i f_i * P_i  (docs/numerics.md, "aux").
+///        A property of the config, shared by the CPU reference and the CUDA launchers.
+[[nodiscard]] inline double aux_loss_scale(const routing_config& cfg) noexcept {
+  const double E = cfg.num_experts;
+  const double counted = cfg.loss.counts == aux_counts::top1 ? 1.0 : cfg.top_k;
+  switch (cfg.loss.scale) {
+    case aux_scale::e_times_sum: return E;
+    case aux_scale::e_over_k_sum: return E / cfg.top_k;
+    case aux_scale::normalized: return E / counted;
+  }
+  return E;
+}
+
 /// Documented limits, enforced by validate() rather than by overflow.
 inline constexpr std::int32_t max_experts = 8192;
 inline constexpr std::int32_t max_top_k = 8192;

@@ -16,7 +16,6 @@
 #include <moeroute/cuda/common.cuh>
 #include <moeroute/dtype.hpp>
 #include <moeroute/kernels/backward.cuh>
-#include <moeroute/reference/losses.hpp>  // aux_scale_value (host-only, no CUDA)
 #include <moeroute/status.hpp>
 
 namespace moeroute::cuda {
@@ -111,7 +110,7 @@ inline status logit_grads(const routing_config& cfg, const logit_grads_params& p
   a.routing_weight = p.routing_weight;
   const bool aux = p.aux_weight != 0.0 && cfg.loss.aux_coefficient != 0.0f;
   a.aux_count = aux ? p.d_aux_count : nullptr;
-  a.aux_weight = aux ? p.aux_weight * cfg.loss.aux_coefficient * reference::aux_scale_value(cfg) : 0.0;
+  a.aux_weight = aux ? p.aux_weight * cfg.loss.aux_coefficient * aux_loss_scale(cfg) : 0.0;
   const bool seq = cfg.loss.sequence_length > 0 && p.sequence_aux_weight != 0.0 &&
                    cfg.loss.aux_coefficient != 0.0f;
   if (seq) {
@@ -119,7 +118,7 @@ inline status logit_grads(const routing_config& cfg, const logit_grads_params& p
     a.seq_tokens = p.d_seq_tokens;
     a.sequences = p.tokens / cfg.loss.sequence_length;
     a.seq_len = cfg.loss.sequence_length;
-    a.seq_weight = p.sequence_aux_weight * cfg.loss.aux_coefficient * reference::aux_scale_value(cfg);
+    a.seq_weight = p.sequence_aux_weight * cfg.loss.aux_coefficient * aux_loss_scale(cfg);
   }
   a.z_weight = cfg.loss.z_coefficient != 0.0f ? p.z_weight * cfg.loss.z_coefficient : 0.0;
   a.accumulate = p.accumulate;

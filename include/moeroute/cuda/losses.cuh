@@ -33,18 +33,6 @@ struct loss_params {
   double* d_z_loss = nullptr;             ///< [1] f64: z_coefficient * sum lse^2 / T
 };
 
-/// The scale s of aux = coefficient * s * sum f P (reference::aux_scale_value).
-[[nodiscard]] inline double aux_scale_of(const routing_config& cfg) noexcept {
-  const double E = cfg.num_experts;
-  const double counted = cfg.loss.counts == aux_counts::top1 ? 1.0 : cfg.top_k;
-  switch (cfg.loss.scale) {
-    case aux_scale::e_times_sum: return E;
-    case aux_scale::e_over_k_sum: return E / cfg.top_k;
-    case aux_scale::normalized: return E / counted;
-  }
-  return E;
-}
-
 /// @brief Checks config, shape and pointers of a loss call; names the first bad field.
 [[nodiscard]] inline status validate(const routing_config& cfg, const loss_params& p) {
   if (auto s = moeroute::validate(cfg); !s) return s;
@@ -94,7 +82,7 @@ inline status losses(const routing_config& cfg, const loss_params& p, cudaStream
   }
   a.experts = cfg.num_experts;
   a.aux_coefficient = cfg.loss.aux_coefficient;
-  a.aux_scale = aux_scale_of(cfg);
+  a.aux_scale = aux_loss_scale(cfg);
   a.z_coefficient = cfg.loss.z_coefficient;
   a.aux_loss = p.d_aux_loss;
   a.sequence_aux_loss = p.d_sequence_aux_loss;

@@ -13,17 +13,8 @@
 
 namespace moeroute::reference {
 
-/// @brief The scale s in  aux = coefficient * s * sum_i f_i * P_i.
-[[nodiscard]] inline double aux_scale_value(const routing_config& cfg) {
-  const double E = cfg.num_experts;
-  const double counted = cfg.loss.counts == aux_counts::top1 ? 1.0 : cfg.top_k;
-  switch (cfg.loss.scale) {
-    case aux_scale::e_times_sum: return E;
-    case aux_scale::e_over_k_sum: return E / cfg.top_k;
-    case aux_scale::normalized: return E / counted;
-  }
-  return E;
-}
+/// @brief The scale s in  aux = coefficient * s * sum_i f_i * P_i (moeroute::aux_loss_scale).
+[[nodiscard]] inline double aux_scale_value(const routing_config& cfg) { return aux_loss_scale(cfg); }
 
 namespace detail {
 /// The losses read the gating_output's per-expert and per-token sums: they must belong to cfg.
