@@ -3,7 +3,8 @@
 // (ids, fates, layout, aux and sequence counts from the CPU reference, uploaded). Tolerances: logit gradients 1e-6
 // relative + 1e-9 absolute (both compute in double; device exp/log may differ by an ulp);
 // d expert_out, d x and the bias update bitwise; d weight 1e-5 relative (warp dot order).
-// Every launcher is run twice: the reruns must be bitwise identical.
+// Every launcher is run twice: the reruns must be bitwise identical. Every case is small and
+// tagged [quick], so tests/gpu_check.sh runs them all under compute-sanitizer.
 #include <catch2/catch.hpp>
 
 #include <cmath>
@@ -119,7 +120,7 @@ void check_logit_grads(const logit_case& c, std::uint32_t seed) {
 
 }  // namespace
 
-TEST_CASE("cuda backward: logit gradients equal the CPU reference", "[cuda][backward]") {
+TEST_CASE("cuda backward: logit gradients equal the CPU reference", "[cuda][backward][quick]") {
   std::vector<logit_case> cases;
   presets::megatron_options mo;
   mo.capacity_factor = 1.0;
@@ -159,7 +160,7 @@ TEST_CASE("cuda backward: logit gradients equal the CPU reference", "[cuda][back
   for (std::size_t i = 0; i < cases.size(); ++i) check_logit_grads(cases[i], 10 + static_cast<std::uint32_t>(i));
 }
 
-TEST_CASE("cuda backward: zero tokens and bad params", "[cuda][backward]") {
+TEST_CASE("cuda backward: zero tokens and bad params", "[cuda][backward][quick]") {
   const auto cfg = presets::mixtral(8, 2);
   cuda::logit_grads_params p;
   CHECK(cuda::logit_grads(cfg, p));  // T = 0
@@ -181,7 +182,8 @@ TEST_CASE("cuda backward: zero tokens and bad params", "[cuda][backward]") {
   CHECK(cuda::permute_backward(pp).code == status_code::invalid_argument);
 }
 
-TEST_CASE("cuda backward: combine and permute backward equal the CPU reference", "[cuda][backward]") {
+TEST_CASE("cuda backward: combine and permute backward equal the CPU reference",
+          "[cuda][backward][quick]") {
   struct cc {
     const char* name;
     routing_config cfg;
@@ -254,7 +256,8 @@ TEST_CASE("cuda backward: combine and permute backward equal the CPU reference",
   }
 }
 
-TEST_CASE("cuda backward: expert-bias update equals the CPU reference bitwise", "[cuda][backward][bias]") {
+TEST_CASE("cuda backward: expert-bias update equals the CPU reference bitwise",
+          "[cuda][backward][bias][quick]") {
   std::vector<float> bias = random_values(37, 8);
   std::vector<std::int64_t> load(37);
   for (std::size_t e = 0; e < load.size(); ++e) load[e] = static_cast<std::int64_t>((e * 7919) % 23);

@@ -92,6 +92,25 @@ std::vector<std::uint8_t> some_padding(std::int64_t T) {
 
 }  // namespace
 
+// The sanitizer set (tests/gpu_check.sh runs "[quick]" under compute-sanitizer): tiny shapes,
+// every score function (variants 0-5 cycle softmax before / after top-k, sigmoid and
+// sqrt-softplus, select mode and renormalisation), a group limit, bias and padding.
+TEST_CASE("gating: tiny shapes, every score function", "[cuda][gating][quick]") {
+  for (std::int32_t E : {6, 64})
+    for (std::int32_t k : {1, 2})
+      for (std::int64_t T : {1, 7, 100})
+        for (int v = 0; v < 6; ++v) {
+          const routing_config cfg = variant(E, k, v);
+          INFO(describe(cfg, T));
+          REQUIRE(check_gating<float>(cfg, grid_logits(T, E, static_cast<std::uint32_t>(v)), T) == "");
+        }
+  for (std::int64_t T : {7, 100}) {
+    const auto cfg = presets::deepseek_v3(64, 4, 8, 2);
+    INFO(describe(cfg, T));
+    REQUIRE(check_gating<float>(cfg, grid_logits(T, 64, 11), T, grid_bias(64), some_padding(T)) == "");
+  }
+}
+
 TEST_CASE("gating matches the reference over the T x E x k grid", "[cuda][gating]") {
   int v = 0;
   for (std::int32_t E : {1, 6, 8, 60, 64, 128, 256, 384, 600}) {
@@ -313,7 +332,7 @@ TEST_CASE("gating: golden peer logits through every preset", "[cuda][gating][gol
   REQUIRE(files > 0);
 }
 
-TEST_CASE("gating: workspace too small, bad params, T = 0", "[cuda][gating]") {
+TEST_CASE("gating: workspace too small, bad params, T = 0", "[cuda][gating][quick]") {
   const auto cfg = presets::deepseek_v3();
   const std::int64_t T = 100;
   const auto logits = grid_logits(T, 256, 31);

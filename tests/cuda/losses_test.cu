@@ -82,6 +82,33 @@ std::vector<routing_config> loss_configs(std::int32_t E, std::int32_t k) {
 
 }  // namespace
 
+// The sanitizer set (tests/gpu_check.sh runs "[quick]" under compute-sanitizer): the same
+// bit-for-bit check as the next case on tiny shapes.
+TEST_CASE("losses from the reference's sums, tiny shapes", "[cuda][losses][quick]") {
+  for (std::int32_t E : {6, 64}) {
+    for (routing_config cfg : loss_configs(E, 2)) {
+      cfg.loss.sequence_length = 10;
+      const std::int64_t T = 100;
+      std::vector<std::uint8_t> valid(T, 1);
+      for (std::int64_t t = 0; t < 10; ++t) valid[t] = 0;  // sequence 0 is all padding
+      for (std::int64_t t = 20; t < T; t += 3) valid[t] = 0;
+      const auto logits = test::grid_logits(T, E, 41);
+      const auto g = reference::gate<float>(cfg, std::span<const float>(logits), T, {}, std::span<const std::uint8_t>(valid));
+      const auto aux = reference::aux_loss(cfg, g);
+      const auto z = reference::z_loss(cfg, g);
+      const double seq = reference::sequence_aux_loss(cfg, g);
+      const auto r = losses_from_sums(cfg, T, g.aux_score_sum, g.aux_count, g.valid_tokens, z.sum_squares,
+                                      g.seq_score_sum, g.seq_count, g.seq_tokens);
+      INFO(test::describe(cfg, T));
+      REQUIRE(r.st.ok());
+      REQUIRE(std::memcmp(&r.aux, &aux.value, sizeof(double)) == 0);
+      REQUIRE(std::memcmp(&r.z, &z.value, sizeof(double)) == 0);
+      REQUIRE(r.seq == Approx(seq).epsilon(1e-12));
+      REQUIRE(seq > 0.0);
+    }
+  }
+}
+
 TEST_CASE("losses from the reference's sums equal the reference bit for bit", "[cuda][losses]") {
   for (std::int32_t E : {8, 60, 256}) {
     for (routing_config cfg : loss_configs(E, 2)) {
@@ -147,7 +174,8 @@ TEST_CASE("losses through the GPU gating match the reference", "[cuda][losses]")
   }
 }
 
-TEST_CASE("losses: zero valid tokens give 0; bad params are rejected; T = 0 writes nothing", "[cuda][losses]") {
+TEST_CASE("losses: zero valid tokens give 0; bad params are rejected; T = 0 writes nothing",
+          "[cuda][losses][quick]") {
   const auto cfg = presets::mixtral();
   const std::vector<double> sums(8, 1.0);
   const std::vector<std::int64_t> counts(8, 3);
