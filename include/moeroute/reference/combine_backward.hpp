@@ -43,6 +43,25 @@ T store_acc(grad_acc_t<T> v) {
   }
 }
 inline bool survives(fate f) { return f == fate::kept || f == fate::rerouted; }
+
+/// Throws unless d is a hidden size and the layout's rows and tokens fit dsp (sizes and ranges).
+inline void check_layout_shapes(const dispatch_output& dsp, const expert_layout& L, std::int64_t d) {
+  throw_if_error(validate_hidden(d));
+  if (dsp.tokens < 0 || dsp.k < 0 || L.num_rows < 0)
+    throw error(status::make(status_code::invalid_shape, "dispatch_output tokens / k or layout num_rows is negative"));
+  grad_check_size("layout row_token", L.row_token.size(), L.num_rows);
+  grad_check_size("layout assignment_row", L.assignment_row.size(), dsp.tokens * dsp.k);
+  for (std::int64_t r = 0; r < L.num_rows; ++r)
+    if (L.row_token[r] < -1 || L.row_token[r] >= dsp.tokens)
+      throw error(status::make(status_code::invalid_argument,
+                               "layout row_token[" + std::to_string(r) + "] = " +
+                                   std::to_string(L.row_token[r]) + ": not a token of dispatch_output"));
+  for (std::size_t a = 0; a < L.assignment_row.size(); ++a)
+    if (L.assignment_row[a] < -1 || L.assignment_row[a] >= L.num_rows)
+      throw error(status::make(status_code::invalid_argument,
+                               "layout assignment_row[" + std::to_string(a) + "] = " +
+                                   std::to_string(L.assignment_row[a]) + ": not a row of the layout"));
+}
 }  // namespace detail
 
 /// @brief Combine backward. Forward: y[t] = sum_j w[t,j] * expert_out[row(t,j)] (+ x[t] for a
@@ -69,6 +88,13 @@ void combine_backward(const routing_config& cfg, const dispatch_output& dsp, con
   using A = grad_acc_t<T>;
   const std::int64_t Tn = dsp.tokens;
   const std::int32_t k = dsp.k;
+  detail::check_layout_shapes(dsp, L, d);
+  if (k != cfg.top_k)
+    throw error(status::make(status_code::invalid_argument,
+                             "dispatch_output k = " + std::to_string(k) + " does not match config top_k = " +
+                                 std::to_string(cfg.top_k)));
+  detail::grad_check_size("dispatch_output weight", dsp.weight.size(), Tn * k);
+  detail::grad_check_size("dispatch_output fates", dsp.fates.size(), Tn * k);
   detail::grad_check_size("expert_out", expert_out.size(), L.num_rows * d);
   detail::grad_check_size("d_expert_out", d_expert_out.size(), L.num_rows * d);
   detail::grad_check_size("dy", dy.size(), Tn * d);
@@ -124,6 +150,7 @@ void permute_backward(const dispatch_output& dsp, const expert_layout& L, grad_c
   using A = grad_acc_t<T>;
   const std::int64_t Tn = dsp.tokens;
   const std::int32_t k = dsp.k;
+  detail::check_layout_shapes(dsp, L, d);
   detail::grad_check_size("d_buf", d_buf.size(), L.num_rows * d);
   detail::grad_check_size("d_x", d_x.size(), Tn * d);
   detail::grad_check_size("layout assignment_row", L.assignment_row.size(), Tn * k);

@@ -104,6 +104,14 @@ void check_logit_grad_shapes(const routing_config& cfg, const gating_output& g,
     throw error(status::make(status_code::invalid_argument, "gating_output does not match config"));
   grad_check_size("logits", logits.size(), g.tokens * g.experts);
   grad_check_size("d_logits", d_logits.size(), g.tokens * g.experts);
+  grad_check_size("gating_output ids", g.ids.size(), g.tokens * g.k);
+  grad_check_size("gating_output valid", g.valid.size(), g.tokens);
+  for (std::int64_t t = 0; t < g.tokens; ++t)
+    for (std::int32_t j = 0; g.valid[t] && j < g.k; ++j)
+      if (g.ids[t * g.k + j] < 0 || g.ids[t * g.k + j] >= g.experts)
+        throw error(status::make(status_code::invalid_argument,
+                                 "gating_output ids[" + std::to_string(t * g.k + j) + "] = " +
+                                     std::to_string(g.ids[t * g.k + j]) + ": not an expert"));
 }
 
 /// Backward of the aux-loss score P[t, :] for one token: given dL/dP (gp, [E]), adds dL/dx.
@@ -165,6 +173,7 @@ void gating_backward(const routing_config& cfg, grad_cspan<F> logits, const gati
   detail::grad_check_size("d_weight", d_weight.size(), T * k);
   if (dsp.tokens != T || dsp.k != k)
     throw error(status::make(status_code::invalid_argument, "dispatch_output does not match gating_output"));
+  detail::grad_check_size("dispatch_output fates", dsp.fates.size(), T * k);
   const auto& gc = cfg.gating;
   const bool softmax_after = gc.score == score_function::softmax && gc.stage == softmax_stage::after_topk;
   const bool noisy_gates = cfg.noise_active() && gc.noise.target == noise_target::selection_and_gates;
@@ -312,6 +321,12 @@ void sequence_aux_loss_backward(const routing_config& cfg, grad_cspan<F> logits,
   const std::int32_t E = g.experts;
   const std::int64_t L = cfg.loss.sequence_length;
   if (g.sequences == 0 || L <= 0 || d_loss == 0.0) return;
+  if (g.sequences * L != g.tokens)
+    throw error(status::make(status_code::invalid_argument,
+                             "gating_output sequences = " + std::to_string(g.sequences) +
+                                 " does not match config loss.sequence_length = " + std::to_string(L)));
+  detail::grad_check_size("gating_output seq_tokens", g.seq_tokens.size(), g.sequences);
+  detail::grad_check_size("gating_output seq_count", g.seq_count.size(), g.sequences * E);
   std::int64_t used = 0;
   for (std::int64_t q = 0; q < g.sequences; ++q) used += g.seq_tokens[q] > 0 ? 1 : 0;
   if (used == 0) return;
