@@ -112,8 +112,6 @@ else
   if ((BUILT == 0)) && [ -x "$TESTS" ]; then
     # 2. the full GPU test binary
     run_step cuda_tests 150 "$TESTS" "~[soak]" --durations yes
-    # 2b. the randomized GPU-vs-CPU soak loop, bounded by MOEROUTE_SOAK_SECONDS
-    run_step soak 90 env MOEROUTE_SOAK_SECONDS=60 "$TESTS" "[soak]"
     # 3. the [quick] set under each compute-sanitizer tool
     if command -v compute-sanitizer >/dev/null 2>&1; then
       run_step memcheck 120 compute-sanitizer --tool memcheck --leak-check full --error-exitcode 1 \
@@ -124,6 +122,9 @@ else
       for s in memcheck racecheck initcheck; do skip_step "$s" "compute-sanitizer not found"; done
       FAILED=1
     fi
+    # 3b. the randomized GPU-vs-CPU soak loop, bounded by MOEROUTE_SOAK_SECONDS. It runs after
+    # the sanitizers so that a tight budget cuts the soak, not the correctness checks.
+    run_step soak 60 env MOEROUTE_SOAK_SECONDS="${MOEROUTE_SOAK_SECONDS:-30}" "$TESTS" "[soak]"
   else
     for s in cuda_tests soak memcheck racecheck initcheck; do skip_step "$s" "not built"; done
   fi
