@@ -21,6 +21,7 @@
 
 #include "device_buffer.cuh"
 #include "dispatch_test_util.cuh"
+#include "graph_replay.cuh"
 
 namespace moeroute::test {
 
@@ -202,25 +203,16 @@ TEST_CASE("pipeline: dispatch -> layout -> permute -> combine, reruns and graph 
     const auto first = pl.y.download();
     require_close_rel("y", first, want, 1e-5, 1e-6);
 
-    cudaGraph_t graph;
-    check_cuda(cudaStreamBeginCapture(stream, cudaStreamCaptureModeGlobal), "begin capture");
-    const auto st = pl.run(stream);
-    check_cuda(cudaStreamEndCapture(stream, &graph), "end capture");
-    INFO(st.message);
-    REQUIRE(st.ok());
-    cudaGraphExec_t exec;
-    check_cuda(cudaGraphInstantiate(&exec, graph, 0), "instantiate");
-    for (int rep = 0; rep < 2; ++rep) {
-      pl.y.fill_bytes(0xFF);
-      pl.buf.fill_bytes(0xFF);
-      check_cuda(cudaDeviceSynchronize(), "sync");  // memset (legacy stream) before the replay
-      check_cuda(cudaGraphLaunch(exec, stream), "graph launch");
-      check_cuda(cudaStreamSynchronize(stream), "sync");
-      const auto again = pl.y.download();
-      REQUIRE(std::memcmp(again.data(), first.data(), first.size() * sizeof(float)) == 0);
-    }
-    cudaGraphExecDestroy(exec);
-    cudaGraphDestroy(graph);
+    capture_and_replay(
+        stream, [&](cudaStream_t s) { return pl.run(s); },
+        [&] {
+          pl.y.fill_bytes(0xFF);
+          pl.buf.fill_bytes(0xFF);
+        },
+        [&] {
+          const auto again = pl.y.download();
+          REQUIRE(std::memcmp(again.data(), first.data(), first.size() * sizeof(float)) == 0);
+        });
     cudaStreamDestroy(stream);
   }
 }

@@ -16,6 +16,7 @@
 #include "device_buffer.cuh"
 #include "dispatch_golden.hpp"
 #include "dispatch_test_util.cuh"
+#include "graph_replay.cuh"
 
 // No using-directive at global scope: nvcc's generated stubs name ::cuda::std types
 // unqualified, and `using namespace moeroute` would make `cuda` ambiguous there.
@@ -184,24 +185,13 @@ TEST_CASE("dispatch: reruns are bitwise identical, graph replay matches", "[cuda
     // capture into a graph, replay twice
     cudaStream_t stream;
     check_cuda(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking), "stream");
-    cudaGraph_t graph;
-    check_cuda(cudaStreamBeginCapture(stream, cudaStreamCaptureModeGlobal), "begin capture");
-    const auto st = gpu.run(stream);
-    check_cuda(cudaStreamEndCapture(stream, &graph), "end capture");
-    INFO(st.message);
-    REQUIRE(st.ok());
-    cudaGraphExec_t exec;
-    check_cuda(cudaGraphInstantiate(&exec, graph, 0), "instantiate");
-    for (int rep = 0; rep < 2; ++rep) {
-      gpu.slot.fill_bytes(0xFF);
-      gpu.totals.fill_bytes(0xFF);
-      check_cuda(cudaDeviceSynchronize(), "sync");  // memset (legacy stream) before the replay
-      check_cuda(cudaGraphLaunch(exec, stream), "graph launch");
-      check_cuda(cudaStreamSynchronize(stream), "sync");
-      require_bitwise(gpu.download(), first);
-    }
-    cudaGraphExecDestroy(exec);
-    cudaGraphDestroy(graph);
+    capture_and_replay(
+        stream, [&](cudaStream_t s) { return gpu.run(s); },
+        [&] {
+          gpu.slot.fill_bytes(0xFF);
+          gpu.totals.fill_bytes(0xFF);
+        },
+        [&] { require_bitwise(gpu.download(), first); });
     cudaStreamDestroy(stream);
   }
 }

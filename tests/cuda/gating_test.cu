@@ -23,6 +23,7 @@
 
 #include "device_buffer.cuh"
 #include "gating_harness.cuh"
+#include "graph_replay.cuh"
 
 using namespace moeroute;
 using test::check_gating;
@@ -413,24 +414,15 @@ TEST_CASE("gating: two runs and a CUDA graph replay give identical bits", "[cuda
 
     cudaStream_t stream;
     REQUIRE(cudaStreamCreate(&stream) == cudaSuccess);
-    cudaGraph_t graph;
-    cudaGraphExec_t exec;
-    REQUIRE(cudaStreamBeginCapture(stream, cudaStreamCaptureModeGlobal) == cudaSuccess);
-    const status captured = b.run(cfg, stream);
-    REQUIRE(cudaStreamEndCapture(stream, &graph) == cudaSuccess);
-    REQUIRE(captured.ok());
-    REQUIRE(cudaGraphInstantiate(&exec, graph, 0) == cudaSuccess);
-    b.ids.fill_bytes(0);
-    b.gates.fill_bytes(0);
-    b.aux_sum.fill_bytes(0);
-    b.seq_sum.fill_bytes(0);
-    for (int rep = 0; rep < 2; ++rep) {
-      REQUIRE(cudaGraphLaunch(exec, stream) == cudaSuccess);
-      REQUIRE(cudaStreamSynchronize(stream) == cudaSuccess);
-      REQUIRE(same_bits(first, b.download(status::success())));
-    }
-    cudaGraphExecDestroy(exec);
-    cudaGraphDestroy(graph);
+    test::capture_and_replay(
+        stream, [&](cudaStream_t s) { return b.run(cfg, s); },
+        [&] {
+          b.ids.fill_bytes(0);
+          b.gates.fill_bytes(0);
+          b.aux_sum.fill_bytes(0);
+          b.seq_sum.fill_bytes(0);
+        },
+        [&] { REQUIRE(same_bits(first, b.download(status::success()))); });
     cudaStreamDestroy(stream);
   }
 }

@@ -82,56 +82,38 @@ std::vector<routing_config> loss_configs(std::int32_t E, std::int32_t k) {
 
 }  // namespace
 
-// The sanitizer set (tests/gpu_check.sh runs "[quick]" under compute-sanitizer): the same
-// bit-for-bit check as the next case on tiny shapes.
-TEST_CASE("losses from the reference's sums, tiny shapes", "[cuda][losses][quick]") {
-  for (std::int32_t E : {6, 64}) {
-    for (routing_config cfg : loss_configs(E, 2)) {
-      cfg.loss.sequence_length = 10;
-      const std::int64_t T = 100;
-      std::vector<std::uint8_t> valid(T, 1);
-      for (std::int64_t t = 0; t < 10; ++t) valid[t] = 0;  // sequence 0 is all padding
-      for (std::int64_t t = 20; t < T; t += 3) valid[t] = 0;
-      const auto logits = test::grid_logits(T, E, 41);
-      const auto g = reference::gate<float>(cfg, std::span<const float>(logits), T, {}, std::span<const std::uint8_t>(valid));
-      const auto aux = reference::aux_loss(cfg, g);
-      const auto z = reference::z_loss(cfg, g);
-      const double seq = reference::sequence_aux_loss(cfg, g);
-      const auto r = losses_from_sums(cfg, T, g.aux_score_sum, g.aux_count, g.valid_tokens, z.sum_squares,
-                                      g.seq_score_sum, g.seq_count, g.seq_tokens);
-      INFO(test::describe(cfg, T));
-      REQUIRE(r.st.ok());
-      REQUIRE(std::memcmp(&r.aux, &aux.value, sizeof(double)) == 0);
-      REQUIRE(std::memcmp(&r.z, &z.value, sizeof(double)) == 0);
-      REQUIRE(r.seq == Approx(seq).epsilon(1e-12));
-      REQUIRE(seq > 0.0);
-    }
+// The GPU loss launcher on the reference's own sums must give the reference's values bit for
+// bit: T tokens in sequences of L, sequence 0 all padding, every third token after 2L padding.
+static void check_losses_from_reference_sums(std::int32_t E, std::int64_t T, std::int64_t L) {
+  for (routing_config cfg : loss_configs(E, 2)) {
+    cfg.loss.sequence_length = L;
+    std::vector<std::uint8_t> valid(T, 1);
+    for (std::int64_t t = 0; t < L; ++t) valid[t] = 0;  // sequence 0 is all padding
+    for (std::int64_t t = 2 * L; t < T; t += 3) valid[t] = 0;
+    const auto logits = test::grid_logits(T, E, 41);
+    const auto g = reference::gate<float>(cfg, std::span<const float>(logits), T, {}, std::span<const std::uint8_t>(valid));
+    const auto aux = reference::aux_loss(cfg, g);
+    const auto z = reference::z_loss(cfg, g);
+    const double seq = reference::sequence_aux_loss(cfg, g);
+    const auto r = losses_from_sums(cfg, T, g.aux_score_sum, g.aux_count, g.valid_tokens, z.sum_squares,
+                                    g.seq_score_sum, g.seq_count, g.seq_tokens);
+    INFO(test::describe(cfg, T));
+    REQUIRE(r.st.ok());
+    REQUIRE(std::memcmp(&r.aux, &aux.value, sizeof(double)) == 0);
+    REQUIRE(std::memcmp(&r.z, &z.value, sizeof(double)) == 0);
+    REQUIRE(r.seq == Approx(seq).epsilon(1e-12));
+    REQUIRE(seq > 0.0);
   }
 }
 
+// The sanitizer set (tests/gpu_check.sh runs "[quick]" under compute-sanitizer): the same
+// bit-for-bit check as the next case on tiny shapes.
+TEST_CASE("losses from the reference's sums, tiny shapes", "[cuda][losses][quick]") {
+  for (std::int32_t E : {6, 64}) check_losses_from_reference_sums(E, 100, 10);
+}
+
 TEST_CASE("losses from the reference's sums equal the reference bit for bit", "[cuda][losses]") {
-  for (std::int32_t E : {8, 60, 256}) {
-    for (routing_config cfg : loss_configs(E, 2)) {
-      cfg.loss.sequence_length = 50;
-      const std::int64_t T = 1000;
-      std::vector<std::uint8_t> valid(T, 1);
-      for (std::int64_t t = 0; t < 50; ++t) valid[t] = 0;  // sequence 0 is all padding
-      for (std::int64_t t = 100; t < T; t += 3) valid[t] = 0;
-      const auto logits = test::grid_logits(T, E, 41);
-      const auto g = reference::gate<float>(cfg, std::span<const float>(logits), T, {}, std::span<const std::uint8_t>(valid));
-      const auto aux = reference::aux_loss(cfg, g);
-      const auto z = reference::z_loss(cfg, g);
-      const double seq = reference::sequence_aux_loss(cfg, g);
-      const auto r = losses_from_sums(cfg, T, g.aux_score_sum, g.aux_count, g.valid_tokens, z.sum_squares,
-                                      g.seq_score_sum, g.seq_count, g.seq_tokens);
-      INFO(test::describe(cfg, T));
-      REQUIRE(r.st.ok());
-      REQUIRE(std::memcmp(&r.aux, &aux.value, sizeof(double)) == 0);
-      REQUIRE(std::memcmp(&r.z, &z.value, sizeof(double)) == 0);
-      REQUIRE(r.seq == Approx(seq).epsilon(1e-12));
-      REQUIRE(seq > 0.0);
-    }
-  }
+  for (std::int32_t E : {8, 60, 256}) check_losses_from_reference_sums(E, 1000, 50);
 }
 
 TEST_CASE("losses through the GPU gating match the reference", "[cuda][losses]") {
