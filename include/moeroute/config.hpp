@@ -285,8 +285,6 @@ std::string field_msg(const char* field, T value, const char* why) {
     if (k / gl.group_topk > per_group)
       return bad("gating.group_limit: top_k / group_topk = " + std::to_string(k / gl.group_topk) +
                  " exceeds experts per group = " + std::to_string(per_group));
-    if (std::int64_t{gl.group_topk} * per_group < k)
-      return bad("gating.group_limit: group_topk * experts per group < top_k");
   } else if (gl.group_topk != 0 && gl.groups <= 1) {
     return bad(field_msg("gating.group_limit.group_topk", gl.group_topk,
                          "set without gating.group_limit.groups > 1"));
