@@ -1,0 +1,222 @@
+// SPDX-License-Identifier: Apache-2.0
+// Lock-step CPU emulation of CUDA blocks (tests/emulation/README.md): every thread of a block is
+// a fiber with its own stack, so per-thread registers stay private, `__shared__` variables are
+// shared (one block runs at a time), and the cooperative primitives are real barriers:
+//   __syncthreads          waits until every live thread of the block has arrived;
+//   __shfl_sync / _xor     a warp-wide exchange: write, barrier over the warp, read, barrier.
+// A fiber runs until it reaches a barrier, then yields to the scheduler, which resumes the
+// fibers round-robin (in reverse thread order when emu_reverse is set). A pass in which no
+// fiber advances while some still wait is a deadlock (a barrier some threads never reach, or a
+// full-mask shuffle after lanes exited) and aborts with a message.
+//
+// Not CUDA: no concurrency inside a barrier interval, so it finds order dependence only between
+// barriers, and it is no substitute for compute-sanitizer's racecheck on a GPU.
+#pragma once
+
+#include <ucontext.h>
+
+#include <cmath>
+#include <cstdint>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <functional>
+#include <vector>
+
+#include <emu_shim.hpp>
+
+#undef __shared__
+#define __shared__ static
+#ifndef __noinline__
+#define __noinline__ __attribute__((noinline))
+#endif
+
+// The device intrinsics the gating, loss and backward kernels use, as host functions that round
+// the same way (IEEE round-to-nearest, no contraction: the build uses -ffp-contract=off).
+using std::isfinite;
+using std::isinf;
+using std::isnan;
+inline float __uint_as_float(unsigned u) { float f; std::memcpy(&f, &u, 4); return f; }
+inline float __fsub_rn(float a, float b) { return a - b; }
+inline float __fsqrt_rn(float a) { return std::sqrt(a); }
+inline float __frcp_rn(float a) { return 1.0f / a; }
+inline double __dadd_rn(double a, double b) { return a + b; }
+inline double __dsub_rn(double a, double b) { return a - b; }
+inline double __dmul_rn(double a, double b) { return a * b; }
+inline double __ddiv_rn(double a, double b) { return a / b; }
+template <class T> T __ldg(const T* p) { return *p; }
+inline int atomicAdd(int* p, int v) { const int o = *p; *p += v; return o; }
+inline long long atomicAdd(long long* p, long long v) { const long long o = *p; *p += v; return o; }
+
+namespace emu::ls {
+
+struct fiber {
+  ucontext_t ctx{};
+  std::vector<char> stack;
+  bool done = false;
+  std::int64_t warp_arrivals = 0;   // warp barriers passed or entered
+  std::int64_t block_arrivals = 0;  // __syncthreads entered
+  const char* waiting_at = nullptr;
+};
+
+struct scheduler {
+  ucontext_t main{};
+  std::vector<fiber> fibers;
+  unsigned current = 0;
+  std::uint64_t events = 0;  // arrivals and exits: a pass without new events is a deadlock
+  const std::function<void()>* body = nullptr;
+  std::vector<std::uint64_t> mailbox;  // one word per thread: shuffle source values
+  std::vector<unsigned char> dynamic_smem;
+};
+inline scheduler sched;
+// run_lockstep.sh runs each driver a second time with EMU_REVERSE=1: threads and blocks are
+// then scheduled in reverse order, which exposes results that depend on execution order.
+inline const bool reverse_from_environment = (emu_reverse = std::getenv("EMU_REVERSE") != nullptr);
+
+inline fiber& self() { return sched.fibers[sched.current]; }
+
+inline void yield_to_scheduler() { swapcontext(&self().ctx, &sched.main); }
+
+[[noreturn]] inline void fail(const char* what) {
+  std::fprintf(stderr, "emulation: %s (block %u, thread %u)\n", what, blockIdx.x, sched.current);
+  std::abort();
+}
+
+inline void fiber_entry() {
+  (*sched.body)();
+  self().done = true;
+  ++sched.events;
+  // returning resumes uc_link (the scheduler)
+}
+
+/// Lanes of the warp of thread t: [first, last).
+inline void warp_range(unsigned t, unsigned& first, unsigned& last) {
+  first = t / 32 * 32;
+  last = first + 32 < sched.fibers.size() ? first + 32 : static_cast<unsigned>(sched.fibers.size());
+}
+
+/// Every lane of this warp arrives at its n-th warp barrier before any leaves it.
+inline void warp_barrier(const char* where) {
+  fiber& me = self();
+  const std::int64_t n = ++me.warp_arrivals;
+  ++sched.events;
+  unsigned first, last;
+  warp_range(sched.current, first, last);
+  for (;;) {
+    bool all = true;
+    for (unsigned l = first; l < last; ++l) {
+      const fiber& f = sched.fibers[l];
+      if (f.done) fail("full-mask shuffle after a lane of the warp exited");
+      if (f.warp_arrivals < n) all = false;
+    }
+    if (all) return;
+    me.waiting_at = where;
+    yield_to_scheduler();
+    me.waiting_at = nullptr;
+  }
+}
+
+template <class T>
+T exchange(T v, unsigned src_thread) {
+  static_assert(sizeof(T) <= 8, "shuffle of a type wider than 8 bytes");
+  const unsigned t = sched.current;
+  std::uint64_t bits = 0;
+  std::memcpy(&bits, &v, sizeof(T));
+  sched.mailbox[t] = bits;
+  warp_barrier("shuffle (write)");
+  unsigned first, last;
+  warp_range(t, first, last);
+  if (src_thread >= last) fail("shuffle source lane outside the block");
+  const std::uint64_t got = sched.mailbox[src_thread];
+  warp_barrier("shuffle (read)");
+  T r;
+  std::memcpy(&r, &got, sizeof(T));
+  return r;
+}
+
+/// Runs `grid` blocks of `block` fibers each; `smem` bytes of dynamic shared memory per block,
+/// filled with 0xCD so that reading it before writing shows up as garbage.
+inline void launch(unsigned grid, unsigned block, std::size_t smem, const std::function<void()>& body) {
+  blockDim.x = block;
+  gridDim.x = grid;
+  sched.body = &body;
+  constexpr std::size_t stack_bytes = 256 * 1024;
+  for (unsigned bi = 0; bi < grid; ++bi) {
+    blockIdx.x = emu_reverse ? grid - 1 - bi : bi;
+    sched.fibers.assign(block, fiber{});
+    sched.mailbox.assign(block, 0);
+    sched.dynamic_smem.assign(smem + 16, 0xCD);
+    for (unsigned t = 0; t < block; ++t) {
+      fiber& f = sched.fibers[t];
+      f.stack.resize(stack_bytes);
+      getcontext(&f.ctx);
+      f.ctx.uc_stack.ss_sp = f.stack.data();
+      f.ctx.uc_stack.ss_size = f.stack.size();
+      f.ctx.uc_link = &sched.main;
+      makecontext(&f.ctx, fiber_entry, 0);
+    }
+    unsigned live = block;
+    while (live > 0) {
+      const std::uint64_t before = sched.events;
+      for (unsigned i = 0; i < block; ++i) {
+        const unsigned t = emu_reverse ? block - 1 - i : i;
+        fiber& f = sched.fibers[t];
+        if (f.done) continue;
+        sched.current = t;
+        threadIdx.x = t;
+        swapcontext(&sched.main, &f.ctx);
+        if (f.done) --live;
+      }
+      if (live > 0 && sched.events == before) {
+        for (unsigned t = 0; t < block; ++t)
+          if (!sched.fibers[t].done)
+            std::fprintf(stderr, "  thread %u waits at %s\n", t,
+                         sched.fibers[t].waiting_at ? sched.fibers[t].waiting_at : "?");
+        fail("deadlock: no thread can advance");
+      }
+    }
+  }
+  sched.fibers.clear();
+}
+
+inline void* dynamic_shared() { return sched.dynamic_smem.data(); }
+
+}  // namespace emu::ls
+
+#undef __syncthreads
+inline void emu_syncthreads() {
+  using namespace emu::ls;
+  fiber& me = self();
+  const std::int64_t n = ++me.block_arrivals;
+  ++sched.events;
+  for (;;) {
+    bool all = true;
+    for (const fiber& f : sched.fibers)
+      if (!f.done && f.block_arrivals < n) all = false;
+    if (all) return;
+    me.waiting_at = "__syncthreads";
+    yield_to_scheduler();
+    me.waiting_at = nullptr;
+  }
+}
+#define __syncthreads() emu_syncthreads()
+
+template <class T>
+T __shfl_sync(unsigned, T v, int src_lane, int width = 32) {
+  const unsigned t = emu::ls::sched.current;
+  const unsigned lane = t % 32;
+  const unsigned src = lane / width * width + static_cast<unsigned>(src_lane) % width;
+  return emu::ls::exchange(v, t / 32 * 32 + src);
+}
+
+template <class T>
+T __shfl_xor_sync(unsigned, T v, int lane_mask, int width = 32) {
+  const unsigned t = emu::ls::sched.current;
+  const unsigned lane = t % 32;
+  unsigned src = lane ^ static_cast<unsigned>(lane_mask);
+  // CUDA: a source in a later group of `width` lanes returns the caller's own value
+  if (src / width > lane / width) src = lane;
+  return emu::ls::exchange(v, t / 32 * 32 + src);
+}
+
+inline void __syncwarp(unsigned = 0xffffffffu) { emu::ls::warp_barrier("__syncwarp"); }
