@@ -19,7 +19,8 @@ python3 tests/emulation/transform.py --lockstep include/moeroute/cuda "$WORK/inc
 python3 tests/emulation/transform.py --lockstep kernels/moeroute/kernels "$WORK/inc/moeroute/kernels" \
   gating.cuh losses.cuh backward.cuh
 g++ -std=c++20 -O1 -ffp-contract=off -w -I"$WORK/inc" -Itests/emulation/inc -Iinclude -Ikernels \
-  -Itests/cuda -I"$CUDA/include" "$DRIVER" -o "$WORK/$NAME" -L"$CUDA/lib64" -lcudart
+  -Itests/cuda -I"$CUDA/include" -DMOEROUTE_TEST_DATA_DIR="\"$ROOT/tests/data\"" \
+  "$DRIVER" -o "$WORK/$NAME" -L"$CUDA/lib64" -lcudart
 export LD_LIBRARY_PATH="$CUDA/lib64:${LD_LIBRARY_PATH:-}"
 "$WORK/$NAME" "$@"
 EMU_REVERSE=1 "$WORK/$NAME" "$@"

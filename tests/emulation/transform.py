@@ -4,7 +4,8 @@
 #       and block-cooperative launches use one thread per block (threads = 1), which the
 #       single-thread CUB block stubs require.
 #   transform.py --lockstep SRC DST FILES...  the gating / loss / backward family: launches become
-#       emu::ls::launch(grid, block, dynamic smem bytes, ...) with every thread a fiber
+#       emu::ls::launch(grid, block, dynamic smem bytes, [=] { kernel(args); }) (arguments by
+#       value, as a CUDA launch copies them) with every thread a fiber
 #       (inc/emu_lockstep.hpp), and `extern __shared__ T name[];` becomes a pointer to the
 #       emulated block's dynamic shared memory.
 import os, re, sys
@@ -44,7 +45,7 @@ def transform(src):
         args=src[e+4:p-1]
         if lockstep:
             smem = cfg[2] if len(cfg) > 2 else '0'
-            out+=src[i:k]+'emu::ls::launch(%s, %s, %s, [&] { %s(%s); })' % (cfg[0], cfg[1], smem, name, args)
+            out+=src[i:k]+'emu::ls::launch(%s, %s, %s, [=] { %s(%s); })' % (cfg[0], cfg[1], smem, name, args)
         else:
             out+=src[i:k]+'emu::launch(%s, %s, [&] { %s(%s); })' % (cfg[0], cfg[1], name, args)
         i=p

@@ -134,9 +134,13 @@ T exchange(T v, unsigned src_thread) {
   return r;
 }
 
+/// Set by the emulated cudaStreamBeginCapture (emu_runtime.hpp): launches are recorded here
+/// instead of run, and replayed by cudaGraphLaunch.
+inline std::vector<std::function<void()>>* capture = nullptr;
+
 /// Runs `grid` blocks of `block` fibers each; `smem` bytes of dynamic shared memory per block,
 /// filled with 0xCD so that reading it before writing shows up as garbage.
-inline void launch(unsigned grid, unsigned block, std::size_t smem, const std::function<void()>& body) {
+inline void run_blocks(unsigned grid, unsigned block, std::size_t smem, const std::function<void()>& body) {
   blockDim.x = block;
   gridDim.x = grid;
   sched.body = &body;
@@ -177,6 +181,16 @@ inline void launch(unsigned grid, unsigned block, std::size_t smem, const std::f
     }
   }
   sched.fibers.clear();
+}
+
+/// A kernel launch: run now, or recorded while a stream capture is open. `body` holds the kernel
+/// arguments by value (transform.py writes [=]), as a CUDA launch copies its parameters.
+inline void launch(unsigned grid, unsigned block, std::size_t smem, std::function<void()> body) {
+  if (capture != nullptr) {
+    capture->push_back([=] { run_blocks(grid, block, smem, body); });
+    return;
+  }
+  run_blocks(grid, block, smem, body);
 }
 
 inline void* dynamic_shared() { return sched.dynamic_smem.data(); }
