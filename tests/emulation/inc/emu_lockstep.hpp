@@ -106,8 +106,11 @@ inline void warp_barrier(const char* where) {
     bool all = true;
     for (unsigned l = first; l < last; ++l) {
       const fiber& f = sched.fibers[l];
-      if (f.done) fail("full-mask shuffle after a lane of the warp exited");
-      if (f.warp_arrivals < n) all = false;
+      // a lane that passed this barrier and then exited is fine; one that exited before it is not
+      if (f.warp_arrivals < n) {
+        if (f.done) fail("full-mask shuffle after a lane of the warp exited");
+        all = false;
+      }
     }
     if (all) return;
     me.waiting_at = where;
