@@ -52,7 +52,6 @@ namespace emu::ls {
 
 struct fiber {
   ucontext_t ctx{};
-  std::vector<char> stack;
   bool done = false;
   std::int64_t warp_arrivals = 0;   // warp barriers passed or entered
   std::int64_t block_arrivals = 0;  // __syncthreads entered
@@ -148,6 +147,7 @@ inline void run_blocks(unsigned grid, unsigned block, std::size_t smem, const st
   gridDim.x = grid;
   sched.body = &body;
   constexpr std::size_t stack_bytes = 256 * 1024;
+  static std::vector<std::vector<char>> stacks;
   for (unsigned bi = 0; bi < grid; ++bi) {
     blockIdx.x = emu_reverse ? grid - 1 - bi : bi;
     sched.fibers.assign(block, fiber{});
@@ -155,10 +155,12 @@ inline void run_blocks(unsigned grid, unsigned block, std::size_t smem, const st
     sched.dynamic_smem.assign(smem + 16, 0xCD);
     for (unsigned t = 0; t < block; ++t) {
       fiber& f = sched.fibers[t];
-      f.stack.resize(stack_bytes);
+      // stacks are reused from block to block: allocating (and zeroing) 256 KiB per thread
+      // per block dominated the run time of kernels with one block per token
+      if (stacks.size() <= t) stacks.emplace_back(stack_bytes);
       getcontext(&f.ctx);
-      f.ctx.uc_stack.ss_sp = f.stack.data();
-      f.ctx.uc_stack.ss_size = f.stack.size();
+      f.ctx.uc_stack.ss_sp = stacks[t].data();
+      f.ctx.uc_stack.ss_size = stacks[t].size();
       f.ctx.uc_link = &sched.main;
       makecontext(&f.ctx, fiber_entry, 0);
     }
