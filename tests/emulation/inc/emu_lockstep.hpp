@@ -52,6 +52,7 @@ namespace emu::ls {
 
 struct fiber {
   ucontext_t ctx{};
+  void* sp = nullptr;  // saved stack pointer (the x86-64 switch below)
   bool done = false;
   std::int64_t warp_arrivals = 0;   // warp barriers passed or entered
   std::int64_t block_arrivals = 0;  // __syncthreads entered
@@ -60,11 +61,12 @@ struct fiber {
 
 struct scheduler {
   ucontext_t main{};
+  void* main_sp = nullptr;
   std::vector<fiber> fibers;
   unsigned current = 0;
   std::uint64_t events = 0;  // arrivals and exits: a pass without new events is a deadlock
   const std::function<void()>* body = nullptr;
-  std::vector<std::uint64_t> mailbox;  // one word per thread: shuffle source values
+  std::vector<std::uint64_t> mailbox;  // two words per thread: shuffle source values
   std::vector<unsigned char> dynamic_smem;
 };
 inline scheduler sched;
@@ -74,7 +76,40 @@ inline const bool reverse_from_environment = (emu_reverse = std::getenv("EMU_REV
 
 inline fiber& self() { return sched.fibers[sched.current]; }
 
+// glibc's swapcontext makes a sigprocmask system call per switch, which was ~80% of the run
+// time; on x86-64 a switch saves and restores only the callee-saved registers and the stack
+// pointer (emu_ls_switch), elsewhere it stays swapcontext.
+#if defined(__x86_64__)
+#define EMU_LS_FAST_SWITCH 1
+extern "C" void emu_ls_switch(void** save_sp, void* load_sp);
+asm(R"(
+  .text
+  .weak emu_ls_switch
+  .type emu_ls_switch, @function
+emu_ls_switch:
+  pushq %rbp
+  pushq %rbx
+  pushq %r12
+  pushq %r13
+  pushq %r14
+  pushq %r15
+  movq %rsp, (%rdi)
+  movq %rsi, %rsp
+  popq %r15
+  popq %r14
+  popq %r13
+  popq %r12
+  popq %rbx
+  popq %rbp
+  ret
+  .size emu_ls_switch, .-emu_ls_switch
+)");
+inline void yield_to_scheduler() { emu_ls_switch(&self().sp, sched.main_sp); }
+inline void resume(fiber& f) { emu_ls_switch(&sched.main_sp, f.sp); }
+#else
 inline void yield_to_scheduler() { swapcontext(&self().ctx, &sched.main); }
+inline void resume(fiber& f) { swapcontext(&sched.main, &f.ctx); }
+#endif
 
 [[noreturn]] inline void fail(const char* what) {
   std::fprintf(stderr, "emulation: %s (block %u, thread %u)\n", what, blockIdx.x, sched.current);
@@ -85,7 +120,31 @@ inline void fiber_entry() {
   (*sched.body)();
   self().done = true;
   ++sched.events;
+#ifdef EMU_LS_FAST_SWITCH
+  yield_to_scheduler();  // never resumed: the scheduler skips done fibers
+  std::abort();
+#endif
   // returning resumes uc_link (the scheduler)
+}
+
+/// Makes f start fiber_entry on `stack` at its first resume.
+inline void start(fiber& f, std::vector<char>& stack) {
+#ifdef EMU_LS_FAST_SWITCH
+  // emu_ls_switch pops six registers, then returns into fiber_entry with the stack aligned as
+  // at a call (rsp + 8 a multiple of 16)
+  auto top = reinterpret_cast<std::uintptr_t>(stack.data() + stack.size()) & ~std::uintptr_t{15};
+  void** sp = reinterpret_cast<void**>(top);
+  *--sp = nullptr;  // fiber_entry's return address: it never returns
+  *--sp = reinterpret_cast<void*>(&fiber_entry);
+  for (int i = 0; i < 6; ++i) *--sp = nullptr;
+  f.sp = sp;
+#else
+  getcontext(&f.ctx);
+  f.ctx.uc_stack.ss_sp = stack.data();
+  f.ctx.uc_stack.ss_size = stack.size();
+  f.ctx.uc_link = &sched.main;
+  makecontext(&f.ctx, fiber_entry, 0);
+#endif
 }
 
 /// Lanes of the warp of thread t: [first, last).
@@ -124,13 +183,16 @@ T exchange(T v, unsigned src_thread) {
   const unsigned t = sched.current;
   std::uint64_t bits = 0;
   std::memcpy(&bits, &v, sizeof(T));
-  sched.mailbox[t] = bits;
-  warp_barrier("shuffle (write)");
+  // One barrier per shuffle: the mailbox of warp barrier n is half n % 2. A lane writes that
+  // half again only before barrier n + 2, i.e. after passing n + 1, which every lane enters
+  // only after reading what it needed at barrier n.
+  const std::size_t half = (self().warp_arrivals + 1) % 2 * sched.fibers.size();
+  sched.mailbox[half + t] = bits;
+  warp_barrier("shuffle");
   unsigned first, last;
   warp_range(t, first, last);
   if (src_thread >= last) fail("shuffle source lane outside the block");
-  const std::uint64_t got = sched.mailbox[src_thread];
-  warp_barrier("shuffle (read)");
+  const std::uint64_t got = sched.mailbox[half + src_thread];
   T r;
   std::memcpy(&r, &got, sizeof(T));
   return r;
@@ -151,18 +213,14 @@ inline void run_blocks(unsigned grid, unsigned block, std::size_t smem, const st
   for (unsigned bi = 0; bi < grid; ++bi) {
     blockIdx.x = emu_reverse ? grid - 1 - bi : bi;
     sched.fibers.assign(block, fiber{});
-    sched.mailbox.assign(block, 0);
+    sched.mailbox.assign(2 * std::size_t{block}, 0);
     sched.dynamic_smem.assign(smem + 16, 0xCD);
     for (unsigned t = 0; t < block; ++t) {
       fiber& f = sched.fibers[t];
       // stacks are reused from block to block: allocating (and zeroing) 256 KiB per thread
       // per block dominated the run time of kernels with one block per token
       if (stacks.size() <= t) stacks.emplace_back(stack_bytes);
-      getcontext(&f.ctx);
-      f.ctx.uc_stack.ss_sp = stacks[t].data();
-      f.ctx.uc_stack.ss_size = stacks[t].size();
-      f.ctx.uc_link = &sched.main;
-      makecontext(&f.ctx, fiber_entry, 0);
+      start(f, stacks[t]);
     }
     unsigned live = block;
     while (live > 0) {
@@ -173,7 +231,7 @@ inline void run_blocks(unsigned grid, unsigned block, std::size_t smem, const st
         if (f.done) continue;
         sched.current = t;
         threadIdx.x = t;
-        swapcontext(&sched.main, &f.ctx);
+        resume(f);
         if (f.done) --live;
       }
       if (live > 0 && sched.events == before) {
