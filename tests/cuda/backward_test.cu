@@ -180,6 +180,21 @@ TEST_CASE("cuda backward: zero tokens and bad params", "[cuda][backward][quick]"
   CHECK(cuda::permute_backward(pp));
   pp.tokens = 3;
   CHECK(cuda::permute_backward(pp).code == status_code::invalid_argument);
+  // T = 0 with a padded layout: rows = E * C > 0 (min_capacity), every one padding; the
+  // [T, .] inputs are empty (null) and d expert_out must come out 0
+  test::device_buffer<std::int32_t> rt(std::vector<std::int32_t>(6, -1));
+  test::device_buffer<float> eo(std::vector<float>(6 * 4, 1.0f)), geo(6 * 4);
+  geo.fill_bytes(0x7F);
+  cuda::combine_backward_params<float> cp;
+  cp.d_expert_out = eo.get();
+  cp.d_row_token = rt.get();
+  cp.rows = 6;
+  cp.k = 2;
+  cp.hidden = 4;
+  cp.d_grad_expert_out = geo.get();
+  REQUIRE(cuda::combine_backward(cp));
+  test::check_cuda(cudaDeviceSynchronize(), "sync");
+  CHECK(geo.download() == std::vector<float>(6 * 4, 0.0f));
 }
 
 TEST_CASE("cuda backward: combine and permute backward equal the CPU reference",

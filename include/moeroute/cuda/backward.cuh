@@ -5,6 +5,7 @@
 #pragma once
 
 #include <algorithm>
+#include <cmath>
 #include <cstdint>
 #include <string>
 
@@ -169,12 +170,12 @@ template <class Element>
     if (!p.d_row_token) return bad(status_code::invalid_argument, "d_row_token is null with rows > 0");
     if (!p.d_grad_expert_out) return bad(status_code::invalid_argument, "d_grad_expert_out is null with rows > 0");
   }
-  if (p.tokens > 0 || p.rows > 0) {
-    if (!p.d_dy) return bad(status_code::invalid_argument, "d_dy is null");
-    if (!p.d_assignment_row) return bad(status_code::invalid_argument, "d_assignment_row is null");
-    if (!p.d_weight) return bad(status_code::invalid_argument, "d_weight is null");
-  }
+  // The [T, .] inputs are empty with T = 0; rows may still be E * C > 0 (min_capacity), all of
+  // them padding then, and the rows kernel reads nothing but row_token for a padding row.
   if (p.tokens > 0) {
+    if (!p.d_dy) return bad(status_code::invalid_argument, "d_dy is null with tokens > 0");
+    if (!p.d_assignment_row) return bad(status_code::invalid_argument, "d_assignment_row is null with tokens > 0");
+    if (!p.d_weight) return bad(status_code::invalid_argument, "d_weight is null with tokens > 0");
     if (!p.d_fate) return bad(status_code::invalid_argument, "d_fate is null with tokens > 0");
     if (!p.d_grad_weight) return bad(status_code::invalid_argument, "d_grad_weight is null with tokens > 0");
   }
@@ -185,6 +186,7 @@ template <class Element>
 ///        rank order, no fma), d weight (warp dot products, fixed butterfly: reproducible, within
 ///        fp32 rounding of the reference) and the residual d x.
 /// @note Asynchronous, no allocation, no synchronisation, graph-capturable. No workspace.
+///       T = 0: the [T, .] pointers may be null; d_grad_expert_out (all padding rows) gets 0.
 template <class Element>
 status combine_backward(const combine_backward_params<Element>& p, cudaStream_t stream = nullptr) {
   if (auto s = validate(p); !s) return s;
@@ -260,7 +262,7 @@ struct expert_bias_update_params {
 [[nodiscard]] inline status validate(const expert_bias_update_params& p) {
   if (p.experts < 1 || p.experts > max_experts)
     return status::make(status_code::invalid_shape, "experts = " + std::to_string(p.experts) + ": must be in [1, 8192]");
-  if (!(p.rate >= 0.0f) || p.rate > 3.0e38f)
+  if (!std::isfinite(p.rate) || p.rate < 0.0f)  // as reference::update_expert_bias
     return status::make(status_code::invalid_argument, "rate = " + std::to_string(p.rate) + ": must be finite and >= 0");
   if (!p.d_bias) return status::make(status_code::invalid_argument, "d_bias is null");
   if (!p.d_load) return status::make(status_code::invalid_argument, "d_load is null");
