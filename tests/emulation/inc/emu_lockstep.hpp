@@ -68,6 +68,9 @@ struct scheduler {
   const std::function<void()>* body = nullptr;
   std::vector<std::uint64_t> mailbox;  // two words per thread: shuffle source values
   std::vector<unsigned char> dynamic_smem;
+  // per warp: lanes arrived at warp barrier n (slot n % 2), and the last barrier all passed
+  struct warp_state { unsigned arrived[2] = {0, 0}; std::int64_t complete = 0; };
+  std::vector<warp_state> warps;
 };
 inline scheduler sched;
 // run_lockstep.sh runs each driver a second time with EMU_REVERSE=1: threads and blocks are
@@ -160,17 +163,22 @@ inline void warp_barrier(const char* where) {
   ++sched.events;
   unsigned first, last;
   warp_range(sched.current, first, last);
-  for (;;) {
-    bool all = true;
-    for (unsigned l = first; l < last; ++l) {
-      const fiber& f = sched.fibers[l];
-      // a lane that passed this barrier and then exited is fine; one that exited before it is not
-      if (f.warp_arrivals < n) {
-        if (f.done) fail("full-mask shuffle after a lane of the warp exited");
-        all = false;
-      }
-    }
-    if (all) return;
+  // O(1) per arrival: the last lane to arrive marks barrier n complete and clears its counter
+  // (arrivals at n + 2, the next user of that counter, start only after n is complete)
+  auto& w = sched.warps[sched.current / 32];
+  if (++w.arrived[n % 2] == last - first) {
+    w.arrived[n % 2] = 0;
+    w.complete = n;
+    return;
+  }
+  for (bool first_wait = true;; first_wait = false) {
+    if (w.complete >= n) return;
+    // still waiting after every lane had a turn: a lane that passed this barrier and then
+    // exited is fine; one that exited before it is not
+    if (!first_wait)
+      for (unsigned l = first; l < last; ++l)
+        if (sched.fibers[l].warp_arrivals < n && sched.fibers[l].done)
+          fail("full-mask shuffle after a lane of the warp exited");
     me.waiting_at = where;
     yield_to_scheduler();
     me.waiting_at = nullptr;
@@ -215,6 +223,7 @@ inline void run_blocks(unsigned grid, unsigned block, std::size_t smem, const st
     sched.fibers.assign(block, fiber{});
     sched.mailbox.assign(2 * std::size_t{block}, 0);
     sched.dynamic_smem.assign(smem + 16, 0xCD);
+    sched.warps.assign((block + 31) / 32, scheduler::warp_state{});
     for (unsigned t = 0; t < block; ++t) {
       fiber& f = sched.fibers[t];
       // stacks are reused from block to block: allocating (and zeroing) 256 KiB per thread
