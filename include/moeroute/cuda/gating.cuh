@@ -138,8 +138,9 @@ status launch_gating_typed(const gating_plan& plan, const kernels::gating_kernel
 ///       Ties go to the lower expert index (groups: the lower group index). NaN logits count
 ///       as -FLT_MAX, +-Inf as +-FLT_MAX. Padding tokens (d_valid[t] = 0) are routed (their ids
 ///       and gates are defined) but count in no sum. T = 0: success, nothing is written.
-///       exp and log1p are evaluated in double and rounded once to float, so scores match the
-///       host libm (and hence the CPU reference) to the last bit in all but rare cases.
+///       exp and log1p are evaluated in double and rounded once to float (correctly rounded);
+///       the CPU reference's glibc expf / log1pf are not always, so a score can differ from
+///       the reference's by 1 ulp (~0.06% of exps, ~1% of log1ps; docs/numerics.md).
 inline status gating(const routing_config& cfg, const gating_params& p, void* d_workspace,
                      std::size_t workspace_bytes, cudaStream_t stream = nullptr) {
   if (auto s = validate(cfg, p); !s) return s;
