@@ -19,34 +19,16 @@
 #include <moeroute/reference.hpp>
 #include <moeroute/reference/backward.hpp>
 
+#include "backward_cases.hpp"
 #include "device_buffer.cuh"
 
 using namespace moeroute;
 namespace ref = moeroute::reference;
+using moeroute::test::fate_bytes;
+using moeroute::test::random_logits;
+using moeroute::test::random_values;
 
 namespace {
-
-std::vector<float> random_logits(std::int64_t T, std::int32_t E, std::uint32_t seed) {
-  std::mt19937 rng(seed);
-  std::normal_distribution<float> n(0.0f, 1.5f);
-  std::vector<float> x(T * E);
-  for (auto& v : x) v = n(rng);
-  return x;
-}
-
-std::vector<float> random_values(std::size_t n, std::uint32_t seed) {
-  std::mt19937 rng(seed);
-  std::uniform_real_distribution<float> u(-1.0f, 1.0f);
-  std::vector<float> v(n);
-  for (auto& x : v) x = u(rng);
-  return v;
-}
-
-std::vector<std::uint8_t> fate_bytes(const ref::dispatch_output& d) {
-  std::vector<std::uint8_t> f(d.fates.size());
-  for (std::size_t i = 0; i < f.size(); ++i) f[i] = static_cast<std::uint8_t>(d.fates[i]);
-  return f;
-}
 
 struct logit_case {
   std::string name;

@@ -1,0 +1,502 @@
+// SPDX-License-Identifier: Apache-2.0
+// The backward launchers (logit_grads, combine_backward, permute_backward, expert_bias_update)
+// against the CPU reference over a wider grid than backward_test.cu, with its tolerances: every
+// score function, renormalisation and drop policy, noise, groups and bias, batch / sequence aux
+// and z-loss terms, f32 / f16 / bf16 logits and elements, k = 1 .. E, T in {0, 1, 7, 300},
+// hidden 1 .. 300, NaN / Inf and all-very-negative rows. Runs in cuda_tests on a GPU and on the
+// CPU lock-step emulation (tests/emulation/backward_driver.cpp, ctest backward_emulation).
+#include <catch2/catch.hpp>
+
+#include <cmath>
+#include <cstdint>
+#include <cstring>
+#include <limits>
+#include <string>
+#include <type_traits>
+#include <vector>
+
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+
+#include <moeroute/cuda/backward.cuh>
+#include <moeroute/presets.hpp>
+#include <moeroute/reference.hpp>
+#include <moeroute/reference/backward.hpp>
+
+#include "backward_cases.hpp"
+#include "device_buffer.cuh"
+
+using namespace moeroute;
+namespace ref = moeroute::reference;
+using moeroute::test::fate_bytes;
+using moeroute::test::random_logits;
+using moeroute::test::random_values;
+
+/// REQUIRE a status, printing its message when it fails.
+#define REQUIRE_OK(expr)            \
+  do {                              \
+    const auto status_ = (expr);    \
+    INFO(status_.message);          \
+    REQUIRE(status_);               \
+  } while (0)
+
+namespace {
+
+using moeroute::bf16_bits;
+using moeroute::half_bits;
+
+/// Index of the first element with |got - want| > rel |want| + abs, or -1.
+template <class A, class B>
+std::int64_t first_mismatch(const A& got, const B& want, double rel, double abs) {
+  if (got.size() != want.size()) return 0;
+  for (std::size_t i = 0; i < got.size(); ++i) {
+    const double g = got[i], w = want[i];
+    if (!(std::fabs(g - w) <= rel * std::fabs(w) + abs)) return static_cast<std::int64_t>(i);
+  }
+  return -1;
+}
+
+template <class T>
+bool same_bits(const std::vector<T>& a, const std::vector<T>& b) {
+  return a.size() == b.size() && (a.empty() || std::memcmp(a.data(), b.data(), a.size() * sizeof(T)) == 0);
+}
+
+template <class Bits>
+Bits encode(float f) {
+  if constexpr (std::is_same_v<Bits, float>) {
+    return f;
+  } else if constexpr (std::is_same_v<Bits, half_bits>) {
+    return moeroute::to_half(f);
+  } else {
+    return moeroute::to_bf16(f);
+  }
+}
+template <class Bits>
+float decode(Bits b) {
+  if constexpr (std::is_same_v<Bits, float>) {
+    return b;
+  } else {
+    return moeroute::to_float(b);
+  }
+}
+/// The device element type with the layout of Bits.
+template <class Bits>
+using device_element_t = std::conditional_t<std::is_same_v<Bits, float>, float,
+                                            std::conditional_t<std::is_same_v<Bits, half_bits>, __half, __nv_bfloat16>>;
+template <class Bits>
+constexpr dtype dtype_of() {
+  return std::is_same_v<Bits, float> ? dtype::f32 : (std::is_same_v<Bits, half_bits> ? dtype::f16 : dtype::bf16);
+}
+
+// ---------------------------------------------------------------------------------------------
+// Logit gradients
+
+struct grid_logit_case {
+  std::string name;
+  routing_config cfg;
+  bool bias = false;
+  bool sequence = false;  // loss.sequence_length set per T
+};
+
+std::vector<grid_logit_case> grid_logit_cases() {
+  std::vector<grid_logit_case> v;
+  v.push_back({"Switch top-1, residual, tight capacity", presets::switch_top1(5, 0.5, 1)});
+  v.push_back({"seed top-2: softmax, before-drop, residual", presets::seed_reference(8, 2, 0.75)});
+  v.push_back({"Mixtral: softmax after top-k, unbounded", presets::mixtral(8, 2)});
+  {
+    presets::megatron_options mo;
+    mo.capacity_factor = 1.0;
+    mo.pre_softmax = true;
+    v.push_back({"Megatron pre-softmax, score-per-expert drops", presets::megatron(8, 2, mo)});
+  }
+  {
+    auto c = presets::deepspeed_top2(6, 0.5, 1);
+    c.dispatch.dropped = drop_policy::fallback;
+    c.dispatch.fallback.expert = 2;
+    v.push_back({"DeepSpeed top-2 after-drop, fallback to routed expert 2", c});
+  }
+  v.push_back({"DeepSpeed top-k = E = 6, after-drop, drops", presets::deepspeed_topk(6, 6, 0.5, 1)});
+  v.push_back({"DeepSeek-V3: sigmoid, groups, bias, scaling 2.5", presets::deepseek_v3(16, 4, 4, 2), true});
+  {
+    routing_config c;
+    c.num_experts = 7;
+    c.top_k = 3;
+    c.gating.score = score_function::sigmoid;
+    c.gating.renorm = renormalize::after_drop;
+    c.gating.scaling_factor = 1.5f;
+    c.capacity.mode = capacity_mode::fixed;
+    c.capacity.fixed = 1;
+    c.dispatch.dropped = drop_policy::fallback;  // dedicated fallback expert E
+    c.dispatch.fallback.capacity = 2;
+    v.push_back({"sigmoid after-drop, dedicated fallback, capacity 1", c});
+  }
+  {
+    routing_config c;
+    c.num_experts = 9;
+    c.top_k = 2;
+    c.gating.score = score_function::sqrt_softplus;
+    c.capacity.factor = 0.5;
+    c.capacity.min_capacity = 1;
+    c.dispatch.dropped = drop_policy::next_choice;
+    c.dispatch.reroute.max_candidates = 3;
+    v.push_back({"sqrt-softplus, no renorm, next-choice reroute", c});
+  }
+  {
+    routing_config c;
+    c.num_experts = 5;
+    c.top_k = 2;
+    c.gating.score = score_function::sqrt_softplus;
+    c.gating.renorm = renormalize::after_drop;
+    c.capacity.mode = capacity_mode::fixed;
+    c.capacity.fixed = 0;  // everything dropped: S = 0, the clamp
+    v.push_back({"sqrt-softplus after-drop, capacity 0", c});
+  }
+  {
+    auto c = presets::seed_reference(8, 2, 1.0);
+    c.gating.noise.kind = noise_kind::gaussian;
+    c.gating.noise.scale = 0.7f;
+    c.gating.noise.seed = 5;
+    c.gating.noise.offset = 3;
+    c.gating.noise.target = noise_target::selection_and_gates;
+    v.push_back({"Gaussian noise on the gates, before-drop", c});
+  }
+  {
+    auto c = presets::deepseek_v3(8, 2, 0, 0);
+    c.gating.noise.kind = noise_kind::gumbel;
+    c.gating.noise.scale = 0.5f;
+    c.gating.noise.seed = 11;
+    c.gating.noise.target = noise_target::selection_and_gates;
+    c.capacity.mode = capacity_mode::factor;
+    c.capacity.factor = 0.75;
+    v.push_back({"Gumbel noise on sigmoid gates, drops", c, true});
+  }
+  {
+    auto c = presets::mixtral(6, 2);
+    c.gating.noise.kind = noise_kind::gaussian;
+    c.gating.noise.scale = 1.0f;
+    c.gating.noise.target = noise_target::selection_only;
+    v.push_back({"selection-only noise (gates from clean logits)", c});
+  }
+  {
+    auto c = presets::mixtral(5, 5);
+    c.loss.aux_coefficient = 0.5f;
+    v.push_back({"softmax after top-k, k = E = 5, sequence aux", c, false, true});
+  }
+  {
+    auto c = presets::deepseek_v3(8, 2, 4, 2);
+    c.loss.z_coefficient = 0.0f;
+    c.loss.aux_coefficient = 0.01f;
+    v.push_back({"DeepSeek-V3 sequence aux, no z-loss", c, true, true});
+  }
+  {
+    auto c = presets::qwen_moe(37, 3, false);
+    c.loss.aux_coefficient = 0.0f;
+    c.loss.z_coefficient = 0.25f;
+    v.push_back({"E = 37, k = 3, z-loss only", c});
+  }
+  {
+    auto c = presets::deepspeed_topk(40, 8, 1.0, 1);
+    c.gating.score = score_function::sigmoid;
+    c.loss.counts = aux_counts::all_k;
+    c.loss.scale = aux_scale::normalized;
+    v.push_back({"E = 40, k = 8, sigmoid after-drop, normalized aux", c});
+  }
+  {
+    auto c = presets::switch_top1(3, 1.0, 1);
+    c.gating.score = score_function::sigmoid;
+    c.gating.scaling_factor = 0.5f;
+    c.loss.aux_coefficient = 0.0f;
+    c.loss.z_coefficient = 0.0f;
+    v.push_back({"sigmoid top-1, routing term only", c});
+  }
+  return v;
+}
+
+/// Logits of T tokens with special rows: 1 all very negative (gates underflow), 2 NaN / +Inf /
+/// -Inf entries, 4 all equal (ties), 5 per-expert gates of about 1e-8, so that k of them sum
+/// below FLT_EPSILON while the gradient through the after-drop clamp is still ~1e-3.
+std::vector<float> grid_logits(std::int64_t T, std::int32_t E, std::uint32_t seed,
+                               score_function f = score_function::softmax) {
+  auto x = random_logits(T, E, seed);
+  if (T > 5 && f != score_function::softmax)  // sigmoid(-18.5) ~ 9e-9; sqrt(softplus(-37)) ~ 9e-9
+    for (std::int32_t e = 0; e < E; ++e)
+      x[5 * E + e] = (f == score_function::sigmoid ? -18.5f : -37.0f) - 0.0625f * static_cast<float>(e);
+  if (T > 1)
+    for (std::int32_t e = 0; e < E; ++e) x[1 * E + e] = -40.0f - static_cast<float>(e);
+  if (T > 2) {
+    x[2 * E + 0] = std::numeric_limits<float>::quiet_NaN();
+    if (E > 1) x[2 * E + 1] = std::numeric_limits<float>::infinity();
+    if (E > 2) x[2 * E + 2] = -std::numeric_limits<float>::infinity();
+  }
+  if (T > 4)
+    for (std::int32_t e = 0; e < E; ++e) x[4 * E + e] = 0.25f;
+  return x;
+}
+
+std::vector<std::uint8_t> grid_valid(std::int64_t T) {
+  if (T < 7) return {};
+  std::vector<std::uint8_t> v(T, 1);
+  for (std::int64_t t = 0; t < T; ++t)
+    if (t % 5 == 3 || (t >= 60 && t < 120)) v[t] = 0;  // [60, 120): whole sequences of padding
+  return v;
+}
+
+template <class Bits>
+void check_grid_logit_grads(const grid_logit_case& c, std::int64_t T, std::uint32_t seed) {
+  auto cfg = c.cfg;
+  if (c.sequence) cfg.loss.sequence_length = T == 300 ? 60 : (T > 0 ? T : 1);
+  const std::int32_t E = cfg.num_experts, k = cfg.top_k;
+  INFO("case " << c.name << ", T = " << T << ", logits " << to_string(dtype_of<Bits>()));
+  const auto x32 = grid_logits(T, E, seed, cfg.gating.score);
+  std::vector<Bits> xb(x32.size());
+  std::vector<float> x(x32.size());  // what the kernel reads, as float
+  for (std::size_t i = 0; i < x.size(); ++i) {
+    xb[i] = encode<Bits>(x32[i]);
+    x[i] = decode(xb[i]);
+  }
+  std::vector<float> bias;
+  if (c.bias) bias = random_values(E, seed + 7);
+  for (auto& b : bias) b *= 0.1f;
+  const auto valid = grid_valid(T);
+  const auto g = ref::gate<Bits>(cfg, std::span<const Bits>(xb), T, bias, valid);
+  const auto d = ref::dispatch(cfg, g);
+  const auto dw = random_values(T * k, seed + 1);
+
+  test::device_buffer<Bits> d_x(xb);
+  test::device_buffer<float> d_dw(dw), d_out(T * E);
+  test::device_buffer<std::int32_t> d_ids(g.ids);
+  test::device_buffer<std::uint8_t> d_fate(fate_bytes(d)), d_valid(g.valid);
+  test::device_buffer<std::int64_t> d_count(g.aux_count), d_vt(std::vector<std::int64_t>{g.valid_tokens}),
+      d_seq_count(g.seq_count), d_seq_tokens(g.seq_tokens);
+  cuda::logit_grads_params p;
+  p.d_logits = d_x.get();
+  p.logits_dtype = dtype_of<Bits>();
+  p.tokens = T;
+  p.d_valid = valid.empty() ? nullptr : d_valid.get();  // null: all valid
+  p.d_ids = d_ids.get();
+  p.d_fate = d_fate.get();
+  p.d_aux_count = d_count.get();
+  p.d_valid_tokens = d_vt.get();
+  p.d_seq_count = d_seq_count.get();
+  p.d_seq_tokens = d_seq_tokens.get();
+  p.d_grad_logits = d_out.get();
+
+  // pass A: non-unit weights, accumulating on 0.5; pass B: unit weights, overwriting garbage;
+  // pass C: no routing term (d_grad_weight null), overwriting.
+  struct pass {
+    const char* name;
+    ref::logit_grad_weights w;
+    bool accumulate, routing;
+  };
+  const pass passes[] = {{"A", {0.75, 2.0, 3.0, 0.5}, true, true},
+                         {"B", {1.0, 1.0, 1.0, 1.0}, false, true},
+                         {"C", {1.0, 1.5, 0.5, 2.0}, false, false}};
+  for (const auto& ps : passes) {
+    INFO("pass " << ps.name);
+    std::vector<float> want(T * E, ps.accumulate ? 0.5f : 0.0f);
+    ref::accumulate_logit_grads(cfg, x, g, d, ps.routing ? dw : std::vector<float>{}, want, ps.w);
+    d_out.upload(std::vector<float>(T * E, ps.accumulate ? 0.5f : 123.0f));
+    p.d_grad_weight = ps.routing ? d_dw.get() : nullptr;
+    p.routing_weight = ps.w.routing;
+    p.aux_weight = ps.w.aux;
+    p.sequence_aux_weight = ps.w.sequence_aux;
+    p.z_weight = ps.w.z;
+    p.accumulate = ps.accumulate;
+    REQUIRE_OK(cuda::logit_grads(cfg, p));
+    const auto got = d_out.download();
+    const auto bad = first_mismatch(got, want, 1e-6, 1e-9);
+    INFO("first mismatch at " << bad << " (token " << (bad >= 0 ? bad / E : -1) << ", expert "
+                              << (bad >= 0 ? bad % E : -1) << "): emulated "
+                              << (bad >= 0 ? got[bad] : 0.0f) << ", cpu " << (bad >= 0 ? want[bad] : 0.0f));
+    REQUIRE(bad == -1);
+  }
+}
+
+// ---------------------------------------------------------------------------------------------
+// Combine and permute backward
+
+struct grid_combine_case {
+  std::string name;
+  routing_config cfg;
+  bool padded;
+};
+
+std::vector<grid_combine_case> grid_combine_cases() {
+  std::vector<grid_combine_case> v;
+  v.push_back({"DeepSpeed top-2 padded, drops", presets::deepspeed_top2(8, 0.5, 1), true});
+  v.push_back({"Switch residual padded, tight", presets::switch_top1(4, 0.5, 1), true});
+  {
+    auto c = presets::deepspeed_top2(6, 0.5, 1);
+    c.dispatch.dropped = drop_policy::fallback;
+    c.dispatch.fallback.expert = 0;
+    v.push_back({"fallback to routed expert 0 (shared rows)", c, true});
+  }
+  {
+    auto c = presets::deepspeed_top2(6, 0.5, 1);
+    c.dispatch.dropped = drop_policy::fallback;
+    c.dispatch.fallback.capacity = 3;
+    v.push_back({"dedicated fallback expert, capacity 3", c, true});
+  }
+  {
+    auto c = presets::deepspeed_top2(7, 0.5, 1);
+    c.dispatch.dropped = drop_policy::next_choice;
+    v.push_back({"next-choice reroute, compact", c, false});
+  }
+  v.push_back({"Mixtral compact (unbounded)", presets::mixtral(8, 2), false});
+  {
+    auto c = presets::deepspeed_topk(4, 4, 0.5, 1);
+    c.dispatch.dropped = drop_policy::residual;
+    v.push_back({"k = E = 4, residual, padded", c, true});
+  }
+  return v;
+}
+
+template <class Bits>
+void check_grid_combine(const grid_combine_case& c, std::int64_t T, std::int64_t d, bool accumulate) {
+  using El = device_element_t<Bits>;
+  INFO("case " << c.name << ", T = " << T << ", hidden = " << d << ", element "
+               << to_string(dtype_of<Bits>()) << ", permute accumulate " << accumulate);
+  const auto x = grid_logits(T, c.cfg.num_experts, 21);
+  const auto valid = grid_valid(T);
+  const auto g = ref::gate(c.cfg, x, T, {}, valid);
+  const auto dsp = ref::dispatch(c.cfg, g);
+  const auto L = c.padded ? ref::padded_layout(dsp) : ref::compact_layout(dsp, 4);
+  const std::int32_t k = dsp.k;
+  std::vector<Bits> eo(L.num_rows * d), dy(T * d);
+  {
+    const auto a = random_values(eo.size(), 22), b = random_values(dy.size(), 23);
+    for (std::size_t i = 0; i < eo.size(); ++i) eo[i] = encode<Bits>(a[i]);
+    for (std::size_t i = 0; i < dy.size(); ++i) dy[i] = encode<Bits>(b[i]);
+  }
+  std::vector<Bits> w_eo(eo.size()), w_dx(dy.size());
+  std::vector<float> w_dw(T * k);
+  ref::combine_backward<Bits>(c.cfg, dsp, L, eo, d, dy, w_eo, w_dw, w_dx);
+  std::vector<Bits> w_px = accumulate ? w_dx : std::vector<Bits>(dy.size(), encode<Bits>(7.0f));
+  ref::permute_backward<Bits>(dsp, L, w_eo, d, w_px, accumulate);
+
+  test::device_buffer<Bits> d_eo(eo), d_dy(dy), g_eo(eo.size()), g_dx(dy.size()), g_px(dy.size());
+  test::device_buffer<float> d_weight(dsp.weight), g_dw(T * k);
+  test::device_buffer<std::int32_t> d_rt(L.row_token);
+  test::device_buffer<std::int64_t> d_ar(L.assignment_row);
+  test::device_buffer<std::uint8_t> d_fate(fate_bytes(dsp));
+  auto el = [](const test::device_buffer<Bits>& b) { return reinterpret_cast<El*>(b.get()); };
+  cuda::combine_backward_params<El> p;
+  p.d_expert_out = el(d_eo);
+  p.d_dy = el(d_dy);
+  p.d_row_token = d_rt.get();
+  p.d_assignment_row = d_ar.get();
+  p.d_weight = d_weight.get();
+  p.d_fate = d_fate.get();
+  p.rows = L.num_rows;
+  p.tokens = T;
+  p.k = k;
+  p.hidden = d;
+  p.dropped = c.cfg.dispatch.dropped;
+  p.d_grad_expert_out = el(g_eo);
+  p.d_grad_weight = g_dw.get();
+  p.d_grad_x = el(g_dx);
+  REQUIRE_OK(cuda::combine_backward(p));
+  if (accumulate)  // on top of the residual part, as a training step does
+    test::check_cuda(cudaMemcpy(g_px.get(), g_dx.get(), dy.size() * sizeof(Bits), cudaMemcpyDeviceToDevice), "copy");
+  else
+    g_px.upload(std::vector<Bits>(dy.size(), encode<Bits>(7.0f)));  // overwritten
+  cuda::permute_backward_params<El> q;
+  q.d_grad_buf = el(g_eo);
+  q.d_assignment_row = d_ar.get();
+  q.tokens = T;
+  q.k = k;
+  q.hidden = d;
+  q.accumulate = accumulate;
+  q.d_grad_x = el(g_px);
+  REQUIRE_OK(cuda::permute_backward(q));
+  CHECK(same_bits(g_eo.download(), w_eo));
+  CHECK(same_bits(g_dx.download(), w_dx));
+  CHECK(same_bits(g_px.download(), w_px));
+  const auto dw = g_dw.download();
+  const auto bad = first_mismatch(dw, w_dw, 1e-5, 1e-6);
+  INFO("d weight: first mismatch at " << bad << ": emulated " << (bad >= 0 ? dw[bad] : 0.0f) << ", cpu "
+                                      << (bad >= 0 ? w_dw[bad] : 0.0f));
+  CHECK(bad == -1);
+  // without d x: the residual pass-through is skipped, the rest unchanged
+  p.d_grad_x = nullptr;
+  g_dw.fill_bytes(0xFF);
+  REQUIRE_OK(cuda::combine_backward(p));
+  CHECK(same_bits(g_dw.download(), dw));
+}
+
+}  // namespace
+
+TEST_CASE("cuda backward grid: logit gradients over the config grid", "[cuda][backward][grid]") {
+  const auto cases = grid_logit_cases();
+  for (std::size_t i = 0; i < cases.size(); ++i)
+    for (std::int64_t T : {0, 1, 7, 300}) {
+      const auto seed = 100 + static_cast<std::uint32_t>(i * 7 + T);
+      check_grid_logit_grads<float>(cases[i], T, seed);
+      check_grid_logit_grads<half_bits>(cases[i], T, seed);
+      check_grid_logit_grads<bf16_bits>(cases[i], T, seed);
+    }
+}
+
+TEST_CASE("cuda backward grid: combine and permute backward over the config grid", "[cuda][backward][grid]") {
+  for (const auto& c : grid_combine_cases())
+    for (std::int64_t T : {0, 1, 7, 300}) {
+      // hidden 1 (lanes without a column), 24, and 300 (more columns than threads)
+      const std::vector<std::int64_t> hiddens = T == 300 ? std::vector<std::int64_t>{24}
+                                                         : std::vector<std::int64_t>{1, 24, 300};
+      for (std::int64_t d : hiddens) {
+        const bool acc = (d + T) % 2 == 0;
+        check_grid_combine<float>(c, T, d, acc);
+        check_grid_combine<half_bits>(c, T, d, !acc);
+        check_grid_combine<bf16_bits>(c, T, d, acc);
+      }
+    }
+}
+
+TEST_CASE("cuda backward grid: expert-bias update over sizes and loads", "[cuda][backward][grid][bias]") {
+  for (std::int32_t E : {1, 5, 37, 300, 8192})
+    for (int loads = 0; loads < 3; ++loads)
+      for (bool recenter : {false, true})
+        for (float rate : {0.0f, 1e-3f, 0.25f}) {
+          INFO("E = " << E << ", loads " << loads << ", recenter " << recenter << ", rate " << rate);
+          auto bias = random_values(E, 40 + E);
+          std::vector<std::int64_t> load(E, 0);  // loads 0: all zero
+          for (std::int32_t e = 0; e < E; ++e) {
+            if (loads == 1) load[e] = 17;                                   // all equal
+            if (loads == 2) load[e] = static_cast<std::int64_t>((e * 7919) % 23);  // mixed
+          }
+          test::device_buffer<float> d_bias(bias);
+          test::device_buffer<std::int64_t> d_load(load);
+          cuda::expert_bias_update_params p;
+          p.d_bias = d_bias.get();
+          p.d_load = d_load.get();
+          p.experts = E;
+          p.rate = rate;
+          p.recenter = recenter;
+          REQUIRE_OK(cuda::expert_bias_update(p));
+          ref::update_expert_bias(bias, load, {rate, recenter});
+          CHECK(same_bits(d_bias.download(), bias));
+        }
+}
+
+TEST_CASE("cuda backward grid: expert-bias rate accepted exactly when the reference accepts it",
+          "[cuda][backward][grid][bias]") {
+  float bias = 0.0f;
+  std::int64_t load = 0;
+  cuda::expert_bias_update_params p;
+  p.d_bias = &bias;  // "device" memory is host memory here
+  p.d_load = &load;
+  p.experts = 1;
+  for (float rate : {-1.0f, std::numeric_limits<float>::quiet_NaN(), std::numeric_limits<float>::infinity(),
+                     0.0f, 3.1e38f, std::numeric_limits<float>::max()}) {
+    INFO("rate " << rate);
+    p.rate = rate;
+    bool ref_ok = true;
+    std::vector<float> b{0.0f};
+    try {
+      ref::update_expert_bias(b, std::vector<std::int64_t>{0}, {rate, false});
+    } catch (const moeroute::error&) {
+      ref_ok = false;
+    }
+    CHECK(static_cast<bool>(cuda::expert_bias_update(p)) == ref_ok);
+  }
+}
