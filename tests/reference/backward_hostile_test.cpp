@@ -16,24 +16,14 @@
 #include <moeroute/reference.hpp>
 #include <moeroute/reference/backward.hpp>
 
+#include "test_util.hpp"
+
 using namespace moeroute;
 namespace ref = moeroute::reference;
 using Catch::Matchers::Contains;
+using moeroute::test::expect_error;
 
 namespace {
-
-void expect_error(const std::function<void()>& fn, status_code code, std::initializer_list<const char*> words) {
-  bool threw = false;
-  try {
-    fn();
-  } catch (const error& e) {
-    threw = true;
-    INFO(e.what());
-    CHECK(e.get_status().code == code);
-    for (const char* w : words) CHECK_THAT(e.get_status().message, Contains(w));
-  }
-  CHECK(threw);
-}
 
 constexpr std::int64_t T = 8;
 constexpr std::int32_t E = 4, K = 2;

@@ -5,6 +5,8 @@
 #include <catch2/catch.hpp>
 #include <cmath>
 #include <cstdint>
+#include <functional>
+#include <initializer_list>
 #include <map>
 #include <moeroute/reference.hpp>
 #include <random>
@@ -13,6 +15,21 @@
 #include <vector>
 
 namespace moeroute::test {
+
+/// Runs fn, which must throw moeroute::error with `code` and a message containing every word.
+inline void expect_error(const std::function<void()>& fn, status_code code,
+                         std::initializer_list<const char*> words) {
+  bool threw = false;
+  try {
+    fn();
+  } catch (const error& e) {
+    threw = true;
+    INFO(e.what());
+    CHECK(e.get_status().code == code);
+    for (const char* w : words) CHECK_THAT(e.get_status().message, Catch::Matchers::Contains(w));
+  }
+  CHECK(threw);
+}
 
 /// Batch shapes the generators produce.
 enum class dist { normal, skewed, collapsed, ties, identical_tokens, all_equal, negative };
