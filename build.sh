@@ -15,7 +15,7 @@ log() { printf '\n==> %s\n' "$*"; }
 
 # Debian packages this project needs; installed only when missing.
 PACKAGES=(cmake make g++ catch2 libfmt-dev libbenchmark-dev libcli11-dev nlohmann-json3-dev
-          python3 python3-numpy python3-matplotlib clang libclang-rt-dev)
+          python3 python3-numpy python3-matplotlib clang libclang-rt-dev clang-format)
 
 install_deps() {
   local missing=()
@@ -46,7 +46,7 @@ cmd_test() {
   install_deps
   configure_build release
   log "tests (release)"
-  ctest --preset release --timeout 900
+  ctest --preset release -j "$JOBS" --timeout 1200
   if [ -x tests/sanitize.sh ]; then tests/sanitize.sh; fi
 }
 

@@ -1,8 +1,8 @@
 // SPDX-License-Identifier: Apache-2.0
 // Google Benchmark of the CUDA launchers over the model shapes of bench/shapes.hpp: gating,
-// losses, dispatch (capacity factor 1.25), compact layout, permute, combine, the expert
-// histogram and the backward launchers (logit gradients, combine and permute backward, expert-bias
-// update), bf16 logits and hidden states. Each case is timed with CUDA events around the
+// losses, dispatch (capacity factor 1.25), compact layout, permute, combine and the backward
+// launchers (gating backward, combine and permute backward, expert-bias update), bf16 logits
+// and hidden states. Each case is timed with CUDA events around the
 // launch (UseManualTime) after one warm-up call, and reports bytes and items (tokens) per
 // second plus `pct_of_peak`: achieved bytes/s against the H200's 4.8 TB/s HBM3e.
 // Cases are registered only when a CUDA device exists; without one the binary says so and
@@ -18,8 +18,9 @@
 #include <cuda_bf16.h>
 #include <cuda_runtime.h>
 
-#include <moeroute/cuda/backward.cuh>
-#include <moeroute/cuda/expert_histogram.cuh>
+#include <moeroute/cuda/combine_backward.cuh>
+#include <moeroute/cuda/expert_bias_update.cuh>
+#include <moeroute/cuda/gating_backward.cuh>
 
 #include "moe_pipeline.cuh"
 #include "scenarios.hpp"
@@ -30,7 +31,6 @@ namespace {
 // No `using namespace moeroute`: nvcc's generated stubs name ::cuda::std, which a using-directive
 // at namespace scope would make ambiguous with moeroute::cuda.
 namespace ex = moeroute::examples;
-using moeroute::dtype;
 using moeroute::status;
 using moeroute::bench::h200_peak_bytes_per_s;
 using moeroute::bench::make_logits;
@@ -80,8 +80,6 @@ struct fixture {
   cudaStream_t stream = nullptr;
   std::int64_t rows_used = 0;
   std::int64_t live_rows = 0;  ///< rows holding an assignment (kept + rerouted)
-  // histogram outputs
-  ex::device_buffer<unsigned long long> hist_counts, hist_bad;
   // backward: upstream gradients in, gradients out
   ex::device_buffer<float> grad_weight_in, grad_logits, grad_weight;  // [T,k], [T,E], [T,k]
   ex::device_buffer<__nv_bfloat16> dy, grad_ye, grad_x;               // [T,d], [rows,d], [T,d]
@@ -103,7 +101,7 @@ fixture& get_fixture(const model_shape& m, std::int64_t T) {
   auto f = std::make_unique<fixture>();
   cudaStreamCreate(&f->stream);
   f->p = std::make_unique<pipeline>(m.capacity_config(1.25), T, m.hidden,
-                                    moeroute::cuda::layout_kind::compact, 16, dtype::bf16);
+                                    moeroute::layout_kind::compact, 16);
   f->p->upload_logits(make_logits(scenario_kind::uniform, T, m.experts, scenario_params{}));
   if (f->p->cfg.gating.expert_bias) f->p->bias.upload(std::vector<float>(m.experts, 0.0f));
   f->p->upload_x(ex::example_values(static_cast<std::size_t>(T * m.hidden), 5));
@@ -112,8 +110,6 @@ fixture& get_fixture(const model_shape& m, std::int64_t T) {
   const auto s = f->p->summary();
   f->rows_used = s.num_rows;
   f->live_rows = s.totals.kept + s.totals.rerouted;
-  f->hist_counts = ex::device_buffer<unsigned long long>(m.experts);
-  f->hist_bad = ex::device_buffer<unsigned long long>(1);
   const auto n = static_cast<std::size_t>(T * m.top_k);
   f->grad_weight_in = ex::device_buffer<float>(n);
   f->grad_weight_in.upload(ex::example_values(n, 7, 0.5f));
@@ -175,44 +171,22 @@ void register_all() {
             st, f.stream, [&] { return f.p->combine(f.stream); },
             (t * k * d + t * d) * 2 + t * k * 12, T);
       });
-      reg("cuda_expert_histogram", [m, T, k, t](benchmark::State& st) {
-        auto& f = get_fixture(m, T);
-        time_launch(
-            st, f.stream,
-            [&] {
-              moeroute::cuda::expert_histogram_params h;
-              h.d_ids = f.p->ids.get();
-              h.tokens = T;
-              h.k = m.top_k;
-              h.experts = m.experts;
-              h.d_counts = f.hist_counts.get();
-              h.d_out_of_range = f.hist_bad.get();
-              return moeroute::cuda::expert_histogram(h, f.stream);
-            },
-            t * k * 4, T);
-      });
-
       // backward, router logits (routing + aux + z terms, overwrite): bf16 logits, [T,k] ids +
       // fates + d_weight, E aux counts in; T*E fp32 d_logits out
-      reg("cuda_backward_logit_grads_bf16", [m, T, E, k, t](benchmark::State& st) {
+      reg("cuda_gating_backward_bf16", [m, T, E, k, t](benchmark::State& st) {
         auto& f = get_fixture(m, T);
         time_launch(
             st, f.stream,
             [&] {
-              moeroute::cuda::logit_grads_params g;
+              moeroute::cuda::gating_backward_params<__nv_bfloat16> g;
               g.d_logits = f.p->logits.get();
-              g.logits_dtype = dtype::bf16;
               g.tokens = T;
-              g.d_ids = f.p->ids.get();
-              g.d_fate = f.p->fate.get();
+              g.gated = f.p->gated();
+              g.dispatched = f.p->dispatched();
               g.d_grad_weight = f.grad_weight_in.get();
-              g.d_aux_count = f.p->aux_count.get();
-              g.d_valid_tokens = f.p->valid_tokens.get();
-              g.d_seq_count = f.p->seq_count.get();
-              g.d_seq_tokens = f.p->seq_tokens.get();
               g.accumulate = false;
               g.d_grad_logits = f.grad_logits.get();
-              return moeroute::cuda::logit_grads(f.p->cfg, g, f.stream);
+              return moeroute::cuda::gating_backward(f.p->cfg, g, f.stream);
             },
             t * (E * (2 + 4) + k * 9) + E * 8 + 8, T);
       });
@@ -229,19 +203,15 @@ void register_all() {
               moeroute::cuda::combine_backward_params<__nv_bfloat16> c;
               c.d_expert_out = f.p->ye.get();
               c.d_dy = f.dy.get();
-              c.d_row_token = f.p->row_token.get();
-              c.d_assignment_row = f.p->assignment_row.get();
-              c.d_weight = f.p->weight.get();
-              c.d_fate = f.p->fate.get();
               c.rows = f.rows_used;
               c.tokens = T;
-              c.k = m.top_k;
               c.hidden = m.hidden;
-              c.dropped = f.p->cfg.dispatch.dropped;
+              c.layout = f.p->laid_out();
+              c.dispatched = f.p->dispatched();
               c.d_grad_expert_out = f.grad_ye.get();
               c.d_grad_weight = f.grad_weight.get();
               c.d_grad_x = f.grad_x.get();
-              return moeroute::cuda::combine_backward(c, f.stream);
+              return moeroute::cuda::combine_backward(f.p->cfg, c, f.stream);
             },
             (live * d + rows * d) * 2 + rows * 4 + (t * d + live * d + t * d) * 2 +
                 t * k * (8 + 4 + 1 + 4),
@@ -256,12 +226,12 @@ void register_all() {
             [&] {
               moeroute::cuda::permute_backward_params<__nv_bfloat16> q;
               q.d_grad_buf = f.grad_ye.get();
-              q.d_assignment_row = f.p->assignment_row.get();
+              q.rows = f.rows_used;
               q.tokens = T;
-              q.k = m.top_k;
               q.hidden = m.hidden;
+              q.layout = f.p->laid_out();
               q.d_grad_x = f.grad_x.get();
-              return moeroute::cuda::permute_backward(q, f.stream);
+              return moeroute::cuda::permute_backward(f.p->cfg, q, f.stream);
             },
             (live * d + t * d) * 2 + t * k * 8, T);
       });
@@ -281,14 +251,13 @@ void register_all() {
           d_load.upload(load);
           cudaStream_t stream = nullptr;
           cudaStreamCreate(&stream);
+          auto cfg = m.config();
+          cfg.gating.bias_update = {1e-3f, true};
           moeroute::cuda::expert_bias_update_params b;
           b.d_bias = bias.get();
           b.d_load = d_load.get();
-          b.experts = m.experts;
-          b.rate = 1e-3f;
-          b.recenter = true;
           time_launch(
-              st, stream, [&] { return moeroute::cuda::expert_bias_update(b, stream); },
+              st, stream, [&] { return moeroute::cuda::expert_bias_update(cfg, b, stream); },
               static_cast<double>(E) * (8 + 4 + 4 + 4 + 4), m.experts);
           cudaStreamDestroy(stream);
         })

@@ -13,7 +13,6 @@
 #include <benchmark/benchmark.h>
 
 #include <moeroute/reference.hpp>
-#include <moeroute/reference/backward.hpp>
 
 #include "scenarios.hpp"
 #include "shapes.hpp"
@@ -36,7 +35,7 @@ prepared prepare(const model_shape& m, std::int64_t T, const routing_config& cfg
   p.cfg = cfg;
   p.logits = make_logits(scenario_kind::uniform, T, m.experts, scenario_params{});
   if (cfg.gating.expert_bias) p.bias.assign(m.experts, 0.0f);
-  p.gating = reference::gate<float>(cfg, p.logits, T, p.bias);
+  p.gating = reference::gating<float>(cfg, p.logits, T, p.bias);
   p.dispatch = reference::dispatch(cfg, p.gating);
   return p;
 }
@@ -53,7 +52,7 @@ std::vector<float> grad_values(std::int64_t n, std::uint64_t seed) {
 }
 
 /// Rows of the layout that hold a token (the rows the backward kernels read or gather into).
-std::int64_t live_rows(const reference::expert_layout& L) {
+std::int64_t live_rows(const reference::layout_output& L) {
   std::int64_t n = 0;
   for (std::int32_t t : L.row_token) n += t >= 0 ? 1 : 0;
   return n;
@@ -73,14 +72,14 @@ void register_all() {
 
       // gate: read T*E fp32 logits, write [T,k] ids + gates (+ logsumexp)
       benchmark::RegisterBenchmark(
-          ("gate" + sfx).c_str(),
+          ("gating" + sfx).c_str(),
           [m, T](benchmark::State& st) {
             const routing_config cfg = m.config();
             const auto logits =
                 make_logits(scenario_kind::uniform, T, m.experts, scenario_params{});
             const std::vector<float> bias(cfg.gating.expert_bias ? m.experts : 0, 0.0f);
             for (auto _ : st) {
-              auto g = reference::gate<float>(cfg, logits, T, bias);
+              auto g = reference::gating<float>(cfg, logits, T, bias);
               benchmark::DoNotOptimize(g.ids.data());
             }
             set_counters(st, T, T * (m.experts * 4.0 + m.top_k * 8.0 + 4.0));
@@ -107,7 +106,8 @@ void register_all() {
                                      const auto p = prepare(m, T, m.capacity_config());
                                      std::int64_t rows = 0;
                                      for (auto _ : st) {
-                                       auto L = reference::padded_layout(p.dispatch);
+                                       auto L = reference::layout(p.cfg, p.dispatch,
+                                                                  layout_kind::padded);
                                        rows = L.num_rows;
                                        benchmark::DoNotOptimize(L.row_token.data());
                                      }
@@ -120,7 +120,8 @@ void register_all() {
                                      const auto p = prepare(m, T, m.config());
                                      std::int64_t rows = 0;
                                      for (auto _ : st) {
-                                       auto L = reference::compact_layout(p.dispatch, 16);
+                                       auto L = reference::layout(p.cfg, p.dispatch,
+                                                                  layout_kind::compact, 16);
                                        rows = L.num_rows;
                                        benchmark::DoNotOptimize(L.row_token.data());
                                      }
@@ -144,16 +145,16 @@ void register_all() {
           ->Unit(benchmark::kMicrosecond)
           ->MinTime(0.05);
 
-      // backward, router logits (accumulate_logit_grads: routing + aux + z terms): read T*E fp32
+      // backward, router logits (gating_backward: routing + aux + z terms): read T*E fp32
       // logits, [T,k] ids + fates + d_weight, E aux counts; read and write T*E fp32 d_logits
-      benchmark::RegisterBenchmark(("backward_logit_grads" + sfx).c_str(),
+      benchmark::RegisterBenchmark(("gating_backward" + sfx).c_str(),
                                    [m, T, E, k](benchmark::State& st) {
                                      const auto p = prepare(m, T, m.config());
                                      const auto dw = grad_values(T * k, 1);
                                      std::vector<float> dl(static_cast<std::size_t>(T * E), 0.0f);
                                      for (auto _ : st) {
-                                       reference::accumulate_logit_grads<float>(
-                                           p.cfg, p.logits, p.gating, p.dispatch, dw, dl);
+                                       reference::gating_backward<float>(p.cfg, p.logits, p.gating,
+                                                                         p.dispatch, dw, dl);
                                        benchmark::DoNotOptimize(dl.data());
                                        benchmark::ClobberMemory();
                                      }
@@ -171,12 +172,12 @@ void register_all() {
           ("permute_bf16" + sfx).c_str(),
           [m, T](benchmark::State& st) {
             const auto p = prepare(m, T, m.config());
-            const auto L = reference::compact_layout(p.dispatch, 1);
+            const auto L = reference::layout(p.cfg, p.dispatch, layout_kind::compact, 1);
             const std::int64_t d = m.hidden;
             std::vector<bf16_bits> x(static_cast<std::size_t>(T * d), to_bf16(0.5f));
             std::vector<bf16_bits> out(static_cast<std::size_t>(L.num_rows * d));
             for (auto _ : st) {
-              reference::permute<bf16_bits>(L, x, T, d, out);
+              reference::permute<bf16_bits>(p.cfg, L, x, T, d, out);
               benchmark::DoNotOptimize(out.data());
               benchmark::ClobberMemory();
             }
@@ -188,7 +189,7 @@ void register_all() {
           ("combine_bf16" + sfx).c_str(),
           [m, T](benchmark::State& st) {
             const auto p = prepare(m, T, m.config());
-            const auto L = reference::compact_layout(p.dispatch, 1);
+            const auto L = reference::layout(p.cfg, p.dispatch, layout_kind::compact, 1);
             const std::int64_t d = m.hidden;
             std::vector<bf16_bits> eo(static_cast<std::size_t>(L.num_rows * d), to_bf16(0.25f));
             std::vector<bf16_bits> x(static_cast<std::size_t>(T * d), to_bf16(0.5f));
@@ -210,7 +211,7 @@ void register_all() {
           ("backward_combine_bf16" + sfx).c_str(),
           [m, T, k](benchmark::State& st) {
             const auto p = prepare(m, T, m.config());
-            const auto L = reference::compact_layout(p.dispatch, 1);
+            const auto L = reference::layout(p.cfg, p.dispatch, layout_kind::compact, 1);
             const std::int64_t d = m.hidden;
             const std::int64_t live = live_rows(L);
             std::vector<bf16_bits> eo(static_cast<std::size_t>(L.num_rows * d), to_bf16(0.25f));
@@ -234,13 +235,13 @@ void register_all() {
           ("backward_permute_bf16" + sfx).c_str(),
           [m, T, k](benchmark::State& st) {
             const auto p = prepare(m, T, m.config());
-            const auto L = reference::compact_layout(p.dispatch, 1);
+            const auto L = reference::layout(p.cfg, p.dispatch, layout_kind::compact, 1);
             const std::int64_t d = m.hidden;
             const std::int64_t live = live_rows(L);
             std::vector<bf16_bits> dbuf(static_cast<std::size_t>(L.num_rows * d), to_bf16(0.25f));
             std::vector<bf16_bits> dx(static_cast<std::size_t>(T * d));
             for (auto _ : st) {
-              reference::permute_backward<bf16_bits>(p.dispatch, L, dbuf, d, dx);
+              reference::permute_backward<bf16_bits>(p.cfg, p.dispatch, L, dbuf, d, dx);
               benchmark::DoNotOptimize(dx.data());
               benchmark::ClobberMemory();
             }

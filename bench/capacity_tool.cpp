@@ -23,11 +23,12 @@
 #include <nlohmann/json.hpp>
 
 #include <moeroute/io/npy.hpp>
+#include <moeroute/names.hpp>
+#include <moeroute/presets.hpp>
 #include <moeroute/reference.hpp>
 
 #include "scenarios.hpp"
 #include "sweep.hpp"
-#include "tool_presets.hpp"
 
 #ifndef MOEROUTE_PLOT_SCRIPT
 #define MOEROUTE_PLOT_SCRIPT "plot_capacity.py"
@@ -79,45 +80,26 @@ std::vector<factor_choice> parse_factors(const std::string& s) {
   return out;
 }
 
-std::vector<std::optional<priority>> parse_priorities(const std::string& s) {
-  std::vector<std::optional<priority>> out;
+/// A --priorities / --policies list: "preset" (the preset's own), "all", or the enum's names
+/// (moeroute/names.hpp; aliases such as "score" for score_per_expert are accepted).
+template <class Enum>
+std::vector<std::optional<Enum>> parse_choices(const std::string& s, const char* flag,
+                                               const char* noun) {
+  std::vector<std::optional<Enum>> out;
   for (const auto& item : split_list(s)) {
     if (item == "preset") {
       out.emplace_back();
-      continue;
+    } else if (item == "all") {
+      for (const auto& [name, value] : enum_names<Enum>::table)
+        if (to_string(value) == name) out.emplace_back(value);
+    } else if (const auto v = parse<Enum>(item)) {
+      out.emplace_back(*v);
+    } else {
+      throw usage_error(std::string(flag) + ": unknown " + noun + " '" + item +
+                        "' (known: preset, all, " + known_names<Enum>() + ")");
     }
-    if (item == "all") {
-      for (int i = 0; i < 4; ++i) out.emplace_back(static_cast<priority>(i));
-      continue;
-    }
-    priority p;
-    if (!parse_priority(item, p))
-      throw usage_error("--priorities: unknown priority '" + item +
-                        "' (known: preset, all, token_major, choice_major, score, random)");
-    out.emplace_back(p);
   }
-  if (out.empty()) throw usage_error("--priorities: the list is empty");
-  return out;
-}
-
-std::vector<std::optional<drop_policy>> parse_policies(const std::string& s) {
-  std::vector<std::optional<drop_policy>> out;
-  for (const auto& item : split_list(s)) {
-    if (item == "preset") {
-      out.emplace_back();
-      continue;
-    }
-    if (item == "all") {
-      for (int i = 0; i < 4; ++i) out.emplace_back(static_cast<drop_policy>(i));
-      continue;
-    }
-    drop_policy p;
-    if (!parse_policy(item, p))
-      throw usage_error("--policies: unknown drop policy '" + item +
-                        "' (known: preset, all, zero_weight, residual, fallback, next_choice)");
-    out.emplace_back(p);
-  }
-  if (out.empty()) throw usage_error("--policies: the list is empty");
+  if (out.empty()) throw usage_error(std::string(flag) + ": the list is empty");
   return out;
 }
 
@@ -284,12 +266,12 @@ int run(int argc, char** argv) {
   auto* o_exp =
       app.add_option("--experts", experts, "routed experts E (default: the preset's model)");
   auto* o_k = app.add_option("--top-k", top_k, "experts per token k (default: the preset's model)");
-  app.add_option("--preset", preset_name, "routing preset: " + preset_names())
+  app.add_option("--preset", preset_name, "routing preset: " + presets::names())
       ->capture_default_str();
   app.add_option("--factors", factors, "capacity factors (comma list; 'dropless' = no capacity)")
       ->capture_default_str();
   app.add_option("--priorities", priorities,
-                 "priority modes: preset, all, token_major, choice_major, score, random")
+                 "priority modes: preset, all, " + known_names<priority>())
       ->capture_default_str();
   app.add_option(
          "--policies", policies,
@@ -339,9 +321,9 @@ int run(int argc, char** argv) {
   }
 
   // ---- check the arguments
-  const named_preset* preset = find_preset(preset_name);
+  const presets::preset_info* preset = presets::find(preset_name);
   if (!preset)
-    throw usage_error("--preset: unknown preset '" + preset_name + "' (known: " + preset_names() +
+    throw usage_error("--preset: unknown preset '" + preset_name + "' (known: " + presets::names() +
                       ")");
   if (format != "table" && format != "csv" && format != "json")
     throw usage_error("--format: '" + format + "' is not one of table, csv, json");
@@ -381,8 +363,8 @@ int run(int argc, char** argv) {
 
   sweep_options so;
   so.factors = parse_factors(factors);
-  so.priorities = parse_priorities(priorities);
-  so.policies = parse_policies(policies);
+  so.priorities = parse_choices<priority>(priorities, "--priorities", "priority");
+  so.policies = parse_choices<drop_policy>(policies, "--policies", "drop policy");
   so.layout = lay;
   so.block_size = block_size;
   so.hidden = hidden > 0 ? hidden : preset->default_hidden;
@@ -473,7 +455,7 @@ int run(int argc, char** argv) {
   }
   const std::int32_t k = top_k > 0 ? top_k : std::min(preset->default_k, E);
   try {
-    so.base = make_preset(preset->name, E, k);
+    so.base = presets::by_name(preset->name, E, k);
   } catch (const error& e) {
     throw usage_error(e.get_status().message);
   }

@@ -13,19 +13,12 @@ namespace moeroute::bench {
 
 struct model_shape {
   std::string_view name;
+  std::string_view preset;  ///< its routing, by name in presets::registry
   std::int32_t experts;
   std::int32_t top_k;
   std::int64_t hidden;  ///< d
-  std::int32_t groups;  ///< group limit (0 = none)
-  std::int32_t group_topk;
   /// The model's own routing (dropless presets route every assignment).
-  [[nodiscard]] routing_config config() const {
-    if (name == "switch_base") return presets::switch_top1(experts);
-    if (name == "mixtral_8x7b") return presets::mixtral(experts, top_k);
-    if (name == "deepseek_v3") return presets::deepseek_v3(experts, top_k, groups, group_topk);
-    if (name == "qwen3_moe") return presets::qwen_moe(experts, top_k);
-    return presets::olmoe(experts, top_k);
-  }
+  [[nodiscard]] routing_config config() const { return presets::by_name(preset, experts, top_k); }
   /// The same routing with a capacity (factor 1.25, token-major), so dispatch has work to drop.
   [[nodiscard]] routing_config capacity_config(double factor = 1.25) const {
     routing_config c = config();
@@ -38,9 +31,11 @@ struct model_shape {
 /// Switch-Base (E=128, k=1, d=768); Mixtral 8x7B (E=8, k=2, d=4096); DeepSeek-V3 (E=256, k=8,
 /// 8 groups / top-4, d=7168); Qwen3-MoE 30B-A3B (E=128, k=8, d=2048); OLMoE (E=64, k=8, d=2048).
 inline constexpr model_shape model_shapes[] = {
-    {"switch_base", 128, 1, 768, 0, 0},  {"mixtral_8x7b", 8, 2, 4096, 0, 0},
-    {"deepseek_v3", 256, 8, 7168, 8, 4}, {"qwen3_moe", 128, 8, 2048, 0, 0},
-    {"olmoe", 64, 8, 2048, 0, 0},
+    {"switch_base", "switch_top1", 128, 1, 768},
+    {"mixtral_8x7b", "mixtral", 8, 2, 4096},
+    {"deepseek_v3", "deepseek_v3", 256, 8, 7168},
+    {"qwen3_moe", "qwen_moe", 128, 8, 2048},
+    {"olmoe", "olmoe", 64, 8, 2048},
 };
 
 /// Tokens per batch: 1 (decode) to 16384 (prefill). GPU benchmarks use all of them.

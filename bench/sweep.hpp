@@ -19,6 +19,7 @@
 #include <moeroute/capacity.hpp>
 #include <moeroute/config.hpp>
 #include <moeroute/dtype.hpp>
+#include <moeroute/names.hpp>
 #include <moeroute/reference.hpp>
 
 namespace moeroute::bench {
@@ -36,33 +37,6 @@ struct factor_choice {
 };
 
 enum class layout_choice { automatic, padded, compact };
-
-/// Names for the priority / policy enums, as the CLI spells them.
-inline constexpr std::string_view priority_names[] = {"token_major", "choice_major", "score",
-                                                      "random"};
-inline constexpr std::string_view policy_names[] = {"zero_weight", "residual", "fallback",
-                                                    "next_choice"};
-
-inline const char* to_string(priority p) { return priority_names[static_cast<int>(p)].data(); }
-inline const char* to_string(drop_policy p) { return policy_names[static_cast<int>(p)].data(); }
-
-inline bool parse_priority(std::string_view s, priority& out) {
-  if (s == "score_per_expert") s = "score";
-  for (int i = 0; i < 4; ++i)
-    if (s == priority_names[i]) {
-      out = static_cast<priority>(i);
-      return true;
-    }
-  return false;
-}
-inline bool parse_policy(std::string_view s, drop_policy& out) {
-  for (int i = 0; i < 4; ++i)
-    if (s == policy_names[i]) {
-      out = static_cast<drop_policy>(i);
-      return true;
-    }
-  return false;
-}
 
 /// One batch to sweep: a name and [T, E] logits.
 struct sweep_input {
@@ -132,21 +106,21 @@ inline sweep_row run_one(const sweep_options& o, const sweep_input& in, const ro
   r.top_k = cfg.top_k;
   r.factor = f.label();
   r.factor_value = f.dropless ? NAN : f.factor;
-  r.priority_name = to_string(cfg.dispatch.prio);
-  r.policy_name = to_string(cfg.dispatch.dropped);
+  r.priority_name = std::string(to_string(cfg.dispatch.prio));
+  r.policy_name = std::string(to_string(cfg.dispatch.dropped));
   const bool padded =
       o.layout == layout_choice::padded || (o.layout == layout_choice::automatic && !f.dropless);
   r.layout_name = padded ? "padded" : "compact/" + std::to_string(o.block_size);
   const std::vector<float> bias(cfg.gating.expert_bias ? cfg.num_experts : 0, 0.0f);
 
   reference::routing_result res;
-  reference::expert_layout L;
+  reference::layout_output L;
   double best = INFINITY;
   for (int rep = 0; rep < (o.repeats < 1 ? 1 : o.repeats); ++rep) {
     const auto t0 = std::chrono::steady_clock::now();
     res = reference::route<float>(cfg, in.logits, in.tokens, bias);
-    L = padded ? reference::padded_layout(res.dispatch)
-               : reference::compact_layout(res.dispatch, o.block_size);
+    L = padded ? reference::layout(cfg, res.dispatch, layout_kind::padded)
+               : reference::layout(cfg, res.dispatch, layout_kind::compact, o.block_size);
     const auto t1 = std::chrono::steady_clock::now();
     best = std::min(best, std::chrono::duration<double, std::micro>(t1 - t0).count());
   }
@@ -155,8 +129,8 @@ inline sweep_row run_one(const sweep_options& o, const sweep_input& in, const ro
   r.stats = reference::compute_stats(res.dispatch, L);
   r.max_over_mean = r.stats.mean_load > 0 ? r.stats.max_load / r.stats.mean_load : 0.0;
   r.buffer_bytes = r.stats.rows * o.hidden * static_cast<std::int64_t>(size_of(o.buffer_dtype));
-  r.aux_loss = res.aux.value;
-  r.z_loss = res.z.value;
+  r.aux_loss = res.losses.aux.value;
+  r.z_loss = res.losses.z.value;
   return r;
 }
 
@@ -180,8 +154,8 @@ inline std::vector<sweep_row> run_sweep(const sweep_options& o,
         for (const auto& d : o.policies) {
           routing_config cfg;
           const std::string what = in.name + " factor " + f.label() + " " +
-                                   (p ? to_string(*p) : "preset") + "/" +
-                                   (d ? to_string(*d) : "preset");
+                                   std::string(p ? to_string(*p) : "preset") + "/" +
+                                   std::string(d ? to_string(*d) : "preset");
           if (progress) progress(i, total, what);
           ++i;
           if (auto s = sweep_config(o, f, p, d, cfg); !s) {

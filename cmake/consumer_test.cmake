@@ -1,5 +1,6 @@
 # Builds and runs examples/consumer against moeroute, either through an installed prefix
-# (MODE=find_package) or with add_subdirectory (MODE=add_subdirectory). Run with cmake -P.
+# (MODE=find_package) or with add_subdirectory (MODE=add_subdirectory): its CPU program, and
+# with HAS_CUDA its .cu against moeroute::moeroute. Run with cmake -P.
 file(REMOVE_RECURSE ${WORK_DIR})
 file(MAKE_DIRECTORY ${WORK_DIR})
 if(NOT HAS_CUDA)
@@ -29,3 +30,8 @@ else()
 endif()
 run(${CMAKE_COMMAND} --build ${WORK_DIR}/consumer-build)
 run(${WORK_DIR}/consumer-build/moeroute_consumer)
+if(HAS_CUDA)
+  # the .cu against moeroute::moeroute: built, and run (without a device it checks the
+  # launchers' host-side contract and says the launch was not run)
+  run(${WORK_DIR}/consumer-build/moeroute_consumer_cuda)
+endif()

@@ -69,13 +69,14 @@ int main() {
   std::vector<float> logits(T * E);
   matmul(x.data(), w_router.data(), logits.data(), T, d, E);
 
+  // [snippet:cpu-layer]
   // 2-3. gating + capacity assignment + losses, then the padded [E, C, d] layout
   const reference::routing_result r = reference::route<float>(cfg, logits, T);
-  const reference::expert_layout L = reference::padded_layout(r.dispatch);
+  const reference::layout_output L = reference::layout(cfg, r.dispatch, layout_kind::padded);
 
   // 4. permute tokens into expert rows
   std::vector<float> xe(L.num_rows * d);
-  reference::permute<float>(L, x, T, d, xe);
+  reference::permute<float>(cfg, L, x, T, d, xe);
 
   // 5. each expert runs on its own segment of rows (padding rows are zero and ignored)
   std::vector<float> ye(L.num_rows * d, 0.0f);
@@ -88,6 +89,7 @@ int main() {
   // 6. combine back into token order (weighted by the gates; residual for fully dropped tokens)
   std::vector<float> y(T * d);
   reference::combine<float>(cfg, r.dispatch, L, ye, d, x, y);
+  // [/snippet]
 
   // Check against a direct per-token computation of the same routing.
   double max_err = 0.0;
@@ -134,7 +136,8 @@ int main() {
       std::putchar(i < r.dispatch.kept[e] ? '#' : '.');
     std::putchar('\n');
   }
-  std::printf("  aux loss %.4f (1.0 = balanced), z-loss %.4f\n", r.aux.value, r.z.value);
+  std::printf("  aux loss %.4f (1.0 = balanced), z-loss %.4f\n", r.losses.aux.value,
+              r.losses.z.value);
   std::printf(
       "  layer output vs direct per-token computation: max |diff| = %.3g (%lld pass-through)\n",
       max_err, static_cast<long long>(passthrough));

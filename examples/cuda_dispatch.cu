@@ -1,26 +1,37 @@
 // SPDX-License-Identifier: Apache-2.0
-// The docs/api.md "cuda-dispatch" example: dispatch -> compact layout -> permute -> combine
-// after a gating, with every buffer allocated here (the launchers never allocate).
-// Route 1024 tokens (d = 512, bf16) after a CPU gating: dispatch -> compact layout ->
-// permute -> (expert FFN goes here) -> combine. All launchers are asynchronous on `stream`.
+// The GPU routing stages after gating, each feeding the next through the view it wrote:
+// dispatch -> compact layout -> permute -> (the experts) -> combine, on 1024 bf16 tokens of
+// d = 512. Every buffer is allocated here (the launchers never allocate). The "experts" scale
+// their rows by (expert + 1), and the output is checked bit for bit against the CPU reference
+// of the same routing: it prints OK, or MISMATCH and the first difference.
+// Without a CUDA device it says so and exits 0.
 #include <cstdio>
+#include <cstring>
 #include <vector>
 
 #include <cuda_bf16.h>
 #include <cuda_runtime.h>
 
 #include <moeroute/cuda/combine.cuh>
+#include <moeroute/cuda/device_buffer.cuh>
 #include <moeroute/cuda/dispatch.cuh>
 #include <moeroute/cuda/layout.cuh>
 #include <moeroute/cuda/permute.cuh>
 #include <moeroute/presets.hpp>
 #include <moeroute/reference.hpp>
 
-template <class T>
-T* device_alloc(std::size_t n) {  // examples may allocate; the launchers never do
-  void* p = nullptr;
-  cudaMalloc(&p, n * sizeof(T));
-  return static_cast<T*>(p);
+namespace mr = moeroute;
+using mr::cuda::device_buffer;
+
+/// The experts of this example: row r of expert e's segment becomes (e + 1) * row r.
+__global__ void scale_rows(__nv_bfloat16* rows, const std::int32_t* block_expert,
+                           std::int64_t block, std::int64_t d) {
+  const std::int32_t e = block_expert[blockIdx.x];
+  if (e < 0) return;
+  const float s = static_cast<float>(e + 1);
+  for (std::int64_t r = blockIdx.x * block; r < (blockIdx.x + 1) * block; ++r)
+    for (std::int64_t c = threadIdx.x; c < d; c += blockDim.x)
+      rows[r * d + c] = __float2bfloat16_rn(__bfloat162float(rows[r * d + c]) * s);
 }
 
 int main() {
@@ -29,101 +40,129 @@ int main() {
     std::printf("cuda_dispatch: no CUDA device, nothing to run\n");
     return 0;
   }
-  namespace mr = moeroute;
-  const auto cfg = mr::presets::deepspeed_topk(/*experts=*/64, /*k=*/2, /*factor=*/1.0);
-  const std::int64_t T = 1024, d = 512, block = 128;
-  const std::int32_t k = cfg.top_k, E = cfg.num_experts, ET = cfg.total_experts();
+  try {
+    // [snippet:cuda-dispatch]
+    const mr::routing_config cfg =
+        mr::presets::deepspeed_topk(/*experts=*/64, /*k=*/2, /*factor=*/1.0);
+    const std::int64_t T = 1024, d = 512, block = 128;
+    const std::int32_t k = cfg.top_k, E = cfg.num_experts, ET = cfg.total_experts();
 
-  // Gating output (here from the CPU reference; cuda::gating writes the same arrays).
-  std::vector<float> logits(T * E);
-  for (std::size_t i = 0; i < logits.size(); ++i) logits[i] = static_cast<float>((i * 7919) % 1009) / 211.0f;
-  const auto g = mr::reference::gate(cfg, logits, T);
+    // The gating outputs (here from the CPU reference; cuda::gating writes the same arrays).
+    std::vector<float> logits(T * E);
+    for (std::size_t i = 0; i < logits.size(); ++i)
+      logits[i] = static_cast<float>((i * 7919) % 1009) / 211.0f;
+    const auto g = mr::reference::gating(cfg, logits, T);
+    device_buffer<std::int32_t> ids(g.ids);
+    device_buffer<float> gates(g.gates);
+    cudaStream_t stream;
+    mr::cuda::throw_if_cuda_error(cudaStreamCreate(&stream), "cudaStreamCreate");
 
-  cudaStream_t stream;
-  cudaStreamCreate(&stream);
-  auto* d_ids = device_alloc<std::int32_t>(T * k);
-  auto* d_gates = device_alloc<float>(T * k);
-  cudaMemcpy(d_ids, g.ids.data(), T * k * sizeof(std::int32_t), cudaMemcpyHostToDevice);
-  cudaMemcpy(d_gates, g.gates.data(), T * k * sizeof(float), cudaMemcpyHostToDevice);
+    // 1. capacity assignment: every output of dispatch in one view
+    device_buffer<std::int32_t> expert(T * k), slot(T * k);
+    device_buffer<float> weight(T * k);
+    device_buffer<mr::fate> fates(T * k);
+    device_buffer<std::int64_t> requested(E), kept(E), rerouted(E), dropped(E), received(ET),
+        load(ET);
+    device_buffer<mr::dispatch_totals> totals(1);
+    device_buffer<unsigned char> workspace(
+        mr::cuda::dispatch_workspace_bytes(cfg, T));  // pure C++ size
+    mr::cuda::dispatch_params dp;
+    dp.tokens = T;
+    dp.gated.d_ids = ids.get();
+    dp.gated.d_gates = gates.get();
+    dp.out = {expert.get(),    slot.get(), weight.get(),   fates.get(),
+              requested.get(), kept.get(), rerouted.get(), dropped.get(),
+              received.get(),  load.get(), totals.get()};
+    if (auto s = mr::cuda::dispatch(cfg, dp, workspace.get(), workspace.size(), stream); !s)
+      throw mr::error(s);
 
-  // 1. capacity assignment
-  mr::cuda::dispatch_params dp;
-  dp.config = cfg;
-  dp.tokens = T;
-  dp.reroute_candidates = cfg.candidates_per_token() - k;  // 0 unless next_choice
-  dp.d_ids = d_ids;
-  dp.d_gates = d_gates;
-  dp.d_expert = device_alloc<std::int32_t>(T * k);
-  dp.d_slot = device_alloc<std::int32_t>(T * k);
-  dp.d_weight = device_alloc<float>(T * k);
-  dp.d_fate = device_alloc<std::uint8_t>(T * k);
-  dp.d_requested = device_alloc<std::int64_t>(E);
-  dp.d_kept = device_alloc<std::int64_t>(E);
-  dp.d_rerouted = device_alloc<std::int64_t>(E);
-  dp.d_dropped = device_alloc<std::int64_t>(E);
-  dp.d_received = device_alloc<std::int64_t>(ET);
-  dp.d_load = device_alloc<std::int64_t>(ET);
-  dp.d_totals = device_alloc<mr::cuda::dispatch_totals>(1);
-  const std::size_t ws_bytes = mr::cuda::dispatch_workspace_bytes(cfg, T);  // pure C++
-  void* ws = device_alloc<unsigned char>(ws_bytes);
-  if (auto s = mr::cuda::dispatch(dp, ws, ws_bytes, stream); !s) return std::printf("%s\n", s.message.c_str()), 1;
+    // 2. compact layout, segments aligned to the grouped-GEMM tile
+    const std::int64_t max_rows =
+        mr::cuda::layout_max_rows(cfg, T, mr::layout_kind::compact, block);
+    device_buffer<std::int64_t> offsets(ET + 1), assignment_row(T * k), num_rows(1);
+    device_buffer<std::int32_t> row_token(max_rows), block_expert(max_rows / block);
+    mr::cuda::layout_params lp;
+    lp.kind = mr::layout_kind::compact;
+    lp.block_size = block;
+    lp.tokens = T;
+    lp.max_rows = max_rows;
+    lp.dispatched = dp.out;  // what dispatch wrote is what layout reads
+    lp.out.d_offsets = offsets.get();
+    lp.out.d_row_token = row_token.get();
+    lp.out.d_assignment_row = assignment_row.get();
+    lp.out.d_block_expert = block_expert.get();
+    lp.out.d_num_rows = num_rows.get();
+    if (auto s = mr::cuda::layout(cfg, lp, stream); !s) throw mr::error(s);
 
-  // 2. compact layout, segments aligned to the grouped-GEMM tile
-  mr::cuda::layout_params lp;
-  lp.kind = mr::cuda::layout_kind::compact;
-  lp.block_size = block;
-  lp.tokens = T;
-  lp.k = k;
-  lp.experts = E;
-  lp.total_experts = ET;
-  lp.max_rows = mr::cuda::layout_max_rows(cfg, T, lp.kind, block);  // upper bound, pure C++
-  lp.d_expert = dp.d_expert;
-  lp.d_slot = dp.d_slot;
-  lp.d_load = dp.d_load;
-  lp.d_totals = dp.d_totals;
-  lp.d_offsets = device_alloc<std::int64_t>(ET + 1);
-  lp.d_row_token = device_alloc<std::int32_t>(lp.max_rows);
-  lp.d_assignment_row = device_alloc<std::int64_t>(T * k);
-  lp.d_block_expert = device_alloc<std::int32_t>(lp.max_rows / block);
-  lp.d_num_rows = device_alloc<std::int64_t>(1);
-  if (auto s = mr::cuda::build_layout(lp, cfg, stream); !s) return std::printf("%s\n", s.message.c_str()), 1;
+    // 3. gather the hidden states into the expert buffer
+    std::vector<__nv_bfloat16> hx(T * d);
+    for (std::size_t i = 0; i < hx.size(); ++i)
+      hx[i] = __float2bfloat16_rn(static_cast<float>(i % 97) / 32.0f - 1.5f);
+    device_buffer<__nv_bfloat16> x(hx), buf(max_rows * d), y(T * d);
+    mr::cuda::permute_params<__nv_bfloat16> pp;
+    pp.d_x = x.get();
+    pp.tokens = T;
+    pp.hidden = d;
+    pp.layout = lp.out;
+    pp.rows = max_rows;
+    pp.d_out = buf.get();
+    if (auto s = mr::cuda::permute(cfg, pp, stream); !s) throw mr::error(s);
 
-  // 3. gather hidden states into the expert buffer
-  auto* d_x = device_alloc<__nv_bfloat16>(T * d);
-  cudaMemsetAsync(d_x, 0, T * d * sizeof(__nv_bfloat16), stream);
-  auto* d_buf = device_alloc<__nv_bfloat16>(lp.max_rows * d);
-  mr::cuda::permute_params<__nv_bfloat16> pp;
-  pp.d_x = d_x;
-  pp.tokens = T;
-  pp.hidden = d;
-  pp.d_row_token = lp.d_row_token;
-  pp.rows = lp.max_rows;
-  pp.d_num_rows = lp.d_num_rows;
-  pp.d_out = d_buf;
-  if (auto s = mr::cuda::permute(pp, stream); !s) return std::printf("%s\n", s.message.c_str()), 1;
+    // 4. the experts, on the rows of their blocks (a grouped GEMM in a real model)
+    scale_rows<<<static_cast<unsigned>(max_rows / block), 128, 0, stream>>>(
+        buf.get(), block_expert.get(), block, d);
 
-  // ... grouped GEMM over d_buf using lp.d_block_expert, writing d_buf in place ...
+    // 5. weighted sum back into token order
+    mr::cuda::combine_params<__nv_bfloat16> cp;
+    cp.d_expert_out = buf.get();
+    cp.rows = max_rows;
+    cp.tokens = T;
+    cp.hidden = d;
+    cp.layout = lp.out;
+    cp.dispatched = dp.out;
+    cp.d_x = x.get();
+    cp.d_y = y.get();
+    if (auto s = mr::cuda::combine(cfg, cp, stream); !s) throw mr::error(s);
+    mr::cuda::throw_if_cuda_error(cudaStreamSynchronize(stream),
+                                  "sync");  // the only sync: to read y
+    // [/snippet]
 
-  // 4. weighted sum back into token order
-  auto* d_y = device_alloc<__nv_bfloat16>(T * d);
-  mr::cuda::combine_params<__nv_bfloat16> cp;
-  cp.d_expert_out = d_buf;
-  cp.rows = lp.max_rows;
-  cp.d_assignment_row = lp.d_assignment_row;
-  cp.d_weight = dp.d_weight;
-  cp.d_fate = dp.d_fate;
-  cp.d_x = d_x;
-  cp.tokens = T;
-  cp.k = k;
-  cp.hidden = d;
-  cp.dropped = cfg.dispatch.dropped;
-  cp.d_y = d_y;
-  if (auto s = mr::cuda::combine(cp, stream); !s) return std::printf("%s\n", s.message.c_str()), 1;
+    // The same routing and experts on the CPU reference.
+    const auto rd = mr::reference::dispatch(cfg, g);
+    const auto rl = mr::reference::layout(cfg, rd, mr::layout_kind::compact, block);
+    std::vector<mr::bf16_bits> rx(hx.size()), rbuf(rl.num_rows * d), ry(T * d);
+    std::memcpy(rx.data(), hx.data(), hx.size() * sizeof(hx[0]));
+    mr::reference::permute<mr::bf16_bits>(cfg, rl, rx, T, d, rbuf);
+    for (std::int64_t r = 0; r < rl.num_rows; ++r) {
+      const float s = static_cast<float>(rl.block_expert[r / block] + 1);
+      for (std::int64_t c = 0; c < d; ++c)
+        rbuf[r * d + c] = mr::to_bf16(mr::to_float(rbuf[r * d + c]) * s);
+    }
+    mr::reference::combine<mr::bf16_bits>(cfg, rd, rl, rbuf, d, rx, ry);
 
-  mr::cuda::dispatch_totals totals;
-  cudaMemcpyAsync(&totals, dp.d_totals, sizeof totals, cudaMemcpyDeviceToHost, stream);
-  cudaStreamSynchronize(stream);  // the only sync: to read the totals on the host
-  std::printf("C = %lld, kept %lld, dropped %lld\n", static_cast<long long>(totals.capacity),
-              static_cast<long long>(totals.kept), static_cast<long long>(totals.dropped));
-  return 0;
+    const auto gy = y.download();
+    const auto t = totals.download()[0];
+    std::printf("C = %lld, kept %lld, dropped %lld of %lld assignments\n",
+                static_cast<long long>(t.capacity), static_cast<long long>(t.kept),
+                static_cast<long long>(t.dropped), static_cast<long long>(T * k));
+    for (std::int64_t i = 0; i < T * d; ++i) {
+      std::uint16_t a, b;
+      std::memcpy(&a, &gy[i], 2);
+      std::memcpy(&b, &ry[i], 2);
+      if (a != b) {
+        std::printf("MISMATCH at y[%lld]: gpu %g, cpu %g\n", static_cast<long long>(i),
+                    static_cast<double>(__bfloat162float(gy[i])),
+                    static_cast<double>(mr::to_float(ry[i])));
+        return 1;
+      }
+    }
+    const bool routed = t.kept > 0 && t.kept + t.dropped == T * k;
+    std::printf("%s: y (%lld x %lld bf16) equals the CPU reference bit for bit\n",
+                routed ? "OK" : "MISMATCH", static_cast<long long>(T), static_cast<long long>(d));
+    cudaStreamDestroy(stream);
+    return routed ? 0 : 1;
+  } catch (const std::exception& e) {
+    std::printf("MISMATCH: %s\n", e.what());
+    return 1;
+  }
 }

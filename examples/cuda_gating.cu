@@ -15,13 +15,13 @@
 #include <moeroute/reference/gating.hpp>
 #include <moeroute/reference/losses.hpp>
 
-#define CHECK(call)                                                                      \
-  do {                                                                                   \
-    const cudaError_t e_ = (call);                                                       \
-    if (e_ != cudaSuccess) {                                                             \
-      std::printf("%s failed: %s\n", #call, cudaGetErrorString(e_));                    \
-      return 1;                                                                          \
-    }                                                                                    \
+#define CHECK(call)                                                  \
+  do {                                                               \
+    const cudaError_t e_ = (call);                                   \
+    if (e_ != cudaSuccess) {                                         \
+      std::printf("%s failed: %s\n", #call, cudaGetErrorString(e_)); \
+      return 1;                                                      \
+    }                                                                \
   } while (0)
 
 int main() {
@@ -57,23 +57,23 @@ int main() {
   CHECK(cudaMemcpy(d_logits, logits.data(), sizeof(float) * T * E, cudaMemcpyHostToDevice));
   CHECK(cudaMemcpy(d_bias, bias.data(), sizeof(float) * E, cudaMemcpyHostToDevice));
 
+  // [snippet:cuda-gating]
   // The workspace size is a pure C++ query; allocate once and reuse it every step.
   const std::size_t ws_bytes = cuda::gating_workspace_bytes(cfg, T);
   void* d_ws = nullptr;
   CHECK(cudaMalloc(&d_ws, ws_bytes));
 
-  cuda::gating_params p;
+  cuda::gating_params<float> p;
   p.d_logits = d_logits;
-  p.logits_dtype = dtype::f32;
   p.tokens = T;
   p.d_bias = d_bias;
-  p.d_ids = d_ids;
-  p.d_gates = d_gates;
-  p.d_logsumexp = d_lse;
-  p.d_aux_score_sum = d_score_sum;
-  p.d_aux_count = d_count;
-  p.d_valid_tokens = d_valid;
-  p.d_z_sum_squares = d_z_sum;
+  p.out.d_ids = d_ids;
+  p.out.d_gates = d_gates;
+  p.out.d_logsumexp = d_lse;
+  p.out.sums.d_aux_score_sum = d_score_sum;
+  p.out.sums.d_aux_count = d_count;
+  p.out.sums.d_valid_tokens = d_valid;
+  p.out.sums.d_z_sum_squares = d_z_sum;
   cudaStream_t stream;
   CHECK(cudaStreamCreate(&stream));
   if (auto s = cuda::gating(cfg, p, d_ws, ws_bytes, stream); !s) {
@@ -83,10 +83,7 @@ int main() {
 
   cuda::loss_params lp;
   lp.tokens = T;
-  lp.d_aux_score_sum = d_score_sum;
-  lp.d_aux_count = d_count;
-  lp.d_valid_tokens = d_valid;
-  lp.d_z_sum_squares = d_z_sum;
+  lp.sums = p.out.sums;  // what gating wrote is what the losses read
   lp.d_aux_loss = d_losses;
   lp.d_sequence_aux_loss = d_losses + 1;
   lp.d_z_loss = d_losses + 2;
@@ -95,6 +92,7 @@ int main() {
     return 1;
   }
   CHECK(cudaStreamSynchronize(stream));  // the launchers never synchronise; the caller does
+  // [/snippet]
 
   std::vector<std::int32_t> ids(T * k);
   std::vector<float> gates(T * k);
@@ -105,9 +103,10 @@ int main() {
 
   std::printf("token 0:");
   for (std::int32_t j = 0; j < k; ++j) std::printf(" %d:%.4f", ids[j], gates[j]);
-  std::printf("\naux loss %.6g, z-loss %.6g (workspace %zu bytes)\n", losses[0], losses[2], ws_bytes);
+  std::printf("\naux loss %.6g, z-loss %.6g (workspace %zu bytes)\n", losses[0], losses[2],
+              ws_bytes);
 
-  const auto ref = reference::gate(cfg, logits, T, bias);
+  const auto ref = reference::gating(cfg, logits, T, bias);
   const bool same = ref.ids == ids;
   std::printf("ids vs CPU reference: %s\n", same ? "OK" : "MISMATCH");
 

@@ -37,14 +37,14 @@ int main() {
     const auto w1 = ex::example_values(static_cast<std::size_t>(E * d * f), 13, 0.1f);
     const auto w2 = ex::example_values(static_cast<std::size_t>(E * f * d), 14, 0.1f);
 
-    ex::moe_pipeline<float> moe(cfg, T, d, moeroute::cuda::layout_kind::compact, block);
+    ex::moe_pipeline<float> moe(cfg, T, d, moeroute::layout_kind::compact, block);
     moe.upload_logits(logits);
     moe.upload_x(x);
     ex::device_buffer<float> d_w1(w1.size()), d_w2(w2.size()),
         hidden(static_cast<std::size_t>(moe.max_rows * f));
 
     cudaStream_t stream;
-    ex::cuda_check(cudaStreamCreate(&stream), "cudaStreamCreate");
+    moeroute::cuda::throw_if_cuda_error(cudaStreamCreate(&stream), "cudaStreamCreate");
     d_w1.upload(w1);
     d_w2.upload(w2);
 
@@ -61,9 +61,9 @@ int main() {
     ex::block_grouped_gemm<<<dim3(blocks, static_cast<unsigned>((d + 127) / 128)), 128, 0,
                              stream>>>(hidden.get(), d_w2.get(), moe.block_expert.get(), block, f,
                                        d, false, moe.ye.get());
-    ex::cuda_check(cudaGetLastError(), "block_grouped_gemm");
+    moeroute::cuda::throw_if_cuda_error(cudaGetLastError(), "block_grouped_gemm");
     ex::check(moe.combine(stream), "combine");
-    ex::cuda_check(cudaStreamSynchronize(stream), "cudaStreamSynchronize");
+    moeroute::cuda::throw_if_cuda_error(cudaStreamSynchronize(stream), "cudaStreamSynchronize");
 
     const auto s = moe.summary();
     const auto y = ex::moe_pipeline<float>::to_host_floats(moe.y);

@@ -24,6 +24,7 @@
 #include <moeroute/capacity.hpp>
 #include <moeroute/config.hpp>
 #include <moeroute/cuda/combine.cuh>
+#include <moeroute/cuda/device_buffer.cuh>
 #include <moeroute/cuda/dispatch.cuh>
 #include <moeroute/cuda/gating.cuh>
 #include <moeroute/cuda/layout.cuh>
@@ -35,68 +36,17 @@
 
 namespace moeroute::examples {
 
-/// Throws on a CUDA runtime error (examples only; the library returns statuses).
-inline void cuda_check(cudaError_t e, const char* what) {
-  if (e != cudaSuccess)
-    throw std::runtime_error(std::string(what) + ": " + cudaGetErrorName(e) + ": " +
-                             cudaGetErrorString(e));
-}
-/// Throws moeroute::error when a launcher returned an error.
+/// Throws moeroute::error when a launcher returned an error (examples only; the library
+/// returns statuses and never throws).
 inline void check(const status& s, const char* what) {
   if (!s.ok()) throw error(status::make(s.code, std::string(what) + ": " + s.message));
 }
 
-/// An owning device array (cudaMalloc / cudaFree). Size 0 holds a null pointer.
-template <class T>
-class device_buffer {
- public:
-  device_buffer() = default;
-  explicit device_buffer(std::size_t n) : n_(n) {
-    if (n) cuda_check(cudaMalloc(reinterpret_cast<void**>(&p_), n * sizeof(T)), "cudaMalloc");
-  }
-  device_buffer(const device_buffer&) = delete;
-  device_buffer& operator=(const device_buffer&) = delete;
-  device_buffer(device_buffer&& o) noexcept : p_(o.p_), n_(o.n_) {
-    o.p_ = nullptr;
-    o.n_ = 0;
-  }
-  device_buffer& operator=(device_buffer&& o) noexcept {
-    if (this != &o) {
-      reset();
-      p_ = o.p_;
-      n_ = o.n_;
-      o.p_ = nullptr;
-      o.n_ = 0;
-    }
-    return *this;
-  }
-  ~device_buffer() { reset(); }
-  void reset() noexcept {
-    if (p_) cudaFree(p_);
-    p_ = nullptr;
-    n_ = 0;
-  }
-  [[nodiscard]] T* get() const noexcept { return p_; }
-  [[nodiscard]] std::size_t size() const noexcept { return n_; }
-  [[nodiscard]] std::size_t bytes() const noexcept { return n_ * sizeof(T); }
-  void upload(const std::vector<T>& h) {
-    if (h.size() != n_) throw std::invalid_argument("device_buffer::upload: size mismatch");
-    if (n_) cuda_check(cudaMemcpy(p_, h.data(), bytes(), cudaMemcpyHostToDevice), "cudaMemcpy H2D");
-  }
-  [[nodiscard]] std::vector<T> download() const {
-    std::vector<T> h(n_);
-    if (n_) cuda_check(cudaMemcpy(h.data(), p_, bytes(), cudaMemcpyDeviceToHost), "cudaMemcpy D2H");
-    return h;
-  }
-
- private:
-  T* p_ = nullptr;
-  std::size_t n_ = 0;
-};
+using cuda::device_buffer;
 
 /// What a routing call did, copied back to the host (synchronises).
 struct routing_summary {
-  cuda::dispatch_totals totals{};
+  dispatch_totals totals{};
   std::int64_t num_rows = 0;
   std::vector<std::int64_t> requested, kept, load;
   double aux_loss = 0.0, z_loss = 0.0;
@@ -108,20 +58,19 @@ struct routing_summary {
 };
 
 /// @brief Every buffer of one MoE routing for a fixed config and batch shape, and the stages.
-/// @tparam Element hidden-state type: float, __half or __nv_bfloat16 (router logits are
-///         stored as `logits_dtype`, independent of it).
+/// @tparam Element the type of the hidden states and of the router logits: float, __half or
+///         __nv_bfloat16.
 template <class Element>
 struct moe_pipeline {
   routing_config cfg;
   std::int64_t T = 0, d = 0;
   std::int32_t E = 0, k = 0, ET = 0, R = 0;
-  cuda::layout_kind kind = cuda::layout_kind::compact;
+  layout_kind kind = layout_kind::compact;
   std::int64_t block_size = 1;
   std::int64_t max_rows = 0;
-  dtype logits_dtype = dtype::f32;
 
   // gating
-  device_buffer<std::byte> logits;                                 // [T, E] logits_dtype
+  device_buffer<Element> logits;                                   // [T, E]
   device_buffer<float> bias;                                       // [E] (expert_bias only)
   device_buffer<std::int32_t> ids, reroute_ids;                    // [T, k], [T, R]
   device_buffer<float> gates, logsumexp;                           // [T, k], [T]
@@ -135,10 +84,10 @@ struct moe_pipeline {
   // dispatch
   device_buffer<std::int32_t> expert, slot;                        // [T, k]
   device_buffer<float> weight;                                     // [T, k]
-  device_buffer<std::uint8_t> fate;                                // [T, k]
+  device_buffer<fate> fates;                                       // [T, k]
   device_buffer<std::int64_t> requested, kept, rerouted, dropped;  // [E]
   device_buffer<std::int64_t> received, load;                      // [ET]
-  device_buffer<cuda::dispatch_totals> totals;                     // [1]
+  device_buffer<dispatch_totals> totals;                           // [1]
   // layout
   device_buffer<std::int64_t> offsets, rows_used, assignment_row,
       num_rows;                                         // [ET+1], [ET], [T,k], [1]
@@ -148,8 +97,8 @@ struct moe_pipeline {
 
   /// Allocates everything (cudaMalloc). kind = padded needs a bounded capacity.
   moe_pipeline(const routing_config& c, std::int64_t tokens, std::int64_t hidden,
-               cuda::layout_kind layout, std::int64_t block, dtype logit_type = dtype::f32)
-      : cfg(c), T(tokens), d(hidden), kind(layout), block_size(block), logits_dtype(logit_type) {
+               layout_kind layout, std::int64_t block)
+      : cfg(c), T(tokens), d(hidden), kind(layout), block_size(block) {
     check(validate(cfg), "config");
     E = cfg.num_experts;
     k = cfg.top_k;
@@ -161,7 +110,7 @@ struct moe_pipeline {
           "padded layout needs a bounded capacity (capacity_mode::unbounded is compact-only)");
     const auto n = static_cast<std::size_t>(T * k);
     const std::int64_t S = cfg.loss.sequence_length > 0 ? T / cfg.loss.sequence_length : 0;
-    logits = device_buffer<std::byte>(static_cast<std::size_t>(T * E) * size_of(logits_dtype));
+    logits = device_buffer<Element>(static_cast<std::size_t>(T * E));
     if (cfg.gating.expert_bias) bias = device_buffer<float>(E);
     ids = device_buffer<std::int32_t>(n);
     reroute_ids = device_buffer<std::int32_t>(static_cast<std::size_t>(T * R));
@@ -183,20 +132,20 @@ struct moe_pipeline {
     expert = device_buffer<std::int32_t>(n);
     slot = device_buffer<std::int32_t>(n);
     weight = device_buffer<float>(n);
-    fate = device_buffer<std::uint8_t>(n);
+    fates = device_buffer<fate>(n);
     requested = device_buffer<std::int64_t>(E);
     kept = device_buffer<std::int64_t>(E);
     rerouted = device_buffer<std::int64_t>(E);
     dropped = device_buffer<std::int64_t>(E);
     received = device_buffer<std::int64_t>(ET);
     load = device_buffer<std::int64_t>(ET);
-    totals = device_buffer<cuda::dispatch_totals>(1);
+    totals = device_buffer<dispatch_totals>(1);
     offsets = device_buffer<std::int64_t>(ET + 1);
     rows_used = device_buffer<std::int64_t>(ET);
     assignment_row = device_buffer<std::int64_t>(n);
     num_rows = device_buffer<std::int64_t>(1);
     row_token = device_buffer<std::int32_t>(static_cast<std::size_t>(max_rows));
-    if (kind == cuda::layout_kind::compact)
+    if (kind == layout_kind::compact)
       block_expert = device_buffer<std::int32_t>(static_cast<std::size_t>(max_rows / block_size));
     x = device_buffer<Element>(static_cast<std::size_t>(T * d));
     xe = device_buffer<Element>(static_cast<std::size_t>(max_rows * d));
@@ -221,21 +170,11 @@ struct moe_pipeline {
     }
     return out;
   }
-  /// Uploads router logits [T, E] (converted to logits_dtype).
+  /// Uploads router logits [T, E] (rounded to Element).
   void upload_logits(const std::vector<float>& h) {
     if (h.size() != static_cast<std::size_t>(T * E))
       throw std::invalid_argument("upload_logits: size != T * E");
-    std::vector<std::byte> raw(logits.size());
-    if (logits_dtype == dtype::f32) {
-      std::memcpy(raw.data(), h.data(), raw.size());
-    } else {
-      for (std::size_t i = 0; i < h.size(); ++i) {
-        const std::uint16_t b =
-            logits_dtype == dtype::f16 ? to_half(h[i]).bits : to_bf16(h[i]).bits;
-        std::memcpy(raw.data() + 2 * i, &b, 2);
-      }
-    }
-    logits.upload(raw);
+    logits.upload(convert<Element>(h));
   }
   /// Uploads hidden states [T, d].
   void upload_x(const std::vector<float>& h) { x.upload(convert<Element>(h)); }
@@ -259,37 +198,41 @@ struct moe_pipeline {
     return out;
   }
 
+  /// The outputs of each stage as the views the next stages read.
+  [[nodiscard]] gating_result gated() const {
+    return {ids.get(),
+            gates.get(),
+            R > 0 ? reroute_ids.get() : nullptr,
+            logsumexp.get(),
+            {aux_score_sum.get(), aux_count.get(), valid_tokens.get(), z_sum.get(), nonfinite.get(),
+             seq_score_sum.get(), seq_count.get(), seq_tokens.get()}};
+  }
+  [[nodiscard]] dispatch_result dispatched() const {
+    return {expert.get(),   slot.get(),    weight.get(),   fates.get(), requested.get(), kept.get(),
+            rerouted.get(), dropped.get(), received.get(), load.get(),  totals.get()};
+  }
+  [[nodiscard]] layout_result laid_out() const {
+    return {offsets.get(),
+            rows_used.get(),
+            row_token.get(),
+            assignment_row.get(),
+            kind == layout_kind::compact ? block_expert.get() : nullptr,
+            num_rows.get()};
+  }
+
   status gate(cudaStream_t s = nullptr) {
-    cuda::gating_params p;
+    cuda::gating_params<Element> p;
     p.d_logits = logits.get();
-    p.logits_dtype = logits_dtype;
     p.tokens = T;
     p.d_bias = cfg.gating.expert_bias ? bias.get() : nullptr;
-    p.d_ids = ids.get();
-    p.d_gates = gates.get();
-    p.d_reroute_ids = R > 0 ? reroute_ids.get() : nullptr;
-    p.d_logsumexp = logsumexp.get();
-    p.d_aux_score_sum = aux_score_sum.get();
-    p.d_aux_count = aux_count.get();
-    p.d_valid_tokens = valid_tokens.get();
-    p.d_z_sum_squares = z_sum.get();
-    p.d_nonfinite = nonfinite.get();
-    p.d_seq_score_sum = seq_score_sum.get();
-    p.d_seq_count = seq_count.get();
-    p.d_seq_tokens = seq_tokens.get();
+    p.out = gated();
     return cuda::gating(cfg, p, gating_ws.get(), gating_ws.bytes(), s);
   }
 
   status losses(cudaStream_t s = nullptr) {
     cuda::loss_params p;
     p.tokens = T;
-    p.d_aux_score_sum = aux_score_sum.get();
-    p.d_aux_count = aux_count.get();
-    p.d_valid_tokens = valid_tokens.get();
-    p.d_z_sum_squares = z_sum.get();
-    p.d_seq_score_sum = seq_score_sum.get();
-    p.d_seq_count = seq_count.get();
-    p.d_seq_tokens = seq_tokens.get();
+    p.sums = gated().sums;
     p.d_aux_loss = aux_loss.get();
     p.d_sequence_aux_loss = seq_aux_loss.get();
     p.d_z_loss = z_loss.get();
@@ -298,46 +241,21 @@ struct moe_pipeline {
 
   status dispatch(cudaStream_t s = nullptr) {
     cuda::dispatch_params p;
-    p.config = cfg;
     p.tokens = T;
-    p.reroute_candidates = R;
-    p.d_ids = ids.get();
-    p.d_gates = gates.get();
-    p.d_reroute_ids = R > 0 ? reroute_ids.get() : nullptr;
-    p.d_expert = expert.get();
-    p.d_slot = slot.get();
-    p.d_weight = weight.get();
-    p.d_fate = fate.get();
-    p.d_requested = requested.get();
-    p.d_kept = kept.get();
-    p.d_rerouted = rerouted.get();
-    p.d_dropped = dropped.get();
-    p.d_received = received.get();
-    p.d_load = load.get();
-    p.d_totals = totals.get();
-    return cuda::dispatch(p, dispatch_ws.get(), dispatch_ws.bytes(), s);
+    p.gated = gated();
+    p.out = dispatched();
+    return cuda::dispatch(cfg, p, dispatch_ws.get(), dispatch_ws.bytes(), s);
   }
 
   status layout(cudaStream_t s = nullptr) {
     cuda::layout_params p;
     p.kind = kind;
-    p.block_size = kind == cuda::layout_kind::compact ? block_size : 1;
+    p.block_size = kind == layout_kind::compact ? block_size : 1;
     p.tokens = T;
-    p.k = k;
-    p.experts = E;
-    p.total_experts = ET;
     p.max_rows = max_rows;
-    p.d_expert = expert.get();
-    p.d_slot = slot.get();
-    p.d_load = load.get();
-    p.d_totals = totals.get();
-    p.d_offsets = offsets.get();
-    p.d_rows_used = rows_used.get();
-    p.d_row_token = row_token.get();
-    p.d_assignment_row = assignment_row.get();
-    p.d_block_expert = kind == cuda::layout_kind::compact ? block_expert.get() : nullptr;
-    p.d_num_rows = num_rows.get();
-    return cuda::build_layout(p, cfg, s);
+    p.dispatched = dispatched();
+    p.out = laid_out();
+    return cuda::layout(cfg, p, s);
   }
 
   status permute(cudaStream_t s = nullptr) {
@@ -345,11 +263,10 @@ struct moe_pipeline {
     p.d_x = x.get();
     p.tokens = T;
     p.hidden = d;
-    p.d_row_token = row_token.get();
+    p.layout = laid_out();
     p.rows = max_rows;
-    p.d_num_rows = num_rows.get();
     p.d_out = xe.get();
-    return cuda::permute(p, s);
+    return cuda::permute(cfg, p, s);
   }
 
   /// y = combine of `ye` (the experts' outputs in layout order).
@@ -357,16 +274,13 @@ struct moe_pipeline {
     cuda::combine_params<Element> p;
     p.d_expert_out = ye.get();
     p.rows = max_rows;
-    p.d_assignment_row = assignment_row.get();
-    p.d_weight = weight.get();
-    p.d_fate = fate.get();
-    p.d_x = x.get();
     p.tokens = T;
-    p.k = k;
     p.hidden = d;
-    p.dropped = cfg.dispatch.dropped;
+    p.layout = laid_out();
+    p.dispatched = dispatched();
+    p.d_x = x.get();
     p.d_y = y.get();
-    return cuda::combine(p, s);
+    return cuda::combine(cfg, p, s);
   }
 
   /// Routing only: gating, losses, dispatch, layout.
@@ -379,7 +293,7 @@ struct moe_pipeline {
 
   /// Copies the counts back (synchronises the device).
   routing_summary summary() const {
-    cuda_check(cudaDeviceSynchronize(), "cudaDeviceSynchronize");
+    cuda::throw_if_cuda_error(cudaDeviceSynchronize(), "cudaDeviceSynchronize");
     routing_summary r;
     r.assignments = T * k;
     const auto t = totals.download();
@@ -406,11 +320,11 @@ inline std::vector<float> reference_moe_forward(
     const std::vector<float>& w1, const std::vector<float>& w2, bool padded,
     std::int64_t block_size, reference::routing_result* out_routing = nullptr) {
   const auto r = reference::route<float>(cfg, logits, T, bias);
-  const auto L = padded ? reference::padded_layout(r.dispatch)
-                        : reference::compact_layout(r.dispatch, block_size);
+  const auto L = padded ? reference::layout(cfg, r.dispatch, layout_kind::padded)
+                        : reference::layout(cfg, r.dispatch, layout_kind::compact, block_size);
   std::vector<float> xe(static_cast<std::size_t>(L.num_rows * d)), ye(xe.size(), 0.0f),
       h(static_cast<std::size_t>(f));
-  reference::permute<float>(L, x, T, d, xe);
+  reference::permute<float>(cfg, L, x, T, d, xe);
   for (std::int32_t e = 0; e < L.total_experts; ++e)
     for (std::int64_t row = L.offsets[e]; row < L.offsets[e + 1]; ++row) {
       if (L.row_token[row] < 0) continue;

@@ -66,7 +66,7 @@ int main() {
     const auto w1 = ex::example_values(static_cast<std::size_t>(E * d * f), 3, 0.1f);
     const auto w2 = ex::example_values(static_cast<std::size_t>(E * f * d), 4, 0.1f);
 
-    ex::moe_pipeline<float> moe(cfg, T, d, moeroute::cuda::layout_kind::padded, 1);
+    ex::moe_pipeline<float> moe(cfg, T, d, moeroute::layout_kind::padded, 1);
     moe.upload_logits(logits);
     moe.upload_x(x);
     ex::device_buffer<float> d_w1(w1.size()), d_w2(w2.size());
@@ -74,7 +74,7 @@ int main() {
     d_w2.upload(w2);
 
     cudaStream_t stream;
-    ex::cuda_check(cudaStreamCreate(&stream), "cudaStreamCreate");
+    moeroute::cuda::throw_if_cuda_error(cudaStreamCreate(&stream), "cudaStreamCreate");
     cublasHandle_t blas;
     cublas_check(cublasCreate(&blas), "cublasCreate");
     cublas_check(cublasSetStream(blas, stream), "cublasSetStream");
@@ -95,7 +95,7 @@ int main() {
 
     // Combine (residual: tokens with no slot get x back).
     ex::check(moe.combine(stream), "combine");
-    ex::cuda_check(cudaStreamSynchronize(stream), "cudaStreamSynchronize");
+    moeroute::cuda::throw_if_cuda_error(cudaStreamSynchronize(stream), "cudaStreamSynchronize");
     const auto s = moe.summary();
     const auto y = ex::moe_pipeline<float>::to_host_floats(moe.y);
 

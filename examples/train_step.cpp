@@ -1,7 +1,7 @@
 // SPDX-License-Identifier: Apache-2.0
 // Training steps of a tiny MoE layer on the CPU reference, forward and backward, with a router
 // that starts collapsed (every token prefers expert 0). Two ways to balance it:
-//   A. the aux loss: SGD on the router weights through accumulate_logit_grads (task loss
+//   A. the aux loss: SGD on the router weights through gating_backward (task loss
 //      through combine/permute backward + aux loss + z-loss);
 //   B. aux-loss-free: the DeepSeek-V3 expert-bias update from loads accumulated over
 //      micro-batches (a recomputed micro-batch, as activation checkpointing does, is ignored).
@@ -14,7 +14,6 @@
 
 #include <moeroute/presets.hpp>
 #include <moeroute/reference.hpp>
-#include <moeroute/reference/backward.hpp>
 
 namespace ref = moeroute::reference;
 
@@ -61,7 +60,7 @@ std::vector<float> router_logits(const layer& l, const std::vector<float>& x) {
 }
 
 /// out rows = in rows times their expert's matrix (rows of the compact layout, by segment).
-void experts_forward(const layer& l, const ref::expert_layout& L, const std::vector<float>& in,
+void experts_forward(const layer& l, const ref::layout_output& L, const std::vector<float>& in,
                      std::vector<float>& out) {
   out.assign(in.size(), 0.0f);
   for (std::int32_t e = 0; e < E; ++e)
@@ -72,7 +71,7 @@ void experts_forward(const layer& l, const ref::expert_layout& L, const std::vec
 }
 
 /// d in = d out W_e^T (padding rows stay 0: their d out is 0).
-void experts_backward(const layer& l, const ref::expert_layout& L, const std::vector<float>& d_out,
+void experts_backward(const layer& l, const ref::layout_output& L, const std::vector<float>& d_out,
                       std::vector<float>& d_in) {
   d_in.assign(d_out.size(), 0.0f);
   for (std::int32_t e = 0; e < E; ++e)
@@ -108,10 +107,10 @@ trend part_a_aux_loss() {
     // forward
     const auto logits = router_logits(l, x);
     const auto r = ref::route<float>(cfg, logits, T);
-    const auto L = ref::compact_layout(r.dispatch);
+    const auto L = ref::layout(cfg, r.dispatch, moeroute::layout_kind::compact);
     const auto stats = ref::compute_stats(r.dispatch, L);
     std::vector<float> buf(L.num_rows * D), out, y(T * D);
-    ref::permute<float>(L, x, T, D, buf);
+    ref::permute<float>(cfg, L, x, T, D, buf);
     experts_forward(l, L, buf, out);
     ref::combine<float>(cfg, r.dispatch, L, out, D, x, y);
     double task = 0.0;
@@ -121,21 +120,23 @@ trend part_a_aux_loss() {
       task += 0.5 * diff * diff / T;
       dy[i] = diff / static_cast<float>(T);
     }
-    const double aux = r.aux.value / cfg.loss.aux_coefficient;  // reported with coefficient 1
+    const double aux =
+        r.losses.aux.value / cfg.loss.aux_coefficient;  // reported with coefficient 1
     if (step == 0) tr = {aux, 0, stats.drop_rate, 0};
     tr.aux1 = aux;
     tr.drop1 = stats.drop_rate;
     if (step % 3 == 0 || step == 29)
-      std::printf("  %4d   %8.4f   %8.3f%%   %9.5f\n", step, aux,
-                  100.0 * stats.drop_rate, task);
+      std::printf("  %4d   %8.4f   %8.3f%%   %9.5f\n", step, aux, 100.0 * stats.drop_rate, task);
 
+    // [snippet:cpu-backward]
     // backward: combine -> experts -> permute (d x, unused here), and the router's logits
     std::vector<float> d_out(L.num_rows * D), d_weight(T * cfg.top_k), d_x(T * D), d_buf;
     ref::combine_backward(cfg, r.dispatch, L, out, D, dy, d_out, d_weight, d_x);
     experts_backward(l, L, d_out, d_buf);
-    ref::permute_backward(r.dispatch, L, d_buf, D, d_x, /*accumulate=*/true);
+    ref::permute_backward(cfg, r.dispatch, L, d_buf, D, d_x, /*accumulate=*/true);
     std::vector<float> d_logits(T * E, 0.0f);
-    ref::accumulate_logit_grads(cfg, logits, r.gating, r.dispatch, d_weight, d_logits);
+    ref::gating_backward(cfg, logits, r.gating, r.dispatch, d_weight, d_logits);
+    // [/snippet]
     // d router = x^T d_logits; SGD
     for (std::int64_t c = 0; c < D; ++c)
       for (std::int32_t e = 0; e < E; ++e) {
@@ -149,12 +150,14 @@ trend part_a_aux_loss() {
 
 trend part_b_expert_bias() {
   trend tr;
-  std::printf("B. aux-loss-free: expert bias (DeepSeek-V3 sigmoid top-2, capacity factor 1.0,\n"
-              "   rate 0.01, 2 micro-batches per step, micro-batch 0 recomputed)\n");
+  std::printf(
+      "B. aux-loss-free: expert bias (DeepSeek-V3 sigmoid top-2, capacity factor 1.0,\n"
+      "   rate 0.01, 2 micro-batches per step, micro-batch 0 recomputed)\n");
   auto cfg = moeroute::presets::deepseek_v3(E, 2, 1, 0);
   cfg.capacity.mode = moeroute::capacity_mode::factor;  // measure what a capacity would drop
   cfg.capacity.factor = 1.0;
   cfg.loss.aux_coefficient = 1.0f;  // only reported; the bias does the balancing
+  cfg.gating.bias_update = {/*rate=*/0.01f, /*recenter=*/true};
   const layer l = collapsed_layer();
   const std::vector<float> micro[2] = {tokens(4), tokens(5)};
   const std::vector<float> logits[2] = {router_logits(l, micro[0]), router_logits(l, micro[1])};
@@ -167,8 +170,11 @@ trend part_b_expert_bias() {
     for (int mb = 0; mb < 2; ++mb) {
       const auto r = ref::route<float>(cfg, logits[mb], T, bias);
       loads.add(r.dispatch, mb);
-      aux += r.aux.value / 2;
-      drop += ref::compute_stats(r.dispatch, ref::compact_layout(r.dispatch)).drop_rate / 2;
+      aux += r.losses.aux.value / 2;
+      drop += ref::compute_stats(r.dispatch,
+                                 ref::layout(cfg, r.dispatch, moeroute::layout_kind::compact))
+                  .drop_rate /
+              2;
     }
     // activation checkpointing recomputes micro-batch 0 during backward: not counted again
     if (loads.add(ref::route<float>(cfg, logits[0], T, bias).dispatch, 0))
@@ -178,7 +184,7 @@ trend part_b_expert_bias() {
     tr.drop1 = drop;
     if (step % 4 == 0 || step == 39)
       std::printf("  %4d   %8.4f   %8.3f%%   %+.3f\n", step, aux, 100.0 * drop, bias[0]);
-    ref::update_expert_bias(bias, loads.counts(), {0.01f, true});
+    ref::expert_bias_update(cfg, bias, loads.counts());
   }
   return tr;
 }
@@ -189,9 +195,10 @@ int main() {
   const trend a = part_a_aux_loss();
   const trend b = part_b_expert_bias();
   const bool ok = a.fell() && b.fell();
-  std::printf("%s: aux loss %.3f -> %.3f and drop rate %.1f%% -> %.1f%% (aux loss); "
-              "%.3f -> %.3f and %.1f%% -> %.1f%% (expert bias)\n",
-              ok ? "OK" : "FAILED", a.aux0, a.aux1, 100 * a.drop0, 100 * a.drop1, b.aux0, b.aux1,
-              100 * b.drop0, 100 * b.drop1);
+  std::printf(
+      "%s: aux loss %.3f -> %.3f and drop rate %.1f%% -> %.1f%% (aux loss); "
+      "%.3f -> %.3f and %.1f%% -> %.1f%% (expert bias)\n",
+      ok ? "OK" : "FAILED", a.aux0, a.aux1, 100 * a.drop0, 100 * a.drop1, b.aux0, b.aux1,
+      100 * b.drop0, 100 * b.drop1);
   return ok ? 0 : 1;
 }

@@ -20,7 +20,7 @@ log "build (asan, $JOBS jobs): $targets"
 # shellcheck disable=SC2086
 cmake --build --preset asan -j "$JOBS" --target $targets
 log "tests (asan)"
-ctest --preset asan
+ctest --preset asan -j "$JOBS"
 log "sanitizer stage passed in $(($(date +%s) - start)) s"
 
 if [ "${MOEROUTE_SKIP_FUZZ:-0}" != "1" ]; then

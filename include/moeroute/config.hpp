@@ -10,6 +10,7 @@
 #include <type_traits>
 #include <utility>
 
+#include <moeroute/macros.hpp>
 #include <moeroute/status.hpp>
 
 namespace moeroute {
@@ -48,9 +49,9 @@ enum class noise_target : std::uint8_t { selection_only, selection_and_gates };
 
 struct noise_config {
   noise_kind kind = noise_kind::none;
-  float scale = 1.0f;         ///< std for gaussian, scale for gumbel; must be finite and >= 0
-  std::uint64_t seed = 0;     ///< Philox key
-  std::uint64_t offset = 0;   ///< Philox counter offset (advance it every step)
+  float scale = 1.0f;        ///< std for gaussian, scale for gumbel; must be finite and >= 0
+  std::uint64_t seed = 0;    ///< Philox key
+  std::uint64_t offset = 0;  ///< Philox counter offset (advance it every step)
   noise_target target = noise_target::selection_only;
   bool only_in_training = true;  ///< no noise when routing_config::training is false
 };
@@ -58,6 +59,13 @@ struct noise_config {
 struct group_limit_config {
   std::int32_t groups = 0;      ///< 0 or 1: no group limit; otherwise must divide E
   std::int32_t group_topk = 0;  ///< groups a token may pick; k must be a multiple of it
+};
+
+/// The expert-bias update of aux-loss-free balancing (DeepSeek-V3; `expert_bias_update`):
+/// bias[e] += rate * sign(mean load - load[e]) after each optimiser step.
+struct bias_update_config {
+  float rate = 1e-3f;     ///< gamma, the update speed (DeepSeek-V3: 0.001); finite and >= 0
+  bool recenter = false;  ///< subtract the mean bias afterwards (keeps sum(bias) = 0)
 };
 
 struct gating_config {
@@ -71,6 +79,7 @@ struct gating_config {
   /// Expert bias added to the selection values only (DeepSeek-V3 aux-loss-free balancing).
   /// The bias itself is data (it changes every step) and is passed to the gating call.
   bool expert_bias = false;
+  bias_update_config bias_update{};  ///< how expert_bias_update moves the bias
   group_limit_config group_limit{};
   noise_config noise{};
 };
@@ -89,15 +98,15 @@ enum class capacity_rounding : std::uint8_t { ceil, floor };
 
 struct capacity_config {
   capacity_mode mode = capacity_mode::factor;
-  double factor = 1.25;         ///< training capacity factor
+  double factor = 1.25;                                           ///< training capacity factor
   double eval_factor = std::numeric_limits<double>::quiet_NaN();  ///< NaN: same as factor
-  bool includes_k = true;       ///< multiply by k (DeepSpeed/Megatron) or not (the seed)
+  bool includes_k = true;  ///< multiply by k (DeepSpeed/Megatron) or not (seed_reference)
   capacity_rounding rounding = capacity_rounding::ceil;
   std::int64_t min_capacity = 0;
   bool clamp_to_tokens = false;  ///< C = min(C, T): an expert can hold each token once
   /// Megatron: when C > T nothing is dropped (every expert could hold every token).
   bool no_drop_when_exceeds_tokens = false;
-  std::int64_t fixed = 0;        ///< used by capacity_mode::fixed
+  std::int64_t fixed = 0;  ///< used by capacity_mode::fixed
 };
 
 // ---------------------------------------------------------------------------------------------
@@ -105,7 +114,7 @@ struct capacity_config {
 
 /// Who gets a slot when an expert is oversubscribed.
 enum class priority : std::uint8_t {
-  token_major,       ///< tokens in order, each token's choices in rank order (the seed loop)
+  token_major,       ///< tokens in order, each token's choices in rank order (a plain loop)
   choice_major,      ///< every token's first choice, then every second choice (GShard top-2)
   score_per_expert,  ///< each expert keeps its C largest pre-drop gates (Megatron "probs")
   random,            ///< each expert keeps C assignments by a seeded random key (RTS)
@@ -144,7 +153,7 @@ struct dispatch_config {
   drop_policy dropped = drop_policy::zero_weight;
   fallback_config fallback{};
   reroute_config reroute{};
-  std::uint64_t random_seed = 0;    ///< priority::random key
+  std::uint64_t random_seed = 0;  ///< priority::random key
   std::uint64_t random_offset = 0;
 };
 
@@ -160,7 +169,7 @@ enum class aux_count_source : std::uint8_t { routed, fresh_topk };
 
 /// The scaling each peer applies to sum_i f_i * P_i (f_i = count_i / T, P_i = mean score).
 enum class aux_scale : std::uint8_t {
-  e_times_sum,   ///< E * sum f P  (Switch, GShard, the seed, DeepSpeed top-1/top-2, Tutel)
+  e_times_sum,   ///< E * sum f P  (Switch, GShard, DeepSpeed top-1/top-2, Tutel)
   e_over_k_sum,  ///< E / k * sum f P  (DeepSpeed top-k, Megatron, TransformerEngine)
   normalized,    ///< E / (assignments counted per token) * sum f P: exactly 1 at balance
 };
@@ -216,9 +225,12 @@ struct routing_config {
   const double E = cfg.num_experts;
   const double counted = cfg.loss.counts == aux_counts::top1 ? 1.0 : cfg.top_k;
   switch (cfg.loss.scale) {
-    case aux_scale::e_times_sum: return E;
-    case aux_scale::e_over_k_sum: return E / cfg.top_k;
-    case aux_scale::normalized: return E / counted;
+    case aux_scale::e_times_sum:
+      return E;
+    case aux_scale::e_over_k_sum:
+      return E / cfg.top_k;
+    case aux_scale::normalized:
+      return E / counted;
   }
   return E;
 }
@@ -227,7 +239,7 @@ struct routing_config {
 inline constexpr std::int32_t max_experts = 8192;
 inline constexpr std::int32_t max_top_k = 8192;
 /// Tokens per batch: token indices and slots are int32 (dispatch_output::slot,
-/// expert_layout::row_token), so a batch holds at most 2^31 - 1 tokens. Capacities, the
+/// layout_output::row_token), so a batch holds at most 2^31 - 1 tokens. Capacities, the
 /// fixed and minimum capacity included, are bounded by the same number.
 inline constexpr std::int64_t max_tokens = (std::int64_t{1} << 31) - 1;
 inline constexpr std::int64_t max_hidden = std::int64_t{1} << 20;
@@ -255,7 +267,8 @@ std::string field_msg(const char* field, T value, const char* why) {
   auto bad = [](std::string m) { return status::make(status_code::invalid_config, std::move(m)); };
   const std::int32_t E = c.num_experts, k = c.top_k;
   if (E <= 0) return bad(field_msg("num_experts", E, "must be >= 1"));
-  if (E > max_experts) return bad(field_msg("num_experts", E, "exceeds moeroute::max_experts (8192)"));
+  if (E > max_experts)
+    return bad(field_msg("num_experts", E, "exceeds moeroute::max_experts (8192)"));
   if (k <= 0) return bad(field_msg("top_k", k, "must be >= 1"));
   if (k > E) return bad(field_msg("top_k", k, "must not exceed num_experts"));
 
@@ -267,8 +280,9 @@ std::string field_msg(const char* field, T value, const char* why) {
   if (g.score != score_function::softmax && g.stage == softmax_stage::after_topk)
     return bad("gating.stage = after_topk: only meaningful for score_function::softmax");
   if (g.stage == softmax_stage::after_topk && g.select == select_from::scores)
-    return bad("gating.select = scores with gating.stage = after_topk: scores do not exist "
-               "before the top-k; select from logits");
+    return bad(
+        "gating.select = scores with gating.stage = after_topk: scores do not exist "
+        "before the top-k; select from logits");
   const auto& gl = g.group_limit;
   if (gl.groups < 0) return bad(field_msg("gating.group_limit.groups", gl.groups, "must be >= 0"));
   if (gl.groups > 1) {
@@ -289,6 +303,8 @@ std::string field_msg(const char* field, T value, const char* why) {
     return bad(field_msg("gating.group_limit.group_topk", gl.group_topk,
                          "set without gating.group_limit.groups > 1"));
   }
+  if (!std::isfinite(g.bias_update.rate) || g.bias_update.rate < 0.0f)
+    return bad(field_msg("gating.bias_update.rate", g.bias_update.rate, "must be finite and >= 0"));
   const auto& n = g.noise;
   if (n.kind != noise_kind::none && (!std::isfinite(n.scale) || n.scale < 0.0f))
     return bad(field_msg("gating.noise.scale", n.scale, "must be finite and >= 0"));
@@ -299,7 +315,8 @@ std::string field_msg(const char* field, T value, const char* why) {
     if (!std::isfinite(cap.factor) || cap.factor <= 0.0)
       return bad(field_msg("capacity.factor", cap.factor, "must be finite and > 0"));
     if (!std::isnan(cap.eval_factor) && (!std::isfinite(cap.eval_factor) || cap.eval_factor <= 0.0))
-      return bad(field_msg("capacity.eval_factor", cap.eval_factor, "must be finite and > 0, or NaN"));
+      return bad(
+          field_msg("capacity.eval_factor", cap.eval_factor, "must be finite and > 0, or NaN"));
     if (f > 1e6)
       return bad(field_msg(f == cap.factor ? "capacity.factor" : "capacity.eval_factor", f,
                            "is absurdly large (> 1e6)"));
@@ -309,15 +326,17 @@ std::string field_msg(const char* field, T value, const char* why) {
   if (cap.mode == capacity_mode::fixed && cap.fixed < 0)
     return bad(field_msg("capacity.fixed", cap.fixed, "must be >= 0"));
   if (cap.min_capacity > max_tokens)
-    return bad(field_msg("capacity.min_capacity", cap.min_capacity, "exceeds moeroute::max_tokens"));
+    return bad(
+        field_msg("capacity.min_capacity", cap.min_capacity, "exceeds moeroute::max_tokens"));
   if (cap.mode == capacity_mode::fixed && cap.fixed > max_tokens)
     return bad(field_msg("capacity.fixed", cap.fixed, "exceeds moeroute::max_tokens"));
 
   const auto& d = c.dispatch;
   if (d.dropped == drop_policy::fallback) {
     if (d.fallback.expert >= E)
-      return bad(field_msg("dispatch.fallback.expert", d.fallback.expert,
-                           ("must be -1 (dedicated) or < num_experts = " + std::to_string(E)).c_str()));
+      return bad(
+          field_msg("dispatch.fallback.expert", d.fallback.expert,
+                    ("must be -1 (dedicated) or < num_experts = " + std::to_string(E)).c_str()));
     if (d.fallback.expert < -1)
       return bad(field_msg("dispatch.fallback.expert", d.fallback.expert, "must be >= -1"));
     if (d.fallback.capacity < -1)
@@ -328,10 +347,12 @@ std::string field_msg(const char* field, T value, const char* why) {
                            "exceeds moeroute::max_tokens"));
   }
   if (d.dropped == drop_policy::next_choice && d.reroute.max_candidates < 1)
-    return bad(field_msg("dispatch.reroute.max_candidates", d.reroute.max_candidates, "must be >= 1"));
+    return bad(
+        field_msg("dispatch.reroute.max_candidates", d.reroute.max_candidates, "must be >= 1"));
   if (d.dropped == drop_policy::next_choice && gl.groups > 1)
-    return bad("dispatch.dropped = next_choice with a group limit is not supported: reroute "
-               "candidates would leave the token's groups");
+    return bad(
+        "dispatch.dropped = next_choice with a group limit is not supported: reroute "
+        "candidates would leave the token's groups");
 
   const auto& l = c.loss;
   if (!std::isfinite(l.aux_coefficient) || l.aux_coefficient < 0.0f)
@@ -346,10 +367,12 @@ std::string field_msg(const char* field, T value, const char* why) {
 /// @brief Checks a batch shape against a valid config: T tokens (may be 0).
 [[nodiscard]] inline status validate_tokens(const routing_config& c, std::int64_t tokens) {
   if (tokens < 0)
-    return status::make(status_code::invalid_shape, detail::field_msg("tokens", tokens, "must be >= 0"));
-  if (tokens > max_tokens)
     return status::make(status_code::invalid_shape,
-                        detail::field_msg("tokens", tokens, "exceeds moeroute::max_tokens (2^31 - 1)"));
+                        detail::field_msg("tokens", tokens, "must be >= 0"));
+  if (tokens > max_tokens)
+    return status::make(
+        status_code::invalid_shape,
+        detail::field_msg("tokens", tokens, "exceeds moeroute::max_tokens (2^31 - 1)"));
   if (c.loss.sequence_length > 0 && tokens % c.loss.sequence_length != 0)
     return status::make(status_code::invalid_shape,
                         "tokens = " + std::to_string(tokens) + " is not a multiple of " +
@@ -360,9 +383,9 @@ std::string field_msg(const char* field, T value, const char* why) {
 /// @brief Checks a hidden size (columns of the token and expert-buffer rows): 0 <= d <= max_hidden.
 [[nodiscard]] inline status validate_hidden(std::int64_t hidden) {
   if (hidden < 0 || hidden > max_hidden)
-    return status::make(status_code::invalid_shape,
-                        detail::field_msg("hidden size d", hidden,
-                                          "must be in [0, moeroute::max_hidden = 2^20]"));
+    return status::make(
+        status_code::invalid_shape,
+        detail::field_msg("hidden size d", hidden, "must be in [0, moeroute::max_hidden = 2^20]"));
   return status::success();
 }
 

@@ -6,13 +6,17 @@
 #include <cmath>
 #include <cstdint>
 #include <limits>
+#include <string>
+#include <string_view>
 
 #include <moeroute/config.hpp>
+#include <moeroute/status.hpp>
 
 namespace moeroute::presets {
 
-/// The `moe_route` / `load_balancing_loss` of the design notes (seed 004): softmax, top-k on
-/// the probabilities, renormalise before drop, C = int(factor * T / E), token loop, residual.
+/// A plain token-loop router (the golden cases named `seed_*` are its outputs): softmax, top-k
+/// on the probabilities, renormalise before drop, C = int(factor * T / E) (no k), tokens in
+/// order, dropped tokens pass through (residual), aux loss E * sum f P over the top-1 choice.
 inline routing_config seed_reference(std::int32_t experts, std::int32_t k, double factor = 1.25) {
   routing_config c;
   c.num_experts = experts;
@@ -93,16 +97,17 @@ struct megatron_options {
   bool pre_softmax = false;  ///< moe_router_pre_softmax
   /// moe_expert_capacity_factor; NaN = dropless (no capacity)
   double capacity_factor = std::numeric_limits<double>::quiet_NaN();
-  std::int32_t groups = 0;        ///< moe_router_num_groups
-  std::int32_t group_topk = 0;    ///< moe_router_group_topk
-  float scaling_factor = 1.0f;    ///< moe_router_topk_scaling_factor
-  bool expert_bias = false;       ///< moe_router_enable_expert_bias
+  std::int32_t groups = 0;      ///< moe_router_num_groups
+  std::int32_t group_topk = 0;  ///< moe_router_group_topk
+  float scaling_factor = 1.0f;  ///< moe_router_topk_scaling_factor
+  bool expert_bias = false;     ///< moe_router_enable_expert_bias
 };
 
 /// Megatron-Core `topk_routing_with_score_function` + `apply_router_token_dropping`
 /// (drop_policy "probs") + `switch_load_balancing_loss_func` with
 /// `compute_routing_scores_for_aux_loss` (a fresh top-k on the unbiased aux scores).
-inline routing_config megatron(std::int32_t experts, std::int32_t k, const megatron_options& o = {}) {
+inline routing_config megatron(std::int32_t experts, std::int32_t k,
+                               const megatron_options& o = {}) {
   routing_config c;
   c.num_experts = experts;
   c.top_k = k;
@@ -179,7 +184,8 @@ inline routing_config deepseek_v3(std::int32_t experts = 256, std::int32_t k = 8
 
 /// Qwen2/Qwen3-MoE: softmax over all, top-k on the probabilities, optional renormalisation
 /// (norm_topk_prob: Qwen3 true, Qwen1.5 false), dropless, HuggingFace aux loss.
-inline routing_config qwen_moe(std::int32_t experts = 128, std::int32_t k = 8, bool norm_topk_prob = true) {
+inline routing_config qwen_moe(std::int32_t experts = 128, std::int32_t k = 8,
+                               bool norm_topk_prob = true) {
   routing_config c;
   c.num_experts = experts;
   c.top_k = k;
@@ -198,6 +204,110 @@ inline routing_config olmoe(std::int32_t experts = 64, std::int32_t k = 8) {
   routing_config c = qwen_moe(experts, k, false);
   c.loss.aux_coefficient = 0.01f;
   c.loss.z_coefficient = 0.001f;
+  return c;
+}
+
+// ---------------------------------------------------------------------------------------------
+// The presets by name: one registry for the capacity tool, the benchmarks and the tests.
+
+/// A preset as a name, with the model it is named after (the defaults a tool uses when the user
+/// gives no experts / k / hidden size).
+struct preset_info {
+  std::string_view name;
+  std::string_view description;
+  std::int32_t default_experts;
+  std::int32_t default_k;       ///< the k the preset is built for
+  bool fixed_k;                 ///< the preset exists for this k only (switch_top1, *_top2)
+  std::int64_t default_hidden;  ///< d of the model it is named after
+};
+
+inline constexpr preset_info registry[] = {
+    {"deepspeed_topk", "DeepSpeed topkgating, position priority, renormalise after drop", 8, 2,
+     false, 4096},
+    {"deepspeed_top2", "DeepSpeed top2gating / GShard top-2, choice-major, min capacity 4", 8, 2,
+     true, 4096},
+    {"gshard_top2", "GShard top-2 (same routing as deepspeed_top2)", 8, 2, true, 4096},
+    {"switch_top1", "Switch Transformer top-1, factor 1.25, residual (Switch-Base: E=128, d=768)",
+     128, 1, true, 768},
+    {"seed_reference", "plain token loop: C = int(f*T/E), residual, renormalise before drop", 8, 2,
+     false, 4096},
+    {"megatron", "Megatron-Core TopKRouter, score priority (\"probs\"), token-index slots", 8, 2,
+     false, 4096},
+    {"mixtral", "Mixtral 8x7B: top-2 of 8, softmax after top-k, dropless (d=4096)", 8, 2, false,
+     4096},
+    {"deepseek_v3", "DeepSeek-V3: sigmoid, bias, 8 groups / top-4, top-8 of 256, x2.5 (d=7168)",
+     256, 8, false, 7168},
+    {"qwen_moe", "Qwen3-MoE: softmax, top-8 of 128, renormalised (d=2048)", 128, 8, false, 2048},
+    {"olmoe", "OLMoE: softmax, top-8 of 64, no renormalisation, z-loss (d=2048)", 64, 8, false,
+     2048},
+};
+
+/// @brief The registry entry named `name` (aliases: switch, deepseek, qwen, qwen3), or null.
+[[nodiscard]] constexpr const preset_info* find(std::string_view name) noexcept {
+  if (name == "switch") name = "switch_top1";
+  if (name == "deepseek") name = "deepseek_v3";
+  if (name == "qwen3" || name == "qwen") name = "qwen_moe";
+  for (const auto& p : registry)
+    if (p.name == name) return &p;
+  return nullptr;
+}
+
+/// @brief The registry's names, comma separated (for help texts and error messages).
+[[nodiscard]] inline std::string names() {
+  std::string s;
+  for (const auto& p : registry) {
+    if (!s.empty()) s += ", ";
+    s += p.name;
+  }
+  return s;
+}
+
+/// @brief The named preset for `experts` experts and top-`k`, with each preset's default
+///        capacity options. deepseek_v3 keeps its 8 groups / top-4 where E and k allow them,
+///        else it has no group limit.
+/// @return the config, or invalid_config naming the preset (unknown name, or a k the preset
+///         does not exist for). The config itself is not validated: call validate().
+[[nodiscard]] inline status by_name(std::string_view name, std::int32_t experts, std::int32_t k,
+                                    routing_config& out) {
+  const preset_info* p = find(name);
+  if (p == nullptr)
+    return status::make(status_code::invalid_config,
+                        "preset '" + std::string(name) + "' is unknown (known: " + names() + ")");
+  if (p->fixed_k && k != p->default_k)
+    return status::make(status_code::invalid_config, "preset " + std::string(p->name) + " is top-" +
+                                                         std::to_string(p->default_k) +
+                                                         " only, not top-" + std::to_string(k));
+  const std::string_view n = p->name;
+  if (n == "deepspeed_topk") {
+    out = deepspeed_topk(experts, k);
+  } else if (n == "deepspeed_top2") {
+    out = deepspeed_top2(experts);
+  } else if (n == "gshard_top2") {
+    out = gshard_top2(experts);
+  } else if (n == "switch_top1") {
+    out = switch_top1(experts);
+  } else if (n == "seed_reference") {
+    out = seed_reference(experts, k);
+  } else if (n == "megatron") {
+    out = megatron(experts, k);
+  } else if (n == "mixtral") {
+    out = mixtral(experts, k);
+  } else if (n == "deepseek_v3") {
+    const bool groups_fit = experts % 8 == 0 && k % 4 == 0 && k / 4 <= experts / 8;
+    out = groups_fit ? deepseek_v3(experts, k, 8, 4) : deepseek_v3(experts, k, 0, 0);
+  } else if (n == "qwen_moe") {
+    out = qwen_moe(experts, k);
+  } else {
+    out = olmoe(experts, k);
+  }
+  return status::success();
+}
+
+/// @brief by_name for callers that prefer exceptions: throws moeroute::error.
+[[nodiscard]] inline routing_config by_name(std::string_view name, std::int32_t experts,
+                                            std::int32_t k) {
+  routing_config c;
+  throw_if_error(by_name(name, experts, k, c));
   return c;
 }
 

@@ -1,5 +1,7 @@
 // SPDX-License-Identifier: Apache-2.0
-// The whole CPU reference pipeline, plus a one-call `route` for the common case.
+// The whole CPU reference: every op (gating, dispatch, layout, permute, combine, losses and
+// their backward passes, the expert-bias update, routing statistics), plus a one-call `route`
+// for the forward of the common case.
 #pragma once
 
 #include <cstdint>
@@ -9,34 +11,33 @@
 #include <moeroute/config.hpp>
 #include <moeroute/presets.hpp>
 #include <moeroute/reference/combine.hpp>
+#include <moeroute/reference/combine_backward.hpp>
 #include <moeroute/reference/dispatch.hpp>
+#include <moeroute/reference/expert_bias_update.hpp>
 #include <moeroute/reference/gating.hpp>
+#include <moeroute/reference/gating_backward.hpp>
 #include <moeroute/reference/layout.hpp>
 #include <moeroute/reference/losses.hpp>
 #include <moeroute/reference/stats.hpp>
 
 namespace moeroute::reference {
 
-/// Everything one routing call produces on the CPU.
+/// Everything the forward of one routing produces on the CPU.
 struct routing_result {
   gating_output gating;
   dispatch_output dispatch;
-  aux_loss_result aux;
-  double sequence_aux = 0.0;
-  z_loss_result z;
+  loss_output losses;
 };
 
-/// @brief Gating, capacity assignment and both losses in one call.
+/// @brief Gating, capacity assignment and the losses in one call.
 /// @param logits [T, E] row-major; bias [E] when cfg.gating.expert_bias; valid [T] or empty.
 template <class In = float>
 routing_result route(const routing_config& cfg, std::span<const In> logits, std::int64_t tokens,
                      std::span<const float> bias = {}, std::span<const std::uint8_t> valid = {}) {
   routing_result r;
-  r.gating = gate<In>(cfg, logits, tokens, bias, valid);
-  r.dispatch = dispatch(cfg, r.gating);
-  r.aux = aux_loss(cfg, r.gating);
-  r.sequence_aux = sequence_aux_loss(cfg, r.gating);
-  r.z = z_loss(cfg, r.gating);
+  r.gating = reference::gating<In>(cfg, logits, tokens, bias, valid);
+  r.dispatch = reference::dispatch(cfg, r.gating);
+  r.losses = reference::losses(cfg, r.gating);
   return r;
 }
 

@@ -10,6 +10,7 @@
 
 #include <moeroute/macros.hpp>
 
+MOEROUTE_PRECISE_FP_BEGIN
 namespace moeroute::rng {
 
 struct u32x4 {
@@ -62,7 +63,8 @@ MOEROUTE_HOST_DEVICE inline float bits_float(std::uint32_t u) {
 /// @brief Philox-4x32-10 (Salmon et al., SC'11): a bijection of a 128-bit counter under a
 ///        64-bit key. Same constants as cuRAND and numpy's Philox.
 MOEROUTE_HOST_DEVICE inline u32x4 philox4x32(u32x4 ctr, std::uint64_t key64) {
-  std::uint32_t k0 = static_cast<std::uint32_t>(key64), k1 = static_cast<std::uint32_t>(key64 >> 32);
+  std::uint32_t k0 = static_cast<std::uint32_t>(key64),
+                k1 = static_cast<std::uint32_t>(key64 >> 32);
   for (int round = 0; round < 10; ++round) {
     std::uint32_t hi0, lo0, hi1, lo1;
     detail::mulhilo(0xD2511F53u, ctr.v[0], hi0, lo0);
@@ -76,8 +78,8 @@ MOEROUTE_HOST_DEVICE inline u32x4 philox4x32(u32x4 ctr, std::uint64_t key64) {
 
 /// @brief Four 32-bit draws for element `index` of stream `stream` under (seed, offset).
 ///        Counter = (index lo, index hi, offset lo ^ stream, offset hi); key = seed.
-MOEROUTE_HOST_DEVICE inline u32x4 draw(std::uint64_t seed, std::uint64_t offset, std::uint32_t stream,
-                                       std::uint64_t index) {
+MOEROUTE_HOST_DEVICE inline u32x4 draw(std::uint64_t seed, std::uint64_t offset,
+                                       std::uint32_t stream, std::uint64_t index) {
   const u32x4 ctr{{static_cast<std::uint32_t>(index), static_cast<std::uint32_t>(index >> 32),
                    static_cast<std::uint32_t>(offset) ^ (stream * 0x9E3779B9u),
                    static_cast<std::uint32_t>(offset >> 32)}};
@@ -127,8 +129,8 @@ MOEROUTE_HOST_DEVICE inline float portable_cos_2pi(float u) {
   // reduce to r in [-0.5, 0.5] turns, then fold by symmetry to [0, 0.25]
   float r = add(u, -0.5f);  // cos(2 pi u) = -cos(2 pi r)
   float sign = -1.0f;
-  if (r < 0.0f) r = -r;                 // cos is even
-  if (r > 0.25f) {                      // cos(2 pi r) = -cos(2 pi (0.5 - r))
+  if (r < 0.0f) r = -r;  // cos is even
+  if (r > 0.25f) {       // cos(2 pi r) = -cos(2 pi (0.5 - r))
     r = add(0.5f, -r);
     sign = -sign;
   }
@@ -170,3 +172,4 @@ MOEROUTE_HOST_DEVICE inline float gumbel(std::uint32_t a) {
 }
 
 }  // namespace moeroute::rng
+MOEROUTE_PRECISE_FP_END

@@ -10,7 +10,8 @@ namespace moeroute {
 
 inline constexpr std::size_t workspace_alignment = 256;
 
-[[nodiscard]] constexpr std::size_t align_up(std::size_t n, std::size_t a = workspace_alignment) noexcept {
+[[nodiscard]] constexpr std::size_t align_up(std::size_t n,
+                                             std::size_t a = workspace_alignment) noexcept {
   return (n + a - 1) / a * a;
 }
 

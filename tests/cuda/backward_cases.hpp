@@ -1,13 +1,11 @@
 // SPDX-License-Identifier: Apache-2.0
 // Inputs shared by the backward GPU tests (backward_test.cu, backward_grid_test.cu): random
-// logits and upstream gradients, and dispatch fates as the bytes the launchers read.
+// logits and upstream gradients.
 #pragma once
 
 #include <cstdint>
 #include <random>
 #include <vector>
-
-#include <moeroute/reference/dispatch.hpp>
 
 namespace moeroute::test {
 
@@ -25,12 +23,6 @@ inline std::vector<float> random_values(std::size_t n, std::uint32_t seed) {
   std::vector<float> v(n);
   for (auto& x : v) x = u(rng);
   return v;
-}
-
-inline std::vector<std::uint8_t> fate_bytes(const reference::dispatch_output& d) {
-  std::vector<std::uint8_t> f(d.fates.size());
-  for (std::size_t i = 0; i < f.size(); ++i) f[i] = static_cast<std::uint8_t>(d.fates[i]);
-  return f;
 }
 
 }  // namespace moeroute::test

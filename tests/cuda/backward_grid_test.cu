@@ -1,10 +1,9 @@
 // SPDX-License-Identifier: Apache-2.0
-// The backward launchers (logit_grads, combine_backward, permute_backward, expert_bias_update)
+// The backward launchers (gating_backward, combine_backward, permute_backward, expert_bias_update)
 // against the CPU reference over a wider grid than backward_test.cu, with its tolerances: every
 // score function, renormalisation and drop policy, noise, groups and bias, batch / sequence aux
 // and z-loss terms, f32 / f16 / bf16 logits and elements, k = 1 .. E, T in {0, 1, 7, 300},
-// hidden 1 .. 300, NaN / Inf and all-very-negative rows. Runs in cuda_tests on a GPU and on the
-// CPU lock-step emulation (tests/emulation/backward_driver.cpp, ctest backward_emulation).
+// hidden 1 .. 300, NaN / Inf and all-very-negative rows.
 #include <catch2/catch.hpp>
 
 #include <cmath>
@@ -18,26 +17,28 @@
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 
-#include <moeroute/cuda/backward.cuh>
+#include <moeroute/cuda/combine_backward.cuh>
+#include <moeroute/cuda/device_buffer.cuh>
+#include <moeroute/cuda/expert_bias_update.cuh>
+#include <moeroute/cuda/gating_backward.cuh>
+#include <moeroute/names.hpp>
 #include <moeroute/presets.hpp>
 #include <moeroute/reference.hpp>
-#include <moeroute/reference/backward.hpp>
 
 #include "backward_cases.hpp"
-#include "device_buffer.cuh"
 
 using namespace moeroute;
 namespace ref = moeroute::reference;
-using moeroute::test::fate_bytes;
+using cuda::device_buffer;
 using moeroute::test::random_logits;
 using moeroute::test::random_values;
 
 /// REQUIRE a status, printing its message when it fails.
-#define REQUIRE_OK(expr)            \
-  do {                              \
-    const auto status_ = (expr);    \
-    INFO(status_.message);          \
-    REQUIRE(status_);               \
+#define REQUIRE_OK(expr)         \
+  do {                           \
+    const auto status_ = (expr); \
+    INFO(status_.message);       \
+    REQUIRE(status_);            \
   } while (0)
 
 namespace {
@@ -58,7 +59,8 @@ std::int64_t first_mismatch(const A& got, const B& want, double rel, double abs)
 
 template <class T>
 bool same_bits(const std::vector<T>& a, const std::vector<T>& b) {
-  return a.size() == b.size() && (a.empty() || std::memcmp(a.data(), b.data(), a.size() * sizeof(T)) == 0);
+  return a.size() == b.size() &&
+         (a.empty() || std::memcmp(a.data(), b.data(), a.size() * sizeof(T)) == 0);
 }
 
 template <class Bits>
@@ -79,13 +81,15 @@ float decode(Bits b) {
     return moeroute::to_float(b);
   }
 }
-/// The device element type with the layout of Bits.
+/// The name of an element type, for messages.
 template <class Bits>
-using device_element_t = std::conditional_t<std::is_same_v<Bits, float>, float,
-                                            std::conditional_t<std::is_same_v<Bits, half_bits>, __half, __nv_bfloat16>>;
+constexpr const char* element_name() {
+  return std::is_same_v<Bits, float> ? "f32" : (std::is_same_v<Bits, half_bits> ? "f16" : "bf16");
+}
+/// A host vector as device elements of the same bits.
 template <class Bits>
-constexpr dtype dtype_of() {
-  return std::is_same_v<Bits, float> ? dtype::f32 : (std::is_same_v<Bits, half_bits> ? dtype::f16 : dtype::bf16);
+auto as_device(const device_buffer<Bits>& b) {
+  return reinterpret_cast<kernels::device_element_t<Bits>*>(b.get());
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -115,8 +119,10 @@ std::vector<grid_logit_case> grid_logit_cases() {
     c.dispatch.fallback.expert = 2;
     v.push_back({"DeepSpeed top-2 after-drop, fallback to routed expert 2", c});
   }
-  v.push_back({"DeepSpeed top-k = E = 6, after-drop, drops", presets::deepspeed_topk(6, 6, 0.5, 1)});
-  v.push_back({"DeepSeek-V3: sigmoid, groups, bias, scaling 2.5", presets::deepseek_v3(16, 4, 4, 2), true});
+  v.push_back(
+      {"DeepSpeed top-k = E = 6, after-drop, drops", presets::deepspeed_topk(6, 6, 0.5, 1)});
+  v.push_back(
+      {"DeepSeek-V3: sigmoid, groups, bias, scaling 2.5", presets::deepseek_v3(16, 4, 4, 2), true});
   {
     routing_config c;
     c.num_experts = 7;
@@ -220,7 +226,8 @@ std::vector<float> grid_logits(std::int64_t T, std::int32_t E, std::uint32_t see
   auto x = random_logits(T, E, seed);
   if (T > 5 && f != score_function::softmax)  // sigmoid(-18.5) ~ 9e-9; sqrt(softplus(-37)) ~ 9e-9
     for (std::int32_t e = 0; e < E; ++e)
-      x[5 * E + e] = (f == score_function::sigmoid ? -18.5f : -37.0f) - 0.0625f * static_cast<float>(e);
+      x[5 * E + e] =
+          (f == score_function::sigmoid ? -18.5f : -37.0f) - 0.0625f * static_cast<float>(e);
   if (T > 1)
     for (std::int32_t e = 0; e < E; ++e) x[1 * E + e] = -40.0f - static_cast<float>(e);
   if (T > 2) {
@@ -246,7 +253,7 @@ void check_grid_logit_grads(const grid_logit_case& c, std::int64_t T, std::uint3
   auto cfg = c.cfg;
   if (c.sequence) cfg.loss.sequence_length = T == 300 ? 60 : (T > 0 ? T : 1);
   const std::int32_t E = cfg.num_experts, k = cfg.top_k;
-  INFO("case " << c.name << ", T = " << T << ", logits " << to_string(dtype_of<Bits>()));
+  INFO("case " << c.name << ", T = " << T << ", logits " << element_name<Bits>());
   const auto x32 = grid_logits(T, E, seed, cfg.gating.score);
   std::vector<Bits> xb(x32.size());
   std::vector<float> x(x32.size());  // what the kernel reads, as float
@@ -258,34 +265,34 @@ void check_grid_logit_grads(const grid_logit_case& c, std::int64_t T, std::uint3
   if (c.bias) bias = random_values(E, seed + 7);
   for (auto& b : bias) b *= 0.1f;
   const auto valid = grid_valid(T);
-  const auto g = ref::gate<Bits>(cfg, std::span<const Bits>(xb), T, bias, valid);
+  const auto g = ref::gating<Bits>(cfg, std::span<const Bits>(xb), T, bias, valid);
   const auto d = ref::dispatch(cfg, g);
   const auto dw = random_values(T * k, seed + 1);
 
-  test::device_buffer<Bits> d_x(xb);
-  test::device_buffer<float> d_dw(dw), d_out(T * E);
-  test::device_buffer<std::int32_t> d_ids(g.ids);
-  test::device_buffer<std::uint8_t> d_fate(fate_bytes(d)), d_valid(g.valid);
-  test::device_buffer<std::int64_t> d_count(g.aux_count), d_vt(std::vector<std::int64_t>{g.valid_tokens}),
+  device_buffer<Bits> d_x(xb);
+  device_buffer<float> d_dw(dw), d_out(T * E);
+  device_buffer<std::int32_t> d_ids(g.ids);
+  device_buffer<fate> d_fate(d.fates);
+  device_buffer<std::uint8_t> d_valid(g.valid);
+  device_buffer<std::int64_t> d_count(g.aux_count), d_vt(std::vector<std::int64_t>{g.valid_tokens}),
       d_seq_count(g.seq_count), d_seq_tokens(g.seq_tokens);
-  cuda::logit_grads_params p;
-  p.d_logits = d_x.get();
-  p.logits_dtype = dtype_of<Bits>();
+  cuda::gating_backward_params<kernels::device_element_t<Bits>> p;
+  p.d_logits = as_device(d_x);
   p.tokens = T;
   p.d_valid = valid.empty() ? nullptr : d_valid.get();  // null: all valid
-  p.d_ids = d_ids.get();
-  p.d_fate = d_fate.get();
-  p.d_aux_count = d_count.get();
-  p.d_valid_tokens = d_vt.get();
-  p.d_seq_count = d_seq_count.get();
-  p.d_seq_tokens = d_seq_tokens.get();
+  p.gated.d_ids = d_ids.get();
+  p.gated.sums.d_aux_count = d_count.get();
+  p.gated.sums.d_valid_tokens = d_vt.get();
+  p.gated.sums.d_seq_count = d_seq_count.get();
+  p.gated.sums.d_seq_tokens = d_seq_tokens.get();
+  p.dispatched.d_fate = d_fate.get();
   p.d_grad_logits = d_out.get();
 
   // pass A: non-unit weights, accumulating on 0.5; pass B: unit weights, overwriting garbage;
   // pass C: no routing term (d_grad_weight null), overwriting.
   struct pass {
     const char* name;
-    ref::logit_grad_weights w;
+    gating_backward_weights w;
     bool accumulate, routing;
   };
   const pass passes[] = {{"A", {0.75, 2.0, 3.0, 0.5}, true, true},
@@ -294,20 +301,18 @@ void check_grid_logit_grads(const grid_logit_case& c, std::int64_t T, std::uint3
   for (const auto& ps : passes) {
     INFO("pass " << ps.name);
     std::vector<float> want(T * E, ps.accumulate ? 0.5f : 0.0f);
-    ref::accumulate_logit_grads(cfg, x, g, d, ps.routing ? dw : std::vector<float>{}, want, ps.w);
+    ref::gating_backward(cfg, x, g, d, ps.routing ? dw : std::vector<float>{}, want, ps.w);
     d_out.upload(std::vector<float>(T * E, ps.accumulate ? 0.5f : 123.0f));
     p.d_grad_weight = ps.routing ? d_dw.get() : nullptr;
-    p.routing_weight = ps.w.routing;
-    p.aux_weight = ps.w.aux;
-    p.sequence_aux_weight = ps.w.sequence_aux;
-    p.z_weight = ps.w.z;
+    p.weights = ps.w;
     p.accumulate = ps.accumulate;
-    REQUIRE_OK(cuda::logit_grads(cfg, p));
+    REQUIRE_OK(cuda::gating_backward(cfg, p));
     const auto got = d_out.download();
     const auto bad = first_mismatch(got, want, 1e-6, 1e-9);
     INFO("first mismatch at " << bad << " (token " << (bad >= 0 ? bad / E : -1) << ", expert "
                               << (bad >= 0 ? bad % E : -1) << "): emulated "
-                              << (bad >= 0 ? got[bad] : 0.0f) << ", cpu " << (bad >= 0 ? want[bad] : 0.0f));
+                              << (bad >= 0 ? got[bad] : 0.0f) << ", cpu "
+                              << (bad >= 0 ? want[bad] : 0.0f));
     REQUIRE(bad == -1);
   }
 }
@@ -352,15 +357,17 @@ std::vector<grid_combine_case> grid_combine_cases() {
 }
 
 template <class Bits>
-void check_grid_combine(const grid_combine_case& c, std::int64_t T, std::int64_t d, bool accumulate) {
-  using El = device_element_t<Bits>;
+void check_grid_combine(const grid_combine_case& c, std::int64_t T, std::int64_t d,
+                        bool accumulate) {
+  using El = kernels::device_element_t<Bits>;
   INFO("case " << c.name << ", T = " << T << ", hidden = " << d << ", element "
-               << to_string(dtype_of<Bits>()) << ", permute accumulate " << accumulate);
+               << element_name<Bits>() << ", permute accumulate " << accumulate);
   const auto x = grid_logits(T, c.cfg.num_experts, 21);
   const auto valid = grid_valid(T);
-  const auto g = ref::gate(c.cfg, x, T, {}, valid);
+  const auto g = ref::gating(c.cfg, x, T, {}, valid);
   const auto dsp = ref::dispatch(c.cfg, g);
-  const auto L = c.padded ? ref::padded_layout(dsp) : ref::compact_layout(dsp, 4);
+  const auto L = c.padded ? ref::layout(c.cfg, dsp, layout_kind::padded)
+                          : ref::layout(c.cfg, dsp, layout_kind::compact, 4);
   const std::int32_t k = dsp.k;
   std::vector<Bits> eo(L.num_rows * d), dy(T * d);
   {
@@ -372,55 +379,54 @@ void check_grid_combine(const grid_combine_case& c, std::int64_t T, std::int64_t
   std::vector<float> w_dw(T * k);
   ref::combine_backward<Bits>(c.cfg, dsp, L, eo, d, dy, w_eo, w_dw, w_dx);
   std::vector<Bits> w_px = accumulate ? w_dx : std::vector<Bits>(dy.size(), encode<Bits>(7.0f));
-  ref::permute_backward<Bits>(dsp, L, w_eo, d, w_px, accumulate);
+  ref::permute_backward<Bits>(c.cfg, dsp, L, w_eo, d, w_px, accumulate);
 
-  test::device_buffer<Bits> d_eo(eo), d_dy(dy), g_eo(eo.size()), g_dx(dy.size()), g_px(dy.size());
-  test::device_buffer<float> d_weight(dsp.weight), g_dw(T * k);
-  test::device_buffer<std::int32_t> d_rt(L.row_token);
-  test::device_buffer<std::int64_t> d_ar(L.assignment_row);
-  test::device_buffer<std::uint8_t> d_fate(fate_bytes(dsp));
-  auto el = [](const test::device_buffer<Bits>& b) { return reinterpret_cast<El*>(b.get()); };
+  device_buffer<Bits> d_eo(eo), d_dy(dy), g_eo(eo.size()), g_dx(dy.size()), g_px(dy.size());
+  device_buffer<float> d_weight(dsp.weight), g_dw(T * k);
+  device_buffer<std::int32_t> d_rt(L.row_token);
+  device_buffer<std::int64_t> d_ar(L.assignment_row);
+  device_buffer<fate> d_fate(dsp.fates);
   cuda::combine_backward_params<El> p;
-  p.d_expert_out = el(d_eo);
-  p.d_dy = el(d_dy);
-  p.d_row_token = d_rt.get();
-  p.d_assignment_row = d_ar.get();
-  p.d_weight = d_weight.get();
-  p.d_fate = d_fate.get();
+  p.d_expert_out = as_device(d_eo);
+  p.d_dy = as_device(d_dy);
   p.rows = L.num_rows;
   p.tokens = T;
-  p.k = k;
   p.hidden = d;
-  p.dropped = c.cfg.dispatch.dropped;
-  p.d_grad_expert_out = el(g_eo);
+  p.layout.d_row_token = d_rt.get();
+  p.layout.d_assignment_row = d_ar.get();
+  p.dispatched.d_weight = d_weight.get();
+  p.dispatched.d_fate = d_fate.get();
+  p.d_grad_expert_out = as_device(g_eo);
   p.d_grad_weight = g_dw.get();
-  p.d_grad_x = el(g_dx);
-  REQUIRE_OK(cuda::combine_backward(p));
+  p.d_grad_x = as_device(g_dx);
+  REQUIRE_OK(cuda::combine_backward(c.cfg, p));
   if (accumulate)  // on top of the residual part, as a training step does
-    test::check_cuda(cudaMemcpy(g_px.get(), g_dx.get(), dy.size() * sizeof(Bits), cudaMemcpyDeviceToDevice), "copy");
+    cuda::throw_if_cuda_error(
+        cudaMemcpy(g_px.get(), g_dx.get(), dy.size() * sizeof(Bits), cudaMemcpyDeviceToDevice),
+        "copy");
   else
     g_px.upload(std::vector<Bits>(dy.size(), encode<Bits>(7.0f)));  // overwritten
   cuda::permute_backward_params<El> q;
-  q.d_grad_buf = el(g_eo);
-  q.d_assignment_row = d_ar.get();
+  q.d_grad_buf = as_device(g_eo);
+  q.rows = L.num_rows;
   q.tokens = T;
-  q.k = k;
   q.hidden = d;
+  q.layout.d_assignment_row = d_ar.get();
   q.accumulate = accumulate;
-  q.d_grad_x = el(g_px);
-  REQUIRE_OK(cuda::permute_backward(q));
+  q.d_grad_x = as_device(g_px);
+  REQUIRE_OK(cuda::permute_backward(c.cfg, q));
   CHECK(same_bits(g_eo.download(), w_eo));
   CHECK(same_bits(g_dx.download(), w_dx));
   CHECK(same_bits(g_px.download(), w_px));
   const auto dw = g_dw.download();
   const auto bad = first_mismatch(dw, w_dw, 1e-5, 1e-6);
-  INFO("d weight: first mismatch at " << bad << ": emulated " << (bad >= 0 ? dw[bad] : 0.0f) << ", cpu "
-                                      << (bad >= 0 ? w_dw[bad] : 0.0f));
+  INFO("d weight: first mismatch at " << bad << ": emulated " << (bad >= 0 ? dw[bad] : 0.0f)
+                                      << ", cpu " << (bad >= 0 ? w_dw[bad] : 0.0f));
   CHECK(bad == -1);
   // without d x: the residual pass-through is skipped, the rest unchanged
   p.d_grad_x = nullptr;
   g_dw.fill_bytes(0xFF);
-  REQUIRE_OK(cuda::combine_backward(p));
+  REQUIRE_OK(cuda::combine_backward(c.cfg, p));
   CHECK(same_bits(g_dw.download(), dw));
 }
 
@@ -437,12 +443,13 @@ TEST_CASE("cuda backward grid: logit gradients over the config grid", "[cuda][ba
     }
 }
 
-TEST_CASE("cuda backward grid: combine and permute backward over the config grid", "[cuda][backward][grid]") {
+TEST_CASE("cuda backward grid: combine and permute backward over the config grid",
+          "[cuda][backward][grid]") {
   for (const auto& c : grid_combine_cases())
     for (std::int64_t T : {0, 1, 7, 300}) {
       // hidden 1 (lanes without a column), 24, and 300 (more columns than threads)
-      const std::vector<std::int64_t> hiddens = T == 300 ? std::vector<std::int64_t>{24}
-                                                         : std::vector<std::int64_t>{1, 24, 300};
+      const std::vector<std::int64_t> hiddens =
+          T == 300 ? std::vector<std::int64_t>{24} : std::vector<std::int64_t>{1, 24, 300};
       for (std::int64_t d : hiddens) {
         const bool acc = (d + T) % 2 == 0;
         check_grid_combine<float>(c, T, d, acc);
@@ -452,51 +459,59 @@ TEST_CASE("cuda backward grid: combine and permute backward over the config grid
     }
 }
 
-TEST_CASE("cuda backward grid: expert-bias update over sizes and loads", "[cuda][backward][grid][bias]") {
+TEST_CASE("cuda backward grid: expert-bias update over sizes and loads",
+          "[cuda][backward][grid][bias]") {
   for (std::int32_t E : {1, 5, 37, 300, 8192})
     for (int loads = 0; loads < 3; ++loads)
       for (bool recenter : {false, true})
         for (float rate : {0.0f, 1e-3f, 0.25f}) {
-          INFO("E = " << E << ", loads " << loads << ", recenter " << recenter << ", rate " << rate);
+          INFO("E = " << E << ", loads " << loads << ", recenter " << recenter << ", rate "
+                      << rate);
           auto bias = random_values(E, 40 + E);
           std::vector<std::int64_t> load(E, 0);  // loads 0: all zero
           for (std::int32_t e = 0; e < E; ++e) {
-            if (loads == 1) load[e] = 17;                                   // all equal
+            if (loads == 1) load[e] = 17;                                          // all equal
             if (loads == 2) load[e] = static_cast<std::int64_t>((e * 7919) % 23);  // mixed
           }
-          test::device_buffer<float> d_bias(bias);
-          test::device_buffer<std::int64_t> d_load(load);
+          device_buffer<float> d_bias(bias);
+          device_buffer<std::int64_t> d_load(load);
+          routing_config cfg;
+          cfg.num_experts = E;
+          cfg.top_k = 1;
+          cfg.gating.bias_update = {rate, recenter};
           cuda::expert_bias_update_params p;
           p.d_bias = d_bias.get();
           p.d_load = d_load.get();
-          p.experts = E;
-          p.rate = rate;
-          p.recenter = recenter;
-          REQUIRE_OK(cuda::expert_bias_update(p));
-          ref::update_expert_bias(bias, load, {rate, recenter});
+          REQUIRE_OK(cuda::expert_bias_update(cfg, p));
+          ref::expert_bias_update(cfg, bias, load);
           CHECK(same_bits(d_bias.download(), bias));
         }
 }
 
 TEST_CASE("cuda backward grid: expert-bias rate accepted exactly when the reference accepts it",
           "[cuda][backward][grid][bias]") {
-  float bias = 0.0f;
-  std::int64_t load = 0;
+  device_buffer<float> d_bias(std::vector<float>{0.0f});
+  device_buffer<std::int64_t> d_load(std::vector<std::int64_t>{0});
   cuda::expert_bias_update_params p;
-  p.d_bias = &bias;  // "device" memory is host memory here
-  p.d_load = &load;
-  p.experts = 1;
-  for (float rate : {-1.0f, std::numeric_limits<float>::quiet_NaN(), std::numeric_limits<float>::infinity(),
-                     0.0f, 3.1e38f, std::numeric_limits<float>::max()}) {
+  p.d_bias = d_bias.get();
+  p.d_load = d_load.get();
+  for (float rate :
+       {-1.0f, std::numeric_limits<float>::quiet_NaN(), std::numeric_limits<float>::infinity(),
+        0.0f, 3.1e38f, std::numeric_limits<float>::max()}) {
     INFO("rate " << rate);
-    p.rate = rate;
+    routing_config cfg;
+    cfg.num_experts = 1;
+    cfg.top_k = 1;
+    cfg.gating.bias_update.rate = rate;
     bool ref_ok = true;
     std::vector<float> b{0.0f};
     try {
-      ref::update_expert_bias(b, std::vector<std::int64_t>{0}, {rate, false});
+      ref::expert_bias_update(cfg, b, std::vector<std::int64_t>{0});
     } catch (const moeroute::error&) {
       ref_ok = false;
     }
-    CHECK(static_cast<bool>(cuda::expert_bias_update(p)) == ref_ok);
+    const auto st = cuda::expert_bias_update(cfg, p);
+    CHECK(static_cast<bool>(st) == ref_ok);
+    if (!ref_ok) CHECK(st.message.find("gating.bias_update.rate") != std::string::npos);
   }
 }

@@ -1,8 +1,8 @@
 // SPDX-License-Identifier: Apache-2.0
 // GPU backward launchers against the CPU backward reference, on the forward's own decisions
-// (ids, fates, layout, aux and sequence counts from the CPU reference, uploaded). Tolerances: logit gradients 1e-6
-// relative + 1e-9 absolute (both compute in double; device exp/log may differ by an ulp);
-// d expert_out, d x and the bias update bitwise; d weight 1e-5 relative (warp dot order).
+// (ids, fates, layout, aux and sequence counts from the CPU reference, uploaded). Tolerances: logit
+// gradients 1e-6 relative + 1e-9 absolute (both compute in double; device exp/log may differ by an
+// ulp); d expert_out, d x and the bias update bitwise; d weight 1e-5 relative (warp dot order).
 // Every launcher is run twice: the reruns must be bitwise identical. Every case is small and
 // tagged [quick], so tests/gpu_check.sh runs them all under compute-sanitizer.
 #include <catch2/catch.hpp>
@@ -14,17 +14,18 @@
 #include <string>
 #include <vector>
 
-#include <moeroute/cuda/backward.cuh>
+#include <moeroute/cuda/combine_backward.cuh>
+#include <moeroute/cuda/device_buffer.cuh>
+#include <moeroute/cuda/expert_bias_update.cuh>
+#include <moeroute/cuda/gating_backward.cuh>
 #include <moeroute/presets.hpp>
 #include <moeroute/reference.hpp>
-#include <moeroute/reference/backward.hpp>
 
 #include "backward_cases.hpp"
-#include "device_buffer.cuh"
 
 using namespace moeroute;
 namespace ref = moeroute::reference;
-using moeroute::test::fate_bytes;
+using cuda::device_buffer;
 using moeroute::test::random_logits;
 using moeroute::test::random_values;
 
@@ -43,40 +44,38 @@ void check_logit_grads(const logit_case& c, std::uint32_t seed) {
   const auto& cfg = c.cfg;
   const std::int32_t E = cfg.num_experts, k = cfg.top_k;
   const auto x = random_logits(c.T, E, seed);
-  const auto g = ref::gate(cfg, x, c.T, c.bias, c.valid);
+  const auto g = ref::gating(cfg, x, c.T, c.bias, c.valid);
   const auto d = ref::dispatch(cfg, g);
   const auto dw = random_values(c.T * k, seed + 1);
   std::vector<float> want(c.T * E, 0.5f);  // accumulate on top of a non-zero buffer
-  ref::logit_grad_weights w;
+  gating_backward_weights w;
   w.routing = 0.75;
   w.aux = 2.0;
   w.sequence_aux = 3.0;
   w.z = 0.5;
-  ref::accumulate_logit_grads(cfg, x, g, d, dw, want, w);
+  ref::gating_backward(cfg, x, g, d, dw, want, w);
 
-  test::device_buffer<float> d_x(x), d_dw(dw), d_out(std::vector<float>(c.T * E, 0.5f));
-  test::device_buffer<std::int32_t> d_ids(g.ids);
-  test::device_buffer<std::uint8_t> d_fate(fate_bytes(d)), d_valid(g.valid);
-  test::device_buffer<std::int64_t> d_count(g.aux_count), d_vt(std::vector<std::int64_t>{g.valid_tokens}),
+  device_buffer<float> d_x(x), d_dw(dw), d_out(std::vector<float>(c.T * E, 0.5f));
+  device_buffer<std::int32_t> d_ids(g.ids);
+  device_buffer<fate> d_fate(d.fates);
+  device_buffer<std::uint8_t> d_valid(g.valid);
+  device_buffer<std::int64_t> d_count(g.aux_count), d_vt(std::vector<std::int64_t>{g.valid_tokens}),
       d_seq_count(g.seq_count), d_seq_tokens(g.seq_tokens);
-  cuda::logit_grads_params p;
+  cuda::gating_backward_params<float> p;
   p.d_logits = d_x.get();
   p.tokens = c.T;
   p.d_valid = d_valid.get();
-  p.d_ids = d_ids.get();
-  p.d_fate = d_fate.get();
+  p.gated.d_ids = d_ids.get();
+  p.gated.sums.d_aux_count = d_count.get();
+  p.gated.sums.d_valid_tokens = d_vt.get();
+  p.gated.sums.d_seq_count = d_seq_count.get();
+  p.gated.sums.d_seq_tokens = d_seq_tokens.get();
+  p.dispatched.d_fate = d_fate.get();
   p.d_grad_weight = d_dw.get();
-  p.d_aux_count = d_count.get();
-  p.d_valid_tokens = d_vt.get();
-  p.d_seq_count = d_seq_count.get();
-  p.d_seq_tokens = d_seq_tokens.get();
-  p.routing_weight = w.routing;
-  p.aux_weight = w.aux;
-  p.sequence_aux_weight = w.sequence_aux;
-  p.z_weight = w.z;
+  p.weights = w;
   p.d_grad_logits = d_out.get();
-  REQUIRE(cuda::logit_grads(cfg, p));
-  test::check_cuda(cudaDeviceSynchronize(), "sync");
+  REQUIRE(cuda::gating_backward(cfg, p));
+  cuda::throw_if_cuda_error(cudaDeviceSynchronize(), "sync");
   const auto got = d_out.download();
   for (std::size_t i = 0; i < got.size(); ++i) {
     INFO("element " << i << ": gpu " << got[i] << ", cpu " << want[i]);
@@ -84,17 +83,17 @@ void check_logit_grads(const logit_case& c, std::uint32_t seed) {
   }
   // rerun: bitwise identical
   d_out.upload(std::vector<float>(c.T * E, 0.5f));
-  REQUIRE(cuda::logit_grads(cfg, p));
-  test::check_cuda(cudaDeviceSynchronize(), "sync");
+  REQUIRE(cuda::gating_backward(cfg, p));
+  cuda::throw_if_cuda_error(cudaDeviceSynchronize(), "sync");
   const auto again = d_out.download();
   REQUIRE(std::memcmp(again.data(), got.data(), got.size() * sizeof(float)) == 0);
   // overwrite mode ignores what was there
   d_out.upload(std::vector<float>(c.T * E, 123.0f));
   p.accumulate = false;
-  REQUIRE(cuda::logit_grads(cfg, p));
-  test::check_cuda(cudaDeviceSynchronize(), "sync");
+  REQUIRE(cuda::gating_backward(cfg, p));
+  cuda::throw_if_cuda_error(cudaDeviceSynchronize(), "sync");
   std::vector<float> want0(c.T * E, 0.0f);
-  ref::accumulate_logit_grads(cfg, x, g, d, dw, want0, w);
+  ref::gating_backward(cfg, x, g, d, dw, want0, w);
   const auto got0 = d_out.download();
   for (std::size_t i = 0; i < got0.size(); ++i)
     REQUIRE(std::fabs(got0[i] - want0[i]) <= 1e-6 * std::fabs(want0[i]) + 1e-9);
@@ -106,12 +105,19 @@ TEST_CASE("cuda backward: logit gradients equal the CPU reference", "[cuda][back
   std::vector<logit_case> cases;
   presets::megatron_options mo;
   mo.capacity_factor = 1.0;
-  cases.push_back({"Megatron top-2 softmax after top-k, capacity 1.0", presets::megatron(8, 2, mo), 64, {}, {}});
+  cases.push_back({"Megatron top-2 softmax after top-k, capacity 1.0",
+                   presets::megatron(8, 2, mo),
+                   64,
+                   {},
+                   {}});
   mo.pre_softmax = true;
   cases.push_back({"Megatron top-2 pre-softmax", presets::megatron(8, 2, mo), 64, {}, {}});
   cases.push_back({"DeepSpeed top-2 after drop", presets::deepspeed_top2(8, 0.5), 64, {}, {}});
-  cases.push_back({"DeepSeek-V3 sigmoid, groups, bias", presets::deepseek_v3(16, 4, 4, 2), 48,
-                   std::vector<float>(16, 0.01f), {}});
+  cases.push_back({"DeepSeek-V3 sigmoid, groups, bias",
+                   presets::deepseek_v3(16, 4, 4, 2),
+                   48,
+                   std::vector<float>(16, 0.01f),
+                   {}});
   {
     auto c = presets::qwen_moe(12, 3, true);
     c.gating.score = score_function::sqrt_softplus;
@@ -134,48 +140,50 @@ TEST_CASE("cuda backward: logit gradients equal the CPU reference", "[cuda][back
     std::vector<std::uint8_t> valid(32, 1);
     for (int t = 24; t < 32; ++t) valid[t] = 0;  // the last sequence is all padding
     valid[5] = 0;
-    cases.push_back({"DeepSeek-V3 sequence aux, padding", c, 32, std::vector<float>(8, 0.0f), valid});
+    cases.push_back(
+        {"DeepSeek-V3 sequence aux, padding", c, 32, std::vector<float>(8, 0.0f), valid});
     auto m = presets::mixtral(6, 2);
     m.loss.sequence_length = 5;
     cases.push_back({"Mixtral sequence aux (softmax P)", m, 30, {}, {}});
   }
-  for (std::size_t i = 0; i < cases.size(); ++i) check_logit_grads(cases[i], 10 + static_cast<std::uint32_t>(i));
+  for (std::size_t i = 0; i < cases.size(); ++i)
+    check_logit_grads(cases[i], 10 + static_cast<std::uint32_t>(i));
 }
 
 TEST_CASE("cuda backward: zero tokens and bad params", "[cuda][backward][quick]") {
   const auto cfg = presets::mixtral(8, 2);
-  cuda::logit_grads_params p;
-  CHECK(cuda::logit_grads(cfg, p));  // T = 0
+  cuda::gating_backward_params<float> p;
+  CHECK(cuda::gating_backward(cfg, p));  // T = 0
   p.tokens = 4;
-  CHECK(cuda::logit_grads(cfg, p).code == status_code::invalid_argument);
+  CHECK(cuda::gating_backward(cfg, p).code == status_code::invalid_argument);
   auto seq = cfg;
   seq.loss.sequence_length = 2;
   float dummy = 0;
   std::int64_t cnt = 0;
   p.d_logits = &dummy;
   p.d_grad_logits = &dummy;
-  p.d_aux_count = &cnt;
-  CHECK(cuda::logit_grads(seq, p).code == status_code::invalid_argument);  // no d_seq_count
+  p.gated.sums.d_aux_count = &cnt;
+  const auto st = cuda::gating_backward(seq, p);
+  CHECK(st.code == status_code::invalid_argument);
+  CHECK(st.message.find("gated.sums.d_seq_count") != std::string::npos);
   cuda::permute_backward_params<float> pp;
-  pp.k = 2;
   pp.hidden = 4;
-  CHECK(cuda::permute_backward(pp));
+  CHECK(cuda::permute_backward(cfg, pp));
   pp.tokens = 3;
-  CHECK(cuda::permute_backward(pp).code == status_code::invalid_argument);
+  CHECK(cuda::permute_backward(cfg, pp).code == status_code::invalid_argument);
   // T = 0 with a padded layout: rows = E * C > 0 (min_capacity), every one padding; the
   // [T, .] inputs are empty (null) and d expert_out must come out 0
-  test::device_buffer<std::int32_t> rt(std::vector<std::int32_t>(6, -1));
-  test::device_buffer<float> eo(std::vector<float>(6 * 4, 1.0f)), geo(6 * 4);
+  device_buffer<std::int32_t> rt(std::vector<std::int32_t>(6, -1));
+  device_buffer<float> eo(std::vector<float>(6 * 4, 1.0f)), geo(6 * 4);
   geo.fill_bytes(0x7F);
   cuda::combine_backward_params<float> cp;
   cp.d_expert_out = eo.get();
-  cp.d_row_token = rt.get();
+  cp.layout.d_row_token = rt.get();
   cp.rows = 6;
-  cp.k = 2;
   cp.hidden = 4;
   cp.d_grad_expert_out = geo.get();
-  REQUIRE(cuda::combine_backward(cp));
-  test::check_cuda(cudaDeviceSynchronize(), "sync");
+  REQUIRE(cuda::combine_backward(cfg, cp));
+  cuda::throw_if_cuda_error(cudaDeviceSynchronize(), "sync");
   CHECK(geo.download() == std::vector<float>(6 * 4, 0.0f));
 }
 
@@ -197,58 +205,60 @@ TEST_CASE("cuda backward: combine and permute backward equal the CPU reference",
     INFO("case " << c.name);
     const std::int64_t T = 40, d = 24;
     const auto x = random_logits(T, c.cfg.num_experts, 3);
-    const auto g = ref::gate(c.cfg, x, T);
+    const auto g = ref::gating(c.cfg, x, T);
     const auto dsp = ref::dispatch(c.cfg, g);
-    const auto L = c.padded ? ref::padded_layout(dsp) : ref::compact_layout(dsp, 8);
+    const auto L = c.padded ? ref::layout(c.cfg, dsp, layout_kind::padded)
+                            : ref::layout(c.cfg, dsp, layout_kind::compact, 8);
     const std::int32_t k = dsp.k;
     const auto eo = random_values(L.num_rows * d, 4), dy = random_values(T * d, 5);
     std::vector<float> w_eo(L.num_rows * d), w_dw(T * k), w_dx(T * d);
     ref::combine_backward(c.cfg, dsp, L, eo, d, dy, w_eo, w_dw, w_dx);
     std::vector<float> w_px = w_dx;
-    ref::permute_backward(dsp, L, w_eo, d, w_px, true);
+    ref::permute_backward(c.cfg, dsp, L, w_eo, d, w_px, true);
 
-    test::device_buffer<float> d_eo(eo), d_dy(dy), d_weight(dsp.weight), g_eo(L.num_rows * d), g_dw(T * k),
-        g_dx(T * d);
-    test::device_buffer<std::int32_t> d_rt(L.row_token);
-    test::device_buffer<std::int64_t> d_ar(L.assignment_row);
-    test::device_buffer<std::uint8_t> d_fate(fate_bytes(dsp));
+    device_buffer<float> d_eo(eo), d_dy(dy), d_weight(dsp.weight), g_eo(L.num_rows * d),
+        g_dw(T * k), g_dx(T * d);
+    device_buffer<std::int32_t> d_rt(L.row_token);
+    device_buffer<std::int64_t> d_ar(L.assignment_row);
+    device_buffer<fate> d_fate(dsp.fates);
     cuda::combine_backward_params<float> p;
     p.d_expert_out = d_eo.get();
     p.d_dy = d_dy.get();
-    p.d_row_token = d_rt.get();
-    p.d_assignment_row = d_ar.get();
-    p.d_weight = d_weight.get();
-    p.d_fate = d_fate.get();
     p.rows = L.num_rows;
     p.tokens = T;
-    p.k = k;
     p.hidden = d;
-    p.dropped = c.cfg.dispatch.dropped;
+    p.layout.d_row_token = d_rt.get();
+    p.layout.d_assignment_row = d_ar.get();
+    p.dispatched.d_weight = d_weight.get();
+    p.dispatched.d_fate = d_fate.get();
     p.d_grad_expert_out = g_eo.get();
     p.d_grad_weight = g_dw.get();
     p.d_grad_x = g_dx.get();
-    REQUIRE(cuda::combine_backward(p));
+    REQUIRE(cuda::combine_backward(c.cfg, p));
     cuda::permute_backward_params<float> q;
     q.d_grad_buf = g_eo.get();
-    q.d_assignment_row = d_ar.get();
+    q.rows = L.num_rows;
     q.tokens = T;
-    q.k = k;
     q.hidden = d;
+    q.layout.d_assignment_row = d_ar.get();
     q.accumulate = true;
-    test::device_buffer<float> g_px(T * d);
-    REQUIRE(cuda::combine_backward(p));
-    test::check_cuda(cudaMemcpy(g_px.get(), g_dx.get(), T * d * sizeof(float), cudaMemcpyDeviceToDevice), "copy");
+    device_buffer<float> g_px(T * d);
+    REQUIRE(cuda::combine_backward(c.cfg, p));
+    cuda::throw_if_cuda_error(
+        cudaMemcpy(g_px.get(), g_dx.get(), T * d * sizeof(float), cudaMemcpyDeviceToDevice),
+        "copy");
     q.d_grad_x = g_px.get();
-    REQUIRE(cuda::permute_backward(q));
-    test::check_cuda(cudaDeviceSynchronize(), "sync");
+    REQUIRE(cuda::permute_backward(c.cfg, q));
+    cuda::throw_if_cuda_error(cudaDeviceSynchronize(), "sync");
     CHECK(g_eo.download() == w_eo);
     CHECK(g_dx.download() == w_dx);
     CHECK(g_px.download() == w_px);
     const auto dw = g_dw.download();
-    for (std::size_t i = 0; i < dw.size(); ++i) REQUIRE(dw[i] == Approx(w_dw[i]).epsilon(1e-5).margin(1e-6));
+    for (std::size_t i = 0; i < dw.size(); ++i)
+      REQUIRE(dw[i] == Approx(w_dw[i]).epsilon(1e-5).margin(1e-6));
     // rerun: bitwise
-    REQUIRE(cuda::combine_backward(p));
-    test::check_cuda(cudaDeviceSynchronize(), "sync");
+    REQUIRE(cuda::combine_backward(c.cfg, p));
+    cuda::throw_if_cuda_error(cudaDeviceSynchronize(), "sync");
     CHECK(g_dw.download() == dw);
   }
 }
@@ -257,17 +267,17 @@ TEST_CASE("cuda backward: expert-bias update equals the CPU reference bitwise",
           "[cuda][backward][bias][quick]") {
   std::vector<float> bias = random_values(37, 8);
   std::vector<std::int64_t> load(37);
-  for (std::size_t e = 0; e < load.size(); ++e) load[e] = static_cast<std::int64_t>((e * 7919) % 23);
-  test::device_buffer<float> d_bias(bias);
-  test::device_buffer<std::int64_t> d_load(load);
+  for (std::size_t e = 0; e < load.size(); ++e)
+    load[e] = static_cast<std::int64_t>((e * 7919) % 23);
+  device_buffer<float> d_bias(bias);
+  device_buffer<std::int64_t> d_load(load);
+  auto cfg = presets::deepseek_v3(37, 2, 0, 0);
+  cfg.gating.bias_update = {0.01f, true};
   cuda::expert_bias_update_params p;
   p.d_bias = d_bias.get();
   p.d_load = d_load.get();
-  p.experts = 37;
-  p.rate = 0.01f;
-  p.recenter = true;
-  REQUIRE(cuda::expert_bias_update(p));
-  test::check_cuda(cudaDeviceSynchronize(), "sync");
-  ref::update_expert_bias(bias, load, {0.01f, true});
+  REQUIRE(cuda::expert_bias_update(cfg, p));
+  cuda::throw_if_cuda_error(cudaDeviceSynchronize(), "sync");
+  ref::expert_bias_update(cfg, bias, load);
   CHECK(d_bias.download() == bias);
 }

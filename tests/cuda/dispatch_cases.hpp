@@ -22,7 +22,9 @@ struct lcg {
     s = s * 6364136223846793005ULL + 1442695040888963407ULL;
     return static_cast<std::uint32_t>(s >> 33);
   }
-  float uniform(float lo, float hi) { return lo + (hi - lo) * static_cast<float>(next() >> 8) / 16777216.0f; }
+  float uniform(float lo, float hi) {
+    return lo + (hi - lo) * static_cast<float>(next() >> 8) / 16777216.0f;
+  }
 };
 
 /// Router logits [T, E] with a few "hot" experts, so capacity actually drops assignments.
@@ -32,7 +34,8 @@ inline std::vector<float> make_logits(std::int64_t T, std::int32_t E, std::uint6
   const std::int32_t hot = E / 8 > 0 ? E / 8 : 1;
   for (std::int64_t t = 0; t < T; ++t)
     for (std::int32_t e = 0; e < E; ++e)
-      x[t * E + e] = r.uniform(-2.0f, 2.0f) + (e < hot ? 2.0f : 0.0f) + ((t % 13 == 0 && e == E - 1) ? 4.0f : 0.0f);
+      x[t * E + e] = r.uniform(-2.0f, 2.0f) + (e < hot ? 2.0f : 0.0f) +
+                     ((t % 13 == 0 && e == E - 1) ? 4.0f : 0.0f);
   return x;
 }
 
@@ -45,8 +48,13 @@ inline std::vector<std::uint8_t> make_valid(std::int64_t T) {
 
 /// Drop-policy variants the grid covers.
 enum class drop_case : int {
-  zero_weight, residual, fallback_dedicated_unbounded, fallback_dedicated_bounded, fallback_routed,
-  next_choice, count
+  zero_weight,
+  residual,
+  fallback_dedicated_unbounded,
+  fallback_dedicated_bounded,
+  fallback_routed,
+  next_choice,
+  count
 };
 /// Capacity variants the grid covers.
 enum class cap_case : int { factor, fixed, max_load, unbounded, floor_min_clamp, count };
@@ -56,7 +64,7 @@ struct case_spec {
   drop_case drop = drop_case::zero_weight;
   slot_order slots = slot_order::priority;
   cap_case cap = cap_case::factor;
-  bool masked = false;  ///< pass a padding mask
+  bool masked = false;     ///< pass a padding mask
   bool after_drop = true;  ///< renormalise after drop (else before)
 };
 
@@ -64,7 +72,8 @@ inline std::string describe(const case_spec& s, std::int64_t T, std::int32_t E, 
   std::ostringstream o;
   o << "T=" << T << " E=" << E << " k=" << k << " prio=" << static_cast<int>(s.prio)
     << " drop=" << static_cast<int>(s.drop) << " slots=" << static_cast<int>(s.slots)
-    << " cap=" << static_cast<int>(s.cap) << " masked=" << s.masked << " after_drop=" << s.after_drop;
+    << " cap=" << static_cast<int>(s.cap) << " masked=" << s.masked
+    << " after_drop=" << s.after_drop;
   return o.str();
 }
 
@@ -89,10 +98,20 @@ inline routing_config make_config(std::int32_t E, std::int32_t k, const case_spe
   c.gating.renorm = s.after_drop ? renormalize::after_drop : renormalize::before_drop;
   c.gating.scaling_factor = 1.5f;
   switch (s.cap) {
-    case cap_case::factor: c.capacity.factor = 0.75; break;
-    case cap_case::fixed: c.capacity.mode = capacity_mode::fixed; c.capacity.fixed = 3; break;
-    case cap_case::max_load: c.capacity.mode = capacity_mode::max_load; c.capacity.min_capacity = 2; break;
-    case cap_case::unbounded: c.capacity.mode = capacity_mode::unbounded; break;
+    case cap_case::factor:
+      c.capacity.factor = 0.75;
+      break;
+    case cap_case::fixed:
+      c.capacity.mode = capacity_mode::fixed;
+      c.capacity.fixed = 3;
+      break;
+    case cap_case::max_load:
+      c.capacity.mode = capacity_mode::max_load;
+      c.capacity.min_capacity = 2;
+      break;
+    case cap_case::unbounded:
+      c.capacity.mode = capacity_mode::unbounded;
+      break;
     case cap_case::floor_min_clamp:
       c.capacity.factor = 0.5;
       c.capacity.includes_k = false;
@@ -100,15 +119,20 @@ inline routing_config make_config(std::int32_t E, std::int32_t k, const case_spe
       c.capacity.min_capacity = 1;
       c.capacity.clamp_to_tokens = true;
       break;
-    case cap_case::count: break;
+    case cap_case::count:
+      break;
   }
   c.dispatch.prio = s.prio;
   c.dispatch.slots = s.slots;
   c.dispatch.random_seed = 0x5eed;
   c.dispatch.random_offset = 17;
   switch (s.drop) {
-    case drop_case::zero_weight: c.dispatch.dropped = drop_policy::zero_weight; break;
-    case drop_case::residual: c.dispatch.dropped = drop_policy::residual; break;
+    case drop_case::zero_weight:
+      c.dispatch.dropped = drop_policy::zero_weight;
+      break;
+    case drop_case::residual:
+      c.dispatch.dropped = drop_policy::residual;
+      break;
     case drop_case::fallback_dedicated_unbounded:
       c.dispatch.dropped = drop_policy::fallback;
       c.dispatch.fallback = {-1, -1};
@@ -125,17 +149,19 @@ inline routing_config make_config(std::int32_t E, std::int32_t k, const case_spe
       c.dispatch.dropped = drop_policy::next_choice;
       c.dispatch.reroute.max_candidates = 3;
       break;
-    case drop_case::count: break;
+    case drop_case::count:
+      break;
   }
   return c;
 }
 
 /// Reference gating for a case (the same gating output feeds both dispatch implementations).
-inline reference::gating_output make_gating(const routing_config& cfg, std::int64_t T, std::uint64_t seed,
-                                            bool masked) {
+inline reference::gating_output make_gating(const routing_config& cfg, std::int64_t T,
+                                            std::uint64_t seed, bool masked) {
   const auto logits = make_logits(T, cfg.num_experts, seed);
   const auto valid = masked ? make_valid(T) : std::vector<std::uint8_t>{};
-  return reference::gate<float>(cfg, std::span<const float>(logits), T, {}, std::span<const std::uint8_t>(valid));
+  return reference::gating<float>(cfg, std::span<const float>(logits), T, {},
+                                  std::span<const std::uint8_t>(valid));
 }
 
 }  // namespace moeroute::test

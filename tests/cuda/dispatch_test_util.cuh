@@ -23,72 +23,84 @@
 #include <moeroute/cuda/layout.cuh>
 #include <moeroute/reference.hpp>
 
-#include "device_buffer.cuh"
+#include <moeroute/cuda/device_buffer.cuh>
 #include "dispatch_cases.hpp"
 
 namespace moeroute::test {
+
+using cuda::device_buffer;
 
 /// Everything cuda::dispatch wrote, copied back.
 struct host_dispatch {
   std::vector<std::int32_t> expert, slot;
   std::vector<float> weight;
-  std::vector<std::uint8_t> fate;
+  std::vector<fate> fates;
   std::vector<std::int64_t> requested, kept, rerouted, dropped, received, load;
-  cuda::dispatch_totals totals{};
+  dispatch_totals totals{};
 };
 
 /// Device inputs and outputs of one dispatch call, and its workspace.
 struct gpu_dispatch {
+  routing_config cfg;
   std::int64_t T;
-  std::int32_t k, E, ET, R;
+  std::int32_t k, E, ET;
   device_buffer<std::int32_t> ids, reroute;
   device_buffer<float> gates;
   device_buffer<std::uint8_t> valid;
   device_buffer<std::int32_t> expert, slot;
   device_buffer<float> weight;
-  device_buffer<std::uint8_t> fate;
+  device_buffer<fate> fates;
   device_buffer<std::int64_t> requested, kept, rerouted, dropped, received, load;
-  device_buffer<cuda::dispatch_totals> totals;
+  device_buffer<dispatch_totals> totals;
   device_buffer<unsigned char> ws;
   cuda::dispatch_params params;
 
-  gpu_dispatch(const routing_config& cfg, const reference::gating_output& g, bool pass_valid)
-      : T(g.tokens), k(cfg.top_k), E(cfg.num_experts), ET(cfg.total_experts()), R(g.reroute_candidates),
-        ids(g.ids), reroute(g.reroute_ids), gates(g.gates), valid(g.valid),
-        expert(g.ids.size()), slot(g.ids.size()), weight(g.ids.size()), fate(g.ids.size()),
-        requested(E), kept(E), rerouted(E), dropped(E), received(ET), load(ET), totals(1),
-        ws(cuda::dispatch_workspace_bytes(cfg, g.tokens)) {
-    params.config = cfg;
+  gpu_dispatch(const routing_config& c, const reference::gating_output& g, bool pass_valid)
+      : cfg(c),
+        T(g.tokens),
+        k(c.top_k),
+        E(c.num_experts),
+        ET(c.total_experts()),
+        ids(g.ids),
+        reroute(g.reroute_ids),
+        gates(g.gates),
+        valid(g.valid),
+        expert(g.ids.size()),
+        slot(g.ids.size()),
+        weight(g.ids.size()),
+        fates(g.ids.size()),
+        requested(E),
+        kept(E),
+        rerouted(E),
+        dropped(E),
+        received(ET),
+        load(ET),
+        totals(1),
+        ws(cuda::dispatch_workspace_bytes(c, g.tokens)) {
     params.tokens = T;
-    params.reroute_candidates = R;
-    params.d_ids = ids.get();
-    params.d_gates = gates.get();
-    params.d_reroute_ids = reroute.get();
+    params.gated.d_ids = ids.get();
+    params.gated.d_gates = gates.get();
+    params.gated.d_reroute_ids = reroute.get();
     params.d_valid = pass_valid ? valid.get() : nullptr;
-    params.d_expert = expert.get();
-    params.d_slot = slot.get();
-    params.d_weight = weight.get();
-    params.d_fate = fate.get();
-    params.d_requested = requested.get();
-    params.d_kept = kept.get();
-    params.d_rerouted = rerouted.get();
-    params.d_dropped = dropped.get();
-    params.d_received = received.get();
-    params.d_load = load.get();
-    params.d_totals = totals.get();
+    params.out = {expert.get(),    slot.get(), weight.get(),   fates.get(),
+                  requested.get(), kept.get(), rerouted.get(), dropped.get(),
+                  received.get(),  load.get(), totals.get()};
   }
 
+  /// The outputs as the view the next stages read.
+  [[nodiscard]] const_dispatch_result result() const { return params.out; }
+
   [[nodiscard]] status run(cudaStream_t stream = nullptr) {
-    return cuda::dispatch(params, ws.get(), ws.size(), stream);
+    return cuda::dispatch(cfg, params, ws.get(), ws.size(), stream);
   }
 
   [[nodiscard]] host_dispatch download() const {
-    check_cuda(cudaDeviceSynchronize(), "cudaDeviceSynchronize");
+    cuda::throw_if_cuda_error(cudaDeviceSynchronize(), "cudaDeviceSynchronize");
     host_dispatch h;
     h.expert = expert.download();
     h.slot = slot.download();
     h.weight = weight.download();
-    h.fate = fate.download();
+    h.fates = fates.download();
     h.requested = requested.download();
     h.kept = kept.download();
     h.rerouted = rerouted.download();
@@ -110,42 +122,42 @@ void require_same(const char* what, const std::vector<A>& got, const std::vector
   }
 }
 
-inline void require_close_rel(const char* what, const std::vector<float>& got, const std::vector<float>& want,
-                              double rel, double abs_floor = 1e-30) {
+/// Every element bit for bit (floats compared as bits), the first difference named.
+template <class T>
+void require_bits(const char* what, const std::vector<T>& got, const std::vector<T>& want) {
   REQUIRE(got.size() == want.size());
-  for (std::size_t i = 0; i < got.size(); ++i) {
-    const double d = std::fabs(static_cast<double>(got[i]) - want[i]);
-    if (!(d <= abs_floor + rel * std::fabs(static_cast<double>(want[i]))))
-      FAIL(what << "[" << i << "]: got " << got[i] << ", expected " << want[i]);
-  }
+  for (std::size_t i = 0; i < got.size(); ++i)
+    if (std::memcmp(&got[i], &want[i], sizeof(T)) != 0)
+      FAIL(what << "[" << i << "]: got " << +got[i] << ", expected " << +want[i]);
 }
 
 /// GPU dispatch == reference dispatch: integers exactly, weights within 1e-6 relative.
 inline void require_matches(const host_dispatch& h, const reference::dispatch_output& r) {
   require_same("expert", h.expert, r.expert);
   require_same("slot", h.slot, r.slot);
-  require_same("fate", h.fate, r.fates);
+  REQUIRE(h.fates == r.fates);
   require_same("requested", h.requested, r.requested);
   require_same("kept", h.kept, r.kept);
   require_same("rerouted", h.rerouted, r.rerouted);
   require_same("dropped", h.dropped, r.dropped);
   require_same("received", h.received, r.received);
   require_same("load", h.load, r.load);
-  CHECK(h.totals.capacity == r.capacity);
-  CHECK(h.totals.fallback_capacity == r.fallback_capacity);
-  CHECK(h.totals.kept == r.total_kept);
-  CHECK(h.totals.rerouted == r.total_rerouted);
-  CHECK(h.totals.dropped == r.total_dropped);
-  CHECK(h.totals.masked == r.total_masked);
-  CHECK(h.totals.reroute_rounds == r.reroute_rounds);
-  require_close_rel("weight", h.weight, r.weight, 1e-6);
+  const dispatch_totals want = r.totals();
+  CHECK(h.totals.capacity == want.capacity);
+  CHECK(h.totals.fallback_capacity == want.fallback_capacity);
+  CHECK(h.totals.kept == want.kept);
+  CHECK(h.totals.rerouted == want.rerouted);
+  CHECK(h.totals.dropped == want.dropped);
+  CHECK(h.totals.masked == want.masked);
+  CHECK(h.totals.reroute_rounds == want.reroute_rounds);
+  require_bits("weight", h.weight, r.weight);
 }
 
 /// Bitwise equality of two GPU runs (weights compared as bits).
 inline void require_bitwise(const host_dispatch& a, const host_dispatch& b) {
   REQUIRE(a.expert == b.expert);
   REQUIRE(a.slot == b.slot);
-  REQUIRE(a.fate == b.fate);
+  REQUIRE(a.fates == b.fates);
   REQUIRE(a.weight.size() == b.weight.size());
   REQUIRE(std::memcmp(a.weight.data(), b.weight.data(), a.weight.size() * sizeof(float)) == 0);
   REQUIRE(a.requested == b.requested);
@@ -173,11 +185,22 @@ inline void check_dispatch_case(std::int64_t T, std::int32_t E, std::int32_t k, 
 }
 
 /// The host storage type the reference uses for a device element type.
-template <class Dev> struct host_of;
-template <> struct host_of<float> { using type = float; };
-template <> struct host_of<__half> { using type = half_bits; };
-template <> struct host_of<__nv_bfloat16> { using type = bf16_bits; };
-template <class Dev> using host_t = typename host_of<Dev>::type;
+template <class Dev>
+struct host_of;
+template <>
+struct host_of<float> {
+  using type = float;
+};
+template <>
+struct host_of<__half> {
+  using type = half_bits;
+};
+template <>
+struct host_of<__nv_bfloat16> {
+  using type = bf16_bits;
+};
+template <class Dev>
+using host_t = typename host_of<Dev>::type;
 
 inline float host_from_float(float f, float*) { return f; }
 inline half_bits host_from_float(float f, half_bits*) { return to_half(f); }
@@ -198,7 +221,8 @@ device_buffer<Dev> upload_bits(const std::vector<H>& h, std::size_t extra = 0) {
   static_assert(sizeof(Dev) == sizeof(H));
   device_buffer<Dev> d(h.size() + extra);
   if (!h.empty())
-    check_cuda(cudaMemcpy(d.get(), h.data(), h.size() * sizeof(H), cudaMemcpyHostToDevice), "upload_bits");
+    cuda::throw_if_cuda_error(
+        cudaMemcpy(d.get(), h.data(), h.size() * sizeof(H), cudaMemcpyHostToDevice), "upload_bits");
   return d;
 }
 
@@ -206,58 +230,69 @@ template <class H, class Dev>
 std::vector<H> download_bits(const Dev* d, std::size_t n) {
   static_assert(sizeof(Dev) == sizeof(H));
   std::vector<H> h(n);
-  if (n) check_cuda(cudaMemcpy(h.data(), d, n * sizeof(H), cudaMemcpyDeviceToHost), "download_bits");
+  if (n)
+    cuda::throw_if_cuda_error(cudaMemcpy(h.data(), d, n * sizeof(H), cudaMemcpyDeviceToHost),
+                              "download_bits");
   return h;
 }
 
-/// Device outputs of one build_layout call, fed from a gpu_dispatch.
+/// Device outputs of one layout call, fed from a gpu_dispatch.
 struct gpu_layout {
+  routing_config cfg;
   cuda::layout_params params;
   device_buffer<std::int64_t> offsets, rows_used, assignment_row, num_rows;
   device_buffer<std::int32_t> row_token, block_expert;
 
-  gpu_layout(const routing_config& cfg, const gpu_dispatch& d, cuda::layout_kind kind, std::int64_t block,
+  gpu_layout(const routing_config& c, const gpu_dispatch& d, layout_kind kind, std::int64_t block,
              std::int64_t extra_rows = 0)
-      : offsets(static_cast<std::size_t>(cfg.total_experts()) + 1), rows_used(cfg.total_experts()),
-        assignment_row(static_cast<std::size_t>(d.T * d.k)), num_rows(1),
-        row_token(static_cast<std::size_t>(cuda::layout_max_rows(cfg, d.T, kind, block) + extra_rows)),
-        block_expert(static_cast<std::size_t>((cuda::layout_max_rows(cfg, d.T, kind, block) + extra_rows) / block)) {
+      : cfg(c),
+        offsets(static_cast<std::size_t>(c.total_experts()) + 1),
+        rows_used(c.total_experts()),
+        assignment_row(static_cast<std::size_t>(d.T * d.k)),
+        num_rows(1),
+        row_token(
+            static_cast<std::size_t>(cuda::layout_max_rows(c, d.T, kind, block) + extra_rows)),
+        block_expert(static_cast<std::size_t>(
+            (cuda::layout_max_rows(c, d.T, kind, block) + extra_rows) / block)) {
     params.kind = kind;
     params.block_size = block;
     params.tokens = d.T;
-    params.k = d.k;
-    params.experts = d.E;
-    params.total_experts = d.ET;
     params.max_rows = static_cast<std::int64_t>(row_token.size());
-    params.d_expert = d.expert.get();
-    params.d_slot = d.slot.get();
-    params.d_load = d.load.get();
-    params.d_totals = d.totals.get();
-    params.d_offsets = offsets.get();
-    params.d_rows_used = rows_used.get();
-    params.d_row_token = row_token.get();
-    params.d_assignment_row = assignment_row.get();
-    params.d_block_expert = kind == cuda::layout_kind::compact ? block_expert.get() : nullptr;
-    params.d_num_rows = num_rows.get();
+    params.dispatched = d.result();
+    params.out = {offsets.get(),
+                  rows_used.get(),
+                  row_token.get(),
+                  assignment_row.get(),
+                  kind == layout_kind::compact ? block_expert.get() : nullptr,
+                  num_rows.get()};
   }
+
+  [[nodiscard]] status run(cudaStream_t stream = nullptr) const {
+    return cuda::layout(cfg, params, stream);
+  }
+  /// The outputs as the view the next stages read.
+  [[nodiscard]] const_layout_result result() const { return params.out; }
 };
 
 /// GPU layout == reference layout; rows past num_rows are padding (-1).
-inline void require_layout_matches(const gpu_layout& g, const reference::expert_layout& L) {
-  check_cuda(cudaDeviceSynchronize(), "sync");
+inline void require_layout_matches(const gpu_layout& g, const reference::layout_output& L) {
+  cuda::throw_if_cuda_error(cudaDeviceSynchronize(), "sync");
   REQUIRE(g.num_rows.download()[0] == L.num_rows);
   require_same("offsets", g.offsets.download(), L.offsets);
   require_same("rows_used", g.rows_used.download(), L.rows_used);
   require_same("assignment_row", g.assignment_row.download(), L.assignment_row);
   const auto rt = g.row_token.download();
   REQUIRE(static_cast<std::int64_t>(rt.size()) >= L.num_rows);
-  require_same("row_token", std::vector<std::int32_t>(rt.begin(), rt.begin() + L.num_rows), L.row_token);
+  require_same("row_token", std::vector<std::int32_t>(rt.begin(), rt.begin() + L.num_rows),
+               L.row_token);
   for (std::size_t i = static_cast<std::size_t>(L.num_rows); i < rt.size(); ++i)
     if (rt[i] != -1) FAIL("row_token[" << i << "] past num_rows = " << rt[i]);
-  if (g.params.d_block_expert) {
+  if (g.params.out.d_block_expert) {
     const auto be = g.block_expert.download();
     REQUIRE(be.size() >= L.block_expert.size());
-    require_same("block_expert", std::vector<std::int32_t>(be.begin(), be.begin() + L.block_expert.size()), L.block_expert);
+    require_same("block_expert",
+                 std::vector<std::int32_t>(be.begin(), be.begin() + L.block_expert.size()),
+                 L.block_expert);
     for (std::size_t i = L.block_expert.size(); i < be.size(); ++i)
       if (be[i] != -1) FAIL("block_expert[" << i << "] past num_rows = " << be[i]);
   }

@@ -1,6 +1,8 @@
 // SPDX-License-Identifier: Apache-2.0
 // Test harness for the GPU gating: runs cuda::gating on host data (tests may allocate) and
-// compares every output with reference::gate on the same inputs, naming the first mismatch.
+// compares every output with reference::gating on the same inputs, naming the first mismatch.
+// Inputs are host storage types (float, half_bits, bf16_bits); the device reads the same bits
+// as float, __half, __nv_bfloat16 (kernels::device_element_t).
 #pragma once
 
 #include <cmath>
@@ -13,28 +15,25 @@
 #include <cuda_runtime.h>
 
 #include <moeroute/config.hpp>
+#include <moeroute/cuda/device_buffer.cuh>
 #include <moeroute/cuda/gating.cuh>
 #include <moeroute/cuda/gating_workspace.hpp>
 #include <moeroute/dtype.hpp>
+#include <moeroute/names.hpp>
 #include <moeroute/reference/gating.hpp>
-
-#include "device_buffer.cuh"
 
 namespace moeroute::test {
 
-template <class In>
-constexpr dtype dtype_of() {
-  if constexpr (std::is_same_v<In, half_bits>) return dtype::f16;
-  if constexpr (std::is_same_v<In, bf16_bits>) return dtype::bf16;
-  return dtype::f32;
-}
+using cuda::device_buffer;
+using cuda::throw_if_cuda_error;
 
 /// Logits on a grid of 1/64 in [-8, 8): exact in f32 and f16, many exact ties, and two
 /// different values always far apart compared with a rounding error of the score functions.
 inline std::vector<float> grid_logits(std::int64_t T, std::int32_t E, std::uint32_t salt = 0) {
   std::vector<float> v(static_cast<std::size_t>(T * E));
   for (std::size_t i = 0; i < v.size(); ++i) {
-    std::uint32_t h = static_cast<std::uint32_t>(i) * 2654435761u ^ (salt * 0x9E3779B9u + 0x7f4a7c15u);
+    std::uint32_t h =
+        static_cast<std::uint32_t>(i) * 2654435761u ^ (salt * 0x9E3779B9u + 0x7f4a7c15u);
     h ^= h >> 15;
     h *= 2246822519u;
     h ^= h >> 13;
@@ -77,7 +76,9 @@ struct gpu_gating {
 };
 
 /// Device buffers of one gating call, kept alive so a test can rerun or capture the launch.
+template <class In>
 struct gating_buffers {
+  using element = kernels::device_element_t<In>;
   device_buffer<unsigned char> logits;  // raw bytes (+16 so a test can misalign the start)
   device_buffer<float> bias;
   device_buffer<std::uint8_t> valid;
@@ -86,10 +87,9 @@ struct gating_buffers {
   device_buffer<double> aux_sum, z, seq_sum;
   device_buffer<std::int64_t> aux_count, valid_tokens, nonfinite, seq_count, seq_tokens;
   device_buffer<unsigned char> workspace;
-  cuda::gating_params p;
+  cuda::gating_params<element> p;
   std::size_t workspace_bytes = 0;
 
-  template <class In>
   gating_buffers(const routing_config& cfg, const std::vector<In>& h_logits, std::int64_t T,
                  const std::vector<float>& h_bias, const std::vector<std::uint8_t>& h_valid,
                  std::size_t misalign_elements = 0)
@@ -112,25 +112,19 @@ struct gating_buffers {
         workspace_bytes(cuda::gating_workspace_bytes(cfg, T)) {
     const std::size_t off = misalign_elements * sizeof(In);
     if (!h_logits.empty())
-      check_cuda(cudaMemcpy(logits.get() + off, h_logits.data(), h_logits.size() * sizeof(In),
-                            cudaMemcpyHostToDevice), "upload logits");
-    p.d_logits = logits.get() + off;
-    p.logits_dtype = dtype_of<In>();
+      throw_if_cuda_error(cudaMemcpy(logits.get() + off, h_logits.data(),
+                                     h_logits.size() * sizeof(In), cudaMemcpyHostToDevice),
+                          "upload logits");
+    p.d_logits = reinterpret_cast<const element*>(logits.get() + off);
     p.tokens = T;
     p.d_bias = h_bias.empty() ? nullptr : bias.get();
     p.d_valid = h_valid.empty() ? nullptr : valid.get();
-    p.d_ids = ids.get();
-    p.d_gates = gates.get();
-    p.d_reroute_ids = reroute.get();
-    p.d_logsumexp = lse.get();
-    p.d_aux_score_sum = aux_sum.get();
-    p.d_aux_count = aux_count.get();
-    p.d_valid_tokens = valid_tokens.get();
-    p.d_z_sum_squares = z.get();
-    p.d_nonfinite = nonfinite.get();
-    p.d_seq_score_sum = seq_sum.get();
-    p.d_seq_count = seq_count.get();
-    p.d_seq_tokens = seq_tokens.get();
+    p.out.d_ids = ids.get();
+    p.out.d_gates = gates.get();
+    p.out.d_reroute_ids = reroute.get();
+    p.out.d_logsumexp = lse.get();
+    p.out.sums = {aux_sum.get(),   aux_count.get(), valid_tokens.get(), z.get(),
+                  nonfinite.get(), seq_sum.get(),   seq_count.get(),    seq_tokens.get()};
   }
 
   static std::int64_t seqs(const routing_config& cfg, std::int64_t T) {
@@ -144,7 +138,7 @@ struct gating_buffers {
   gpu_gating download(status st) const {
     gpu_gating g;
     g.st = std::move(st);
-    check_cuda(cudaDeviceSynchronize(), "cudaDeviceSynchronize");
+    throw_if_cuda_error(cudaDeviceSynchronize(), "cudaDeviceSynchronize");
     g.ids = ids.download();
     g.reroute_ids = reroute.download();
     g.gates = gates.download();
@@ -165,7 +159,7 @@ template <class In>
 gpu_gating run_gpu(const routing_config& cfg, const std::vector<In>& logits, std::int64_t T,
                    const std::vector<float>& bias = {}, const std::vector<std::uint8_t>& valid = {},
                    std::size_t misalign_elements = 0) {
-  gating_buffers b(cfg, logits, T, bias, valid, misalign_elements);
+  gating_buffers<In> b(cfg, logits, T, bias, valid, misalign_elements);
   auto st = b.run(cfg);
   return b.download(std::move(st));
 }
@@ -183,9 +177,9 @@ std::string first_mismatch(const char* what, const std::vector<T>& ref, const st
     return std::string(what) + ": size " + std::to_string(got.size()) + " != reference " +
            std::to_string(ref.size());
   for (std::size_t i = 0; i < ref.size(); ++i) {
-    const bool ok = std::is_integral_v<T>
-                        ? ref[i] == got[i]
-                        : close_rel(static_cast<double>(ref[i]), static_cast<double>(got[i]), rel, abs_floor);
+    const bool ok = std::is_integral_v<T> ? ref[i] == got[i]
+                                          : close_rel(static_cast<double>(ref[i]),
+                                                      static_cast<double>(got[i]), rel, abs_floor);
     if (!ok) {
       std::ostringstream o;
       o.precision(17);
@@ -208,28 +202,39 @@ std::string first_mismatch(const char* what, const std::vector<T>& ref, const st
 /// log1p rounded like the kernel's, gates are bit-identical. The 1/64-grid logits keep
 /// distinct selection values far apart, so ids must still match exactly.
 inline std::string compare(const reference::gating_output& r, const gpu_gating& g) {
-  if (!g.st.ok()) return std::string("gating failed: ") + to_string(g.st.code) + ": " + g.st.message;
+  if (!g.st.ok())
+    return std::string("gating failed: ") + to_string(g.st.code) + ": " + g.st.message;
   if (r.tokens == 0) return "";
   std::string m;
   if (!(m = first_mismatch("ids", r.ids, g.ids, 0, 0, r.k)).empty()) return m;
-  if (!(m = first_mismatch("reroute_ids", r.reroute_ids, g.reroute_ids, 0, 0, r.reroute_candidates)).empty()) return m;
+  if (!(m = first_mismatch("reroute_ids", r.reroute_ids, g.reroute_ids, 0, 0, r.reroute_candidates))
+           .empty())
+    return m;
   if (!(m = first_mismatch("gates", r.gates, g.gates, 1e-5, 1e-30, r.k)).empty()) return m;
   if (!(m = first_mismatch("logsumexp", r.logsumexp, g.logsumexp, 1e-5, 1e-6)).empty()) return m;
   if (!(m = first_mismatch("aux_count", r.aux_count, g.aux_count)).empty()) return m;
-  if (!(m = first_mismatch("aux_score_sum", r.aux_score_sum, g.aux_score_sum, 1e-5, 1e-12)).empty()) return m;
+  if (!(m = first_mismatch("aux_score_sum", r.aux_score_sum, g.aux_score_sum, 1e-5, 1e-12)).empty())
+    return m;
   if (r.valid_tokens != g.valid_tokens)
-    return "valid_tokens: gpu " + std::to_string(g.valid_tokens) + " vs reference " + std::to_string(r.valid_tokens);
+    return "valid_tokens: gpu " + std::to_string(g.valid_tokens) + " vs reference " +
+           std::to_string(r.valid_tokens);
   if (r.nonfinite_logits != g.nonfinite)
-    return "nonfinite: gpu " + std::to_string(g.nonfinite) + " vs reference " + std::to_string(r.nonfinite_logits);
+    return "nonfinite: gpu " + std::to_string(g.nonfinite) + " vs reference " +
+           std::to_string(r.nonfinite_logits);
   double z = 0.0;
   for (std::int64_t t = 0; t < r.tokens; ++t)
     if (r.valid[t]) z += static_cast<double>(r.logsumexp[t]) * r.logsumexp[t];
   if (!close_rel(z, g.z_sum_squares, 1e-5, 1e-12))
-    return "z_sum_squares: gpu " + std::to_string(g.z_sum_squares) + " vs reference " + std::to_string(z);
+    return "z_sum_squares: gpu " + std::to_string(g.z_sum_squares) + " vs reference " +
+           std::to_string(z);
   if (r.sequences > 0) {
     if (!(m = first_mismatch("seq_tokens", r.seq_tokens, g.seq_tokens)).empty()) return m;
-    if (!(m = first_mismatch("seq_count", r.seq_count, g.seq_count, 0, 0, r.experts)).empty()) return m;
-    if (!(m = first_mismatch("seq_score_sum", r.seq_score_sum, g.seq_score_sum, 1e-5, 1e-12, r.experts)).empty()) return m;
+    if (!(m = first_mismatch("seq_count", r.seq_count, g.seq_count, 0, 0, r.experts)).empty())
+      return m;
+    if (!(m = first_mismatch("seq_score_sum", r.seq_score_sum, g.seq_score_sum, 1e-5, 1e-12,
+                             r.experts))
+             .empty())
+      return m;
   }
   return "";
 }
@@ -237,10 +242,12 @@ inline std::string compare(const reference::gating_output& r, const gpu_gating& 
 /// Runs reference and GPU on the same inputs and compares; "" when they agree.
 template <class In>
 std::string check_gating(const routing_config& cfg, const std::vector<In>& logits, std::int64_t T,
-                         const std::vector<float>& bias = {}, const std::vector<std::uint8_t>& valid = {},
+                         const std::vector<float>& bias = {},
+                         const std::vector<std::uint8_t>& valid = {},
                          std::size_t misalign_elements = 0) {
-  const auto ref = reference::gate<In>(cfg, std::span<const In>(logits), T, std::span<const float>(bias),
-                                       std::span<const std::uint8_t>(valid));
+  const auto ref =
+      reference::gating<In>(cfg, std::span<const In>(logits), T, std::span<const float>(bias),
+                            std::span<const std::uint8_t>(valid));
   return compare(ref, run_gpu<In>(cfg, logits, T, bias, valid, misalign_elements));
 }
 
@@ -248,12 +255,12 @@ std::string check_gating(const routing_config& cfg, const std::vector<In>& logit
 inline std::string describe(const routing_config& c, std::int64_t T) {
   std::ostringstream o;
   o << "T=" << T << " E=" << c.num_experts << " k=" << c.top_k
-    << " score=" << static_cast<int>(c.gating.score) << " select=" << static_cast<int>(c.gating.select)
-    << " stage=" << static_cast<int>(c.gating.stage) << " renorm=" << static_cast<int>(c.gating.renorm)
+    << " score=" << to_string(c.gating.score) << " select=" << to_string(c.gating.select)
+    << " stage=" << to_string(c.gating.stage) << " renorm=" << to_string(c.gating.renorm)
     << " bias=" << c.gating.expert_bias << " groups=" << c.gating.group_limit.groups << "/"
-    << c.gating.group_limit.group_topk << " noise=" << static_cast<int>(c.gating.noise.kind)
-    << "/" << static_cast<int>(c.gating.noise.target) << " counts=" << static_cast<int>(c.loss.counts)
-    << "/" << static_cast<int>(c.loss.count_source) << " L=" << c.loss.sequence_length
+    << c.gating.group_limit.group_topk << " noise=" << to_string(c.gating.noise.kind) << "/"
+    << to_string(c.gating.noise.target) << " counts=" << to_string(c.loss.counts) << "/"
+    << to_string(c.loss.count_source) << " L=" << c.loss.sequence_length
     << " R=" << c.candidates_per_token() - c.top_k;
   return o.str();
 }

@@ -1,5 +1,5 @@
 // SPDX-License-Identifier: Apache-2.0
-// GPU gating (cuda::gating) against the CPU reference (reference::gate) on the same inputs:
+// GPU gating (cuda::gating) against the CPU reference (reference::gating) on the same inputs:
 // ids, reroute ids and counts exactly; gates, logsumexp and the aux / z sums within 1e-5
 // relative. Shapes cover T in {0, 1, 7, 1000, 16384}, E in {1, 6, 8, 60, 64, 128, 256, 384, 600},
 // k in {1, 2, 4, 8, E}, every score function, select mode, stage, renormalisation, bias, group
@@ -8,20 +8,18 @@
 #include <catch2/catch.hpp>
 
 #include <cfloat>
-#include <cstdlib>
-#include <filesystem>
-#include <fstream>
+#include <cstring>
 #include <limits>
 #include <string>
+#include <utility>
 #include <vector>
-
-#include <nlohmann/json.hpp>
 
 #include <moeroute/cuda/gating.cuh>
 #include <moeroute/presets.hpp>
 #include <moeroute/reference/gating.hpp>
 
-#include "device_buffer.cuh"
+#include <moeroute/cuda/device_buffer.cuh>
+#include "../common/golden.hpp"
 #include "gating_harness.cuh"
 #include "graph_replay.cuh"
 
@@ -103,17 +101,19 @@ TEST_CASE("gating: tiny shapes, every score function", "[cuda][gating][quick]") 
         for (int v = 0; v < 6; ++v) {
           const routing_config cfg = variant(E, k, v);
           INFO(describe(cfg, T));
-          REQUIRE(check_gating<float>(cfg, grid_logits(T, E, static_cast<std::uint32_t>(v)), T) == "");
+          REQUIRE(check_gating<float>(cfg, grid_logits(T, E, static_cast<std::uint32_t>(v)), T) ==
+                  "");
         }
   for (std::int64_t T : {7, 100}) {
     const auto cfg = presets::deepseek_v3(64, 4, 8, 2);
     INFO(describe(cfg, T));
-    REQUIRE(check_gating<float>(cfg, grid_logits(T, 64, 11), T, grid_bias(64), some_padding(T)) == "");
+    REQUIRE(check_gating<float>(cfg, grid_logits(T, 64, 11), T, grid_bias(64), some_padding(T)) ==
+            "");
   }
 }
 
 // The grid in two test cases (one sequence of variants), so that the CPU emulation
-// (tests/emulation/gating_driver.cpp) can leave out the slow part: k = E >= 128 at T = 1000,
+// leaves out the [slow] part: k = E >= 128 at T = 1000,
 // ~80% of the grid's k + R arg-max rounds.
 static void check_grid(bool k_equals_large_e_at_1000) {
   int v = 0;
@@ -130,14 +130,20 @@ static void check_grid(bool k_equals_large_e_at_1000) {
   }
 }
 
-TEST_CASE("gating matches the reference over the T x E x k grid", "[cuda][gating]") { check_grid(false); }
+TEST_CASE("gating matches the reference over the T x E x k grid", "[cuda][gating]") {
+  check_grid(false);
+}
 
-TEST_CASE("gating matches the reference over the grid: k = E >= 128 at T = 1000", "[cuda][gating]") {
+TEST_CASE("gating matches the reference over the grid: k = E >= 128 at T = 1000",
+          "[cuda][gating][slow]") {
   check_grid(true);
 }
 
-TEST_CASE("gating matches the reference at T = 16384", "[cuda][gating]") {
-  struct shape { std::int32_t E, k; int v; };
+TEST_CASE("gating matches the reference at T = 16384", "[cuda][gating][slow]") {
+  struct shape {
+    std::int32_t E, k;
+    int v;
+  };
   for (const shape s : {shape{64, 2, 0}, shape{128, 8, 1}, shape{256, 8, 2}, shape{384, 4, 3},
                         shape{60, 4, 5}, shape{8, 2, 4}}) {
     const std::int64_t T = 16384;
@@ -157,13 +163,16 @@ static void check_every_option(std::int32_t E) {
   const auto logits = grid_logits(T, E, 3);
   const auto bias = grid_bias(E);
   const auto valid = some_padding(T);
-  for (score_function sf : {score_function::softmax, score_function::sigmoid, score_function::sqrt_softplus})
+  for (score_function sf :
+       {score_function::softmax, score_function::sigmoid, score_function::sqrt_softplus})
     for (select_from sel : {select_from::logits, select_from::scores})
       for (softmax_stage stage : {softmax_stage::before_topk, softmax_stage::after_topk})
-        for (renormalize rn : {renormalize::none, renormalize::before_drop, renormalize::after_drop})
+        for (renormalize rn :
+             {renormalize::none, renormalize::before_drop, renormalize::after_drop})
           for (bool use_bias : {false, true})
             for (noise_kind nk : {noise_kind::none, noise_kind::gaussian, noise_kind::gumbel})
-              for (noise_target nt : {noise_target::selection_only, noise_target::selection_and_gates})
+              for (noise_target nt :
+                   {noise_target::selection_only, noise_target::selection_and_gates})
                 for (int counts = 0; counts < 3; ++counts) {
                   if (nk == noise_kind::none && nt == noise_target::selection_and_gates) continue;
                   routing_config c;
@@ -182,16 +191,20 @@ static void check_every_option(std::int32_t E) {
                   c.gating.noise.offset = 77;
                   c.gating.noise.target = nt;
                   c.loss.counts = counts == 0 ? aux_counts::top1 : aux_counts::all_k;
-                  c.loss.count_source = counts == 2 ? aux_count_source::fresh_topk : aux_count_source::routed;
+                  c.loss.count_source =
+                      counts == 2 ? aux_count_source::fresh_topk : aux_count_source::routed;
                   if (!validate(c)) continue;
                   INFO(describe(c, T));
-                  REQUIRE(check_gating<float>(c, logits, T, use_bias ? bias : std::vector<float>{}, valid) == "");
+                  REQUIRE(check_gating<float>(c, logits, T, use_bias ? bias : std::vector<float>{},
+                                              valid) == "");
                 }
 }
 
 TEST_CASE("gating: every option combination, E = 60", "[cuda][gating]") { check_every_option(60); }
 
-TEST_CASE("gating: every option combination, E = 64", "[cuda][gating]") { check_every_option(64); }
+TEST_CASE("gating: every option combination, E = 64", "[cuda][gating][slow]") {
+  check_every_option(64);
+}
 
 TEST_CASE("gating: noise off in eval unless only_in_training is false", "[cuda][gating]") {
   const std::int64_t T = 100;
@@ -208,9 +221,12 @@ TEST_CASE("gating: noise off in eval unless only_in_training is false", "[cuda][
 }
 
 TEST_CASE("gating: group limit (DeepSeek-V3 and smaller shapes)", "[cuda][gating]") {
-  struct shape { std::int32_t E, k, groups, group_topk; };
-  for (const shape s : {shape{256, 8, 8, 4}, shape{64, 4, 8, 2}, shape{60, 6, 6, 3}, shape{384, 8, 4, 2},
-                        shape{64, 8, 64, 8}, shape{600, 8, 8, 4}, shape{8, 2, 2, 1}}) {
+  struct shape {
+    std::int32_t E, k, groups, group_topk;
+  };
+  for (const shape s :
+       {shape{256, 8, 8, 4}, shape{64, 4, 8, 2}, shape{60, 6, 6, 3}, shape{384, 8, 4, 2},
+        shape{64, 8, 64, 8}, shape{600, 8, 8, 4}, shape{8, 2, 2, 1}}) {
     for (std::int64_t T : {1, 7, 1000}) {
       auto c = presets::deepseek_v3(s.E, s.k, s.groups, s.group_topk);
       const auto logits = grid_logits(T, s.E, 11);
@@ -225,8 +241,11 @@ TEST_CASE("gating: group limit (DeepSeek-V3 and smaller shapes)", "[cuda][gating
 }
 
 TEST_CASE("gating: reroute candidates for next_choice", "[cuda][gating]") {
-  struct shape { std::int32_t E, k, cand; };
-  for (const shape s : {shape{60, 2, 4}, shape{6, 4, 4}, shape{8, 1, 7}, shape{384, 8, 8}, shape{600, 2, 3}}) {
+  struct shape {
+    std::int32_t E, k, cand;
+  };
+  for (const shape s :
+       {shape{60, 2, 4}, shape{6, 4, 4}, shape{8, 1, 7}, shape{384, 8, 8}, shape{600, 2, 3}}) {
     routing_config c = variant(s.E, s.k, 0);
     c.dispatch.dropped = drop_policy::next_choice;
     c.dispatch.reroute.max_candidates = s.cand;
@@ -252,29 +271,32 @@ TEST_CASE("gating: sequence-level sums and padding", "[cuda][gating]") {
   REQUIRE(check_gating<float>(variant(60, 2, 0), grid_logits(64, 60, 1), 64, {}, none) == "");
 }
 
-TEST_CASE("gating: sequence-level sums and padding, DeepSeek-V3 at T = 16384", "[cuda][gating]") {
+TEST_CASE("gating: sequence-level sums and padding, DeepSeek-V3 at T = 16384",
+          "[cuda][gating][slow]") {
   routing_config c = presets::deepseek_v3();
   c.loss.sequence_length = 4096;
   INFO(describe(c, 16384));
-  REQUIRE(check_gating<float>(c, grid_logits(16384, 256, 19), 16384, grid_bias(256), some_padding(16384)) == "");
+  REQUIRE(check_gating<float>(c, grid_logits(16384, 256, 19), 16384, grid_bias(256),
+                              some_padding(16384)) == "");
 }
 
 TEST_CASE("gating: NaN and Inf rows as the reference sanitises them", "[cuda][gating]") {
-  const float nan = std::numeric_limits<float>::quiet_NaN(), inf = std::numeric_limits<float>::infinity();
+  const float nan = std::numeric_limits<float>::quiet_NaN(),
+              inf = std::numeric_limits<float>::infinity();
   for (std::int32_t E : {6, 60, 256, 600}) {
     const std::int64_t T = 9;
     auto logits = grid_logits(T, E, 23);
     auto row = [&](std::int64_t t) { return logits.begin() + t * E; };
-    std::fill(row(0), row(1), nan);                       // all NaN
-    std::fill(row(1), row(2), -inf);                      // all -Inf
-    std::fill(row(2), row(3), inf);                       // all +Inf
-    logits[3 * E + E / 2] = inf;                          // one +Inf
-    logits[4 * E + 0] = nan;                              // NaN first
+    std::fill(row(0), row(1), nan);   // all NaN
+    std::fill(row(1), row(2), -inf);  // all -Inf
+    std::fill(row(2), row(3), inf);   // all +Inf
+    logits[3 * E + E / 2] = inf;      // one +Inf
+    logits[4 * E + 0] = nan;          // NaN first
     logits[4 * E + E - 1] = -inf;
-    logits[5 * E + 1 % E] = inf;                          // +Inf and -Inf and NaN
+    logits[5 * E + 1 % E] = inf;  // +Inf and -Inf and NaN
     logits[5 * E + 2 % E] = -inf;
     logits[5 * E + 3 % E] = nan;
-    std::fill(row(6), row(7), -8.0f);                     // all equal (ties everywhere)
+    std::fill(row(6), row(7), -8.0f);  // all equal (ties everywhere)
     std::fill(row(7), row(8), -FLT_MAX);
     for (int v = 0; v < 6; ++v) {
       for (std::int32_t k : {1, std::min<std::int32_t>(4, E), E}) {
@@ -315,45 +337,43 @@ TEST_CASE("gating: f16 and bf16 inputs, aligned and not", "[cuda][gating]") {
 }
 
 TEST_CASE("gating: golden peer logits through every preset", "[cuda][gating][golden]") {
-  const char* env = std::getenv("MOEROUTE_GOLDEN_DIR");
-  const std::filesystem::path dir = env ? env : MOEROUTE_TEST_DATA_DIR "/golden";
-  int files = 0;
-  for (const auto& entry : std::filesystem::directory_iterator(dir)) {
-    if (entry.path().extension() != ".json") continue;
-    std::ifstream in(entry.path());
-    const auto j = nlohmann::json::parse(in);
-    const std::int64_t T = j.at("tokens").get<std::int64_t>();
-    const std::int32_t E = j.at("experts").get<std::int32_t>();
-    std::vector<float> logits;
-    for (const auto& r : j.at("logits"))
-      for (const auto& x : r) logits.push_back(x.get<float>());
-    REQUIRE(static_cast<std::int64_t>(logits.size()) == T * E);
-    std::vector<routing_config> cfgs = {
-        presets::seed_reference(E, 1), presets::seed_reference(E, 2), presets::deepspeed_top2(E),
-        presets::deepspeed_topk(E, std::min(4, E)), presets::switch_top1(E), presets::megatron(E, 2),
-        presets::mixtral(E, 2), presets::qwen_moe(E, std::min(4, E)), presets::olmoe(E, std::min(8, E))};
+  const auto files =
+      test::load_golden_files(test::golden_directory("MOEROUTE_GOLDEN_DIR", "golden"));
+  REQUIRE(!files.empty());
+  for (const auto& file : files) {
+    const std::int64_t T = file.doc.at("tokens").get<std::int64_t>();
+    const std::int32_t E = file.doc.at("experts").get<std::int32_t>();
+    const std::vector<float> logits = test::golden_logits(file.doc);
+    // every case's own preset, and every preset of the registry on the same logits
+    std::vector<std::pair<routing_config, std::vector<float>>> runs;
+    for (const auto& cs : file.doc["cases"])
+      runs.emplace_back(test::preset_for(cs, E), test::golden_bias(cs));
+    for (const auto& p : presets::registry) {
+      routing_config c;
+      if (!presets::by_name(p.name, E, std::min(p.default_k, E), c).ok() || !validate(c).ok())
+        continue;
+      runs.emplace_back(c, c.gating.expert_bias ? grid_bias(E) : std::vector<float>{});
+    }
     presets::megatron_options mo;
     mo.score = score_function::sigmoid;
     mo.groups = E >= 8 ? 4 : 2;
     mo.group_topk = 2;
     mo.scaling_factor = 2.5f;
     mo.expert_bias = true;
-    cfgs.push_back(presets::megatron(E, 4, mo));
-    cfgs.push_back(presets::deepseek_v3(E, 4, mo.groups, 2));
-    for (const auto& c : cfgs) {
-      INFO(entry.path().filename().string() << ": " << describe(c, T));
-      REQUIRE(check_gating<float>(c, logits, T, c.gating.expert_bias ? grid_bias(E) : std::vector<float>{}) == "");
+    runs.emplace_back(presets::megatron(E, 4, mo), grid_bias(E));
+    runs.emplace_back(presets::deepseek_v3(E, 4, mo.groups, 2), grid_bias(E));
+    for (const auto& [c, bias] : runs) {
+      INFO(file.name() << ": " << describe(c, T));
+      REQUIRE(check_gating<float>(c, logits, T, bias) == "");
     }
-    ++files;
   }
-  REQUIRE(files > 0);
 }
 
 TEST_CASE("gating: workspace too small, bad params, T = 0", "[cuda][gating][quick]") {
   const auto cfg = presets::deepseek_v3();
   const std::int64_t T = 100;
   const auto logits = grid_logits(T, 256, 31);
-  test::gating_buffers b(cfg, logits, T, grid_bias(256), {});
+  test::gating_buffers<float> b(cfg, logits, T, grid_bias(256), {});
   REQUIRE(b.workspace_bytes > 0);
   REQUIRE(b.workspace_bytes == cuda::gating_workspace_bytes(cfg, T));
   auto s = cuda::gating(cfg, b.p, b.workspace.get(), b.workspace_bytes - 1);
@@ -368,19 +388,22 @@ TEST_CASE("gating: workspace too small, bad params, T = 0", "[cuda][gating][quic
   REQUIRE(s.code == status_code::invalid_argument);
   REQUIRE(s.message.find("d_bias") != std::string::npos);
   p = b.p;
-  p.d_ids = nullptr;
+  p.out.d_ids = nullptr;
   s = cuda::gating(cfg, p, b.workspace.get(), b.workspace_bytes);
   REQUIRE(s.code == status_code::invalid_argument);
   REQUIRE(s.message.find("d_ids") != std::string::npos);
   p = b.p;
   p.tokens = -1;
-  REQUIRE(cuda::gating(cfg, p, b.workspace.get(), b.workspace_bytes).code == status_code::invalid_shape);
+  REQUIRE(cuda::gating(cfg, p, b.workspace.get(), b.workspace_bytes).code ==
+          status_code::invalid_shape);
   auto bad = cfg;
   bad.top_k = 300;
-  REQUIRE(cuda::gating(bad, b.p, b.workspace.get(), b.workspace_bytes).code == status_code::invalid_config);
+  REQUIRE(cuda::gating(bad, b.p, b.workspace.get(), b.workspace_bytes).code ==
+          status_code::invalid_config);
   auto seq = cfg;
   seq.loss.sequence_length = 7;  // 100 % 7 != 0
-  REQUIRE(cuda::gating(seq, b.p, b.workspace.get(), b.workspace_bytes).code == status_code::invalid_shape);
+  REQUIRE(cuda::gating(seq, b.p, b.workspace.get(), b.workspace_bytes).code ==
+          status_code::invalid_shape);
 
   // T = 0: success, nothing written, no workspace needed
   REQUIRE(cuda::gating_workspace_bytes(cfg, 0) == 0);
@@ -391,20 +414,23 @@ TEST_CASE("gating: workspace too small, bad params, T = 0", "[cuda][gating][quic
   REQUIRE(cuda::gating(cfg, p, nullptr, 0).ok());
   REQUIRE(cudaDeviceSynchronize() == cudaSuccess);
   for (auto id : b.ids.download()) REQUIRE(static_cast<std::uint32_t>(id) == 0xABABABABu);
-  for (auto n : b.aux_count.download()) REQUIRE(static_cast<std::uint64_t>(n) == 0xABABABABABABABABull);
+  for (auto n : b.aux_count.download())
+    REQUIRE(static_cast<std::uint64_t>(n) == 0xABABABABABABABABull);
 }
 
 namespace {
 template <class T>
 bool same_bytes(const std::vector<T>& a, const std::vector<T>& b) {
-  return a.size() == b.size() && (a.empty() || std::memcmp(a.data(), b.data(), a.size() * sizeof(T)) == 0);
+  return a.size() == b.size() &&
+         (a.empty() || std::memcmp(a.data(), b.data(), a.size() * sizeof(T)) == 0);
 }
 bool same_bits(const test::gpu_gating& a, const test::gpu_gating& b) {
-  return same_bytes(a.ids, b.ids) && same_bytes(a.reroute_ids, b.reroute_ids) && same_bytes(a.gates, b.gates) &&
-         same_bytes(a.logsumexp, b.logsumexp) && same_bytes(a.aux_score_sum, b.aux_score_sum) &&
-         same_bytes(a.aux_count, b.aux_count) && same_bytes(a.seq_score_sum, b.seq_score_sum) &&
-         same_bytes(a.seq_count, b.seq_count) && same_bytes(a.seq_tokens, b.seq_tokens) &&
-         a.valid_tokens == b.valid_tokens && a.nonfinite == b.nonfinite &&
+  return same_bytes(a.ids, b.ids) && same_bytes(a.reroute_ids, b.reroute_ids) &&
+         same_bytes(a.gates, b.gates) && same_bytes(a.logsumexp, b.logsumexp) &&
+         same_bytes(a.aux_score_sum, b.aux_score_sum) && same_bytes(a.aux_count, b.aux_count) &&
+         same_bytes(a.seq_score_sum, b.seq_score_sum) && same_bytes(a.seq_count, b.seq_count) &&
+         same_bytes(a.seq_tokens, b.seq_tokens) && a.valid_tokens == b.valid_tokens &&
+         a.nonfinite == b.nonfinite &&
          std::memcmp(&a.z_sum_squares, &b.z_sum_squares, sizeof(double)) == 0;
 }
 }  // namespace
@@ -416,11 +442,12 @@ TEST_CASE("gating: two runs and a CUDA graph replay give identical bits", "[cuda
     const std::int64_t T = 2000;
     const auto logits = grid_logits(T, E, 37);
     const auto bias = cfg.gating.expert_bias ? grid_bias(E) : std::vector<float>{};
-    test::gating_buffers b(cfg, logits, T, bias, some_padding(T));
+    test::gating_buffers<float> b(cfg, logits, T, bias, some_padding(T));
     const auto first = b.download(b.run(cfg));
     REQUIRE(first.st.ok());
-    const auto ref = reference::gate<float>(cfg, std::span<const float>(logits), T, std::span<const float>(bias),
-                                            std::span<const std::uint8_t>(some_padding(T)));
+    const auto ref = reference::gating<float>(cfg, std::span<const float>(logits), T,
+                                              std::span<const float>(bias),
+                                              std::span<const std::uint8_t>(some_padding(T)));
     REQUIRE(test::compare(ref, first) == "");
     b.ids.fill_bytes(0);
     b.gates.fill_bytes(0);

@@ -9,7 +9,7 @@
 
 #include <moeroute/status.hpp>
 
-#include "device_buffer.cuh"
+#include <moeroute/cuda/device_buffer.cuh>
 
 namespace moeroute::test {
 
@@ -19,18 +19,20 @@ template <class Launch, class Reset, class Check>
 void capture_and_replay(cudaStream_t stream, Launch&& launch, Reset&& reset, Check&& check,
                         int replays = 2) {
   cudaGraph_t graph;
-  check_cuda(cudaStreamBeginCapture(stream, cudaStreamCaptureModeGlobal), "begin capture");
+  cuda::throw_if_cuda_error(cudaStreamBeginCapture(stream, cudaStreamCaptureModeGlobal),
+                            "begin capture");
   const status st = launch(stream);
-  check_cuda(cudaStreamEndCapture(stream, &graph), "end capture");
+  cuda::throw_if_cuda_error(cudaStreamEndCapture(stream, &graph), "end capture");
   INFO(st.message);
   REQUIRE(st.ok());
   cudaGraphExec_t exec;
-  check_cuda(cudaGraphInstantiate(&exec, graph, 0), "instantiate");
+  cuda::throw_if_cuda_error(cudaGraphInstantiate(&exec, graph, 0), "instantiate");
   for (int rep = 0; rep < replays; ++rep) {
     reset();
-    check_cuda(cudaDeviceSynchronize(), "sync");  // reset's memsets run on the legacy stream
-    check_cuda(cudaGraphLaunch(exec, stream), "graph launch");
-    check_cuda(cudaStreamSynchronize(stream), "sync");
+    cuda::throw_if_cuda_error(cudaDeviceSynchronize(),
+                              "sync");  // reset's memsets run on the legacy stream
+    cuda::throw_if_cuda_error(cudaGraphLaunch(exec, stream), "graph launch");
+    cuda::throw_if_cuda_error(cudaStreamSynchronize(stream), "sync");
     check();
   }
   cudaGraphExecDestroy(exec);

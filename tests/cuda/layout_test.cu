@@ -1,5 +1,5 @@
 // SPDX-License-Identifier: Apache-2.0
-// cuda::build_layout against reference::padded_layout / compact_layout, fed by cuda::dispatch:
+// cuda::layout against reference::layout (padded and compact), fed by cuda::dispatch:
 // offsets, rows used, row -> token, assignment -> row and block -> expert exactly.
 #include <catch2/catch.hpp>
 
@@ -11,14 +11,15 @@
 #include <moeroute/cuda/layout.cuh>
 #include <moeroute/reference.hpp>
 
-#include "device_buffer.cuh"
+#include <moeroute/cuda/device_buffer.cuh>
 #include "dispatch_test_util.cuh"
 
 // No using-directive at global scope (nvcc stubs name ::cuda types unqualified).
 namespace moeroute::test {
 
 namespace {
-void check_layouts(std::int64_t T, std::int32_t E, std::int32_t k, const case_spec& s, std::uint64_t seed) {
+void check_layouts(std::int64_t T, std::int32_t E, std::int32_t k, const case_spec& s,
+                   std::uint64_t seed) {
   const auto cfg = make_config(E, k, s);
   INFO(describe(s, T, E, k));
   const auto g = make_gating(cfg, T, seed, s.masked);
@@ -26,19 +27,19 @@ void check_layouts(std::int64_t T, std::int32_t E, std::int32_t k, const case_sp
   gpu_dispatch d(cfg, g, s.masked);
   REQUIRE(d.run().ok());
   if (cfg.capacity.mode != capacity_mode::unbounded) {
-    gpu_layout L(cfg, d, cuda::layout_kind::padded, 1);
-    const auto st = cuda::build_layout(L.params, cfg);
+    gpu_layout L(cfg, d, layout_kind::padded, 1);
+    const auto st = L.run();
     INFO(st.message);
     REQUIRE(st.ok());
-    require_layout_matches(L, reference::padded_layout(ref));
+    require_layout_matches(L, reference::layout(cfg, ref, layout_kind::padded));
   }
   for (std::int64_t block : {1, 16, 128}) {
     INFO("compact block " << block);
-    gpu_layout L(cfg, d, cuda::layout_kind::compact, block, /*extra_rows=*/block == 16 ? 40 : 0);
-    const auto st = cuda::build_layout(L.params, cfg);
+    gpu_layout L(cfg, d, layout_kind::compact, block, /*extra_rows=*/block == 16 ? 40 : 0);
+    const auto st = L.run();
     INFO(st.message);
     REQUIRE(st.ok());
-    require_layout_matches(L, reference::compact_layout(ref, block));
+    require_layout_matches(L, reference::layout(cfg, ref, layout_kind::compact, block));
   }
 }
 }  // namespace
@@ -78,34 +79,34 @@ TEST_CASE("layout: errors and T = 0", "[cuda][layout][quick]") {
   REQUIRE(d.run().ok());
 
   SECTION("padded needs a bounded capacity") {
-    gpu_layout L(cfg, d, cuda::layout_kind::compact, 1);
+    gpu_layout L(cfg, d, layout_kind::compact, 1);
     auto p = L.params;
-    p.kind = cuda::layout_kind::padded;
-    REQUIRE(cuda::build_layout(p, cfg).code == status_code::unsupported);
+    p.kind = layout_kind::padded;
+    REQUIRE(cuda::layout(cfg, p).code == status_code::unsupported);
   }
   SECTION("max_rows below the bound is rejected") {
-    gpu_layout L(cfg, d, cuda::layout_kind::compact, 8);
+    gpu_layout L(cfg, d, layout_kind::compact, 8);
     auto p = L.params;
     p.max_rows -= 1;
-    const auto st = cuda::build_layout(p, cfg);
+    const auto st = cuda::layout(cfg, p);
     REQUIRE(st.code == status_code::invalid_shape);
     REQUIRE(st.message.find("max_rows") != std::string::npos);
     p = L.params;
     p.block_size = 0;
-    REQUIRE(cuda::build_layout(p, cfg).code == status_code::invalid_argument);
+    REQUIRE(cuda::layout(cfg, p).code == status_code::invalid_argument);
     p = L.params;
-    p.d_assignment_row = nullptr;
-    REQUIRE(cuda::build_layout(p, cfg).code == status_code::invalid_argument);
+    p.out.d_assignment_row = nullptr;
+    REQUIRE(cuda::layout(cfg, p).code == status_code::invalid_argument);
   }
   SECTION("T = 0 succeeds and writes nothing") {
-    gpu_layout L(cfg, d, cuda::layout_kind::compact, 4);
+    gpu_layout L(cfg, d, layout_kind::compact, 4);
     L.offsets.fill_bytes(0x3C);
     L.row_token.fill_bytes(0x3C);
     auto p = L.params;
     p.tokens = 0;
     p.max_rows = cuda::compact_max_rows(cfg, 0, 4);
-    REQUIRE(cuda::build_layout(p, cfg).ok());
-    check_cuda(cudaDeviceSynchronize(), "sync");
+    REQUIRE(cuda::layout(cfg, p).ok());
+    cuda::throw_if_cuda_error(cudaDeviceSynchronize(), "sync");
     for (auto v : L.offsets.download()) REQUIRE(v == 0x3C3C3C3C3C3C3C3CLL);
     for (auto v : L.row_token.download()) REQUIRE(v == 0x3C3C3C3C);
   }

@@ -1,5 +1,5 @@
 // SPDX-License-Identifier: Apache-2.0
-// GPU loss values (cuda::losses) against reference::aux_loss / sequence_aux_loss / z_loss:
+// GPU loss values (cuda::losses) against reference::losses (aux, sequence aux, z-loss):
 // from the reference's own sums the batch-level values must be bit-identical (same formula,
 // same order, no fma); through the GPU gating sums within 1e-5 relative.
 #include <catch2/catch.hpp>
@@ -15,7 +15,7 @@
 #include <moeroute/reference/gating.hpp>
 #include <moeroute/reference/losses.hpp>
 
-#include "device_buffer.cuh"
+#include <moeroute/cuda/device_buffer.cuh>
 #include "gating_harness.cuh"
 
 using namespace moeroute;
@@ -28,30 +28,32 @@ struct gpu_losses {
 };
 
 /// Runs cuda::losses on sums uploaded from the host.
-gpu_losses losses_from_sums(const routing_config& cfg, std::int64_t T, const std::vector<double>& score_sum,
-                            const std::vector<std::int64_t>& counts, std::int64_t valid, double z_sum,
-                            const std::vector<double>& seq_sum, const std::vector<std::int64_t>& seq_count,
+gpu_losses losses_from_sums(const routing_config& cfg, std::int64_t T,
+                            const std::vector<double>& score_sum,
+                            const std::vector<std::int64_t>& counts, std::int64_t valid,
+                            double z_sum, const std::vector<double>& seq_sum,
+                            const std::vector<std::int64_t>& seq_count,
                             const std::vector<std::int64_t>& seq_tokens) {
-  test::device_buffer<double> d_sum(score_sum), d_z(std::vector<double>{z_sum}), d_seq_sum(seq_sum);
-  test::device_buffer<std::int64_t> d_counts(counts), d_valid(std::vector<std::int64_t>{valid}),
+  cuda::device_buffer<double> d_sum(score_sum), d_z(std::vector<double>{z_sum}), d_seq_sum(seq_sum);
+  cuda::device_buffer<std::int64_t> d_counts(counts), d_valid(std::vector<std::int64_t>{valid}),
       d_seq_count(seq_count), d_seq_tokens(seq_tokens);
-  test::device_buffer<double> out(3);
+  cuda::device_buffer<double> out(3);
   out.fill_bytes(0xFF);
   cuda::loss_params p;
   p.tokens = T;
-  p.d_aux_score_sum = d_sum.get();
-  p.d_aux_count = d_counts.get();
-  p.d_valid_tokens = d_valid.get();
-  p.d_z_sum_squares = d_z.get();
-  p.d_seq_score_sum = d_seq_sum.get();
-  p.d_seq_count = d_seq_count.get();
-  p.d_seq_tokens = d_seq_tokens.get();
+  p.sums.d_aux_score_sum = d_sum.get();
+  p.sums.d_aux_count = d_counts.get();
+  p.sums.d_valid_tokens = d_valid.get();
+  p.sums.d_z_sum_squares = d_z.get();
+  p.sums.d_seq_score_sum = d_seq_sum.get();
+  p.sums.d_seq_count = d_seq_count.get();
+  p.sums.d_seq_tokens = d_seq_tokens.get();
   p.d_aux_loss = out.get();
   p.d_sequence_aux_loss = out.get() + 1;
   p.d_z_loss = out.get() + 2;
   gpu_losses r;
   r.st = cuda::losses(cfg, p);
-  test::check_cuda(cudaDeviceSynchronize(), "sync");
+  cuda::throw_if_cuda_error(cudaDeviceSynchronize(), "sync");
   const auto h = out.download();
   r.aux = h[0];
   r.seq = h[1];
@@ -91,12 +93,13 @@ static void check_losses_from_reference_sums(std::int32_t E, std::int64_t T, std
     for (std::int64_t t = 0; t < L; ++t) valid[t] = 0;  // sequence 0 is all padding
     for (std::int64_t t = 2 * L; t < T; t += 3) valid[t] = 0;
     const auto logits = test::grid_logits(T, E, 41);
-    const auto g = reference::gate<float>(cfg, std::span<const float>(logits), T, {}, std::span<const std::uint8_t>(valid));
+    const auto g = reference::gating<float>(cfg, std::span<const float>(logits), T, {},
+                                            std::span<const std::uint8_t>(valid));
     const auto aux = reference::aux_loss(cfg, g);
     const auto z = reference::z_loss(cfg, g);
     const double seq = reference::sequence_aux_loss(cfg, g);
-    const auto r = losses_from_sums(cfg, T, g.aux_score_sum, g.aux_count, g.valid_tokens, z.sum_squares,
-                                    g.seq_score_sum, g.seq_count, g.seq_tokens);
+    const auto r = losses_from_sums(cfg, T, g.aux_score_sum, g.aux_count, g.valid_tokens,
+                                    z.sum_squares, g.seq_score_sum, g.seq_count, g.seq_tokens);
     INFO(test::describe(cfg, T));
     REQUIRE(r.st.ok());
     REQUIRE(std::memcmp(&r.aux, &aux.value, sizeof(double)) == 0);
@@ -116,8 +119,7 @@ TEST_CASE("losses from the reference's sums equal the reference bit for bit", "[
   for (std::int32_t E : {8, 60, 256}) check_losses_from_reference_sums(E, 1000, 50);
 }
 
-// One test case per E, so that the CPU emulation (tests/emulation/gating_driver.cpp) can
-// leave out the slowest.
+// One test case per E; the CPU emulation leaves out the [slow] one.
 static void check_losses_through_gating(std::int32_t E) {
   for (routing_config cfg : loss_configs(E, std::min(4, E))) {
     for (std::int64_t L : {0, 100}) {
@@ -126,20 +128,14 @@ static void check_losses_through_gating(std::int32_t E) {
       std::vector<std::uint8_t> valid(T, 1);
       for (std::int64_t t = 0; t < T; t += 7) valid[t] = 0;
       const auto logits = test::grid_logits(T, E, 43);
-      const auto ref = reference::gate<float>(cfg, std::span<const float>(logits), T, {},
-                                              std::span<const std::uint8_t>(valid));
-      test::gating_buffers b(cfg, logits, T, {}, valid);
+      const auto ref = reference::gating<float>(cfg, std::span<const float>(logits), T, {},
+                                                std::span<const std::uint8_t>(valid));
+      test::gating_buffers<float> b(cfg, logits, T, {}, valid);
       REQUIRE(b.run(cfg).ok());
-      test::device_buffer<double> out(3);
+      cuda::device_buffer<double> out(3);
       cuda::loss_params p;
       p.tokens = T;
-      p.d_aux_score_sum = b.p.d_aux_score_sum;
-      p.d_aux_count = b.p.d_aux_count;
-      p.d_valid_tokens = b.p.d_valid_tokens;
-      p.d_z_sum_squares = b.p.d_z_sum_squares;
-      p.d_seq_score_sum = b.p.d_seq_score_sum;
-      p.d_seq_count = b.p.d_seq_count;
-      p.d_seq_tokens = b.p.d_seq_tokens;
+      p.sums = b.p.out.sums;  // the gating's outputs are the losses' inputs
       p.d_aux_loss = out.get();
       p.d_sequence_aux_loss = out.get() + 1;
       p.d_z_loss = out.get() + 2;
@@ -164,7 +160,7 @@ TEST_CASE("losses through the GPU gating match the reference, E = 64", "[cuda][l
   check_losses_through_gating(64);
 }
 
-TEST_CASE("losses through the GPU gating match the reference, E = 384", "[cuda][losses]") {
+TEST_CASE("losses through the GPU gating match the reference, E = 384", "[cuda][losses][slow]") {
   check_losses_through_gating(384);
 }
 
@@ -181,13 +177,13 @@ TEST_CASE("losses: zero valid tokens give 0; bad params are rejected; T = 0 writ
 
   cuda::loss_params p;
   p.tokens = 16;
-  test::device_buffer<double> never_written(1);
+  cuda::device_buffer<double> never_written(1);
   p.d_aux_loss = never_written.get();  // validation fails before any launch
   auto s = cuda::losses(cfg, p);
   REQUIRE(s.code == status_code::invalid_argument);
-  REQUIRE(s.message.find("d_valid_tokens") != std::string::npos);
+  REQUIRE(s.message.find("sums.d_valid_tokens") != std::string::npos);
 
-  test::device_buffer<double> out(1);
+  cuda::device_buffer<double> out(1);
   out.fill_bytes(0x5A);
   cuda::loss_params empty;
   empty.tokens = 0;

@@ -6,6 +6,7 @@
 
 #include <cstdint>
 #include <cstring>
+#include <string>
 #include <vector>
 
 #include <cuda_bf16.h>
@@ -14,7 +15,7 @@
 #include <moeroute/cuda/permute.cuh>
 #include <moeroute/reference.hpp>
 
-#include "device_buffer.cuh"
+#include <moeroute/cuda/device_buffer.cuh>
 #include "dispatch_test_util.cuh"
 
 namespace moeroute::test {
@@ -29,13 +30,14 @@ void check_permute(std::int64_t T, std::int64_t d, bool misalign, std::uint64_t 
   const auto cfg = make_config(60, 4, s);
   const auto g = make_gating(cfg, T, seed, false);
   const auto ref = reference::dispatch(cfg, g);
-  const auto L = reference::compact_layout(ref, 16);  // padding rows inside segments
-  const std::int64_t extra = 24;                      // rows past num_rows stay untouched
+  const auto L =
+      reference::layout(cfg, ref, layout_kind::compact, 16);  // padding rows inside segments
+  const std::int64_t extra = 24;                              // rows past num_rows stay untouched
   const std::int64_t rows = L.num_rows + extra;
 
   const auto x = random_host<H>(static_cast<std::size_t>(T * d), seed);
   std::vector<H> want(static_cast<std::size_t>(L.num_rows * d));
-  reference::permute<H>(L, x, T, d, want);
+  reference::permute<H>(cfg, L, x, T, d, want);
 
   const std::size_t off = misalign ? 1 : 0;  // shifts both buffers off 16-byte alignment
   std::vector<H> xpad(off);
@@ -52,17 +54,19 @@ void check_permute(std::int64_t T, std::int64_t d, bool misalign, std::uint64_t 
   p.d_x = dx.get() + off;
   p.tokens = T;
   p.hidden = d;
-  p.d_row_token = drt.get();
+  p.layout.d_row_token = drt.get();
+  p.layout.d_num_rows = dn.get();
   p.rows = rows;
-  p.d_num_rows = dn.get();
   p.d_out = dout.get() + off;
-  REQUIRE(cuda::permute(p).ok());
+  REQUIRE(cuda::permute(cfg, p).ok());
   const auto got = download_bits<H>(dout.get() + off, static_cast<std::size_t>(rows * d));
   for (std::int64_t i = 0; i < L.num_rows * d; ++i)
-    if (std::memcmp(&got[i], &want[i], sizeof(H)) != 0) FAIL("out[" << i << "] differs (row " << i / d << ")");
+    if (std::memcmp(&got[i], &want[i], sizeof(H)) != 0)
+      FAIL("out[" << i << "] differs (row " << i / d << ")");
   std::vector<unsigned char> sentinel(sizeof(H), 0x7F);
   for (std::int64_t i = L.num_rows * d; i < rows * d; ++i)
-    if (std::memcmp(&got[i], sentinel.data(), sizeof(H)) != 0) FAIL("out[" << i << "] past num_rows was written");
+    if (std::memcmp(&got[i], sentinel.data(), sizeof(H)) != 0)
+      FAIL("out[" << i << "] past num_rows was written");
 }
 }  // namespace
 
@@ -74,7 +78,7 @@ TEST_CASE("permute: fp32 / fp16 / bf16, vector and scalar paths", "[cuda][permut
       check_permute<__half>(T, d, false, seed++);
       check_permute<__nv_bfloat16>(T, d, false, seed++);
     }
-  check_permute<float>(300, 64, true, seed++);   // misaligned: scalar path
+  check_permute<float>(300, 64, true, seed++);  // misaligned: scalar path
   check_permute<__half>(300, 64, true, seed++);
 }
 
@@ -85,6 +89,7 @@ TEST_CASE("permute: large shapes", "[cuda][permute]") {
 }
 
 TEST_CASE("permute: errors and T = 0", "[cuda][permute][quick]") {
+  const routing_config cfg = make_config(8, 2, case_spec{});
   device_buffer<float> out(16);
   out.fill_bytes(0x11);
   cuda::permute_params<float> p;
@@ -92,19 +97,21 @@ TEST_CASE("permute: errors and T = 0", "[cuda][permute][quick]") {
   p.hidden = 4;
   p.rows = 4;
   p.d_out = out.get();
-  REQUIRE(cuda::permute(p).ok());
-  check_cuda(cudaDeviceSynchronize(), "sync");
+  REQUIRE(cuda::permute(cfg, p).ok());
+  cuda::throw_if_cuda_error(cudaDeviceSynchronize(), "sync");
   for (float v : out.download()) {
     std::uint32_t u;
     std::memcpy(&u, &v, 4);
     REQUIRE(u == 0x11111111u);
   }
   p.tokens = 2;
-  REQUIRE(cuda::permute(p).code == status_code::invalid_argument);  // d_x null
+  const auto st = cuda::permute(cfg, p);
+  REQUIRE(st.code == status_code::invalid_argument);
+  REQUIRE(st.message.find("d_x") != std::string::npos);
   p.hidden = -1;
-  REQUIRE(cuda::permute(p).code == status_code::invalid_shape);
+  REQUIRE(cuda::permute(cfg, p).code == status_code::invalid_shape);
   p.hidden = 0;  // d = 0: nothing to copy, success
-  REQUIRE(cuda::permute(p).ok());
+  REQUIRE(cuda::permute(cfg, p).ok());
 }
 
 }  // namespace moeroute::test

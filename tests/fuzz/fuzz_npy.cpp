@@ -14,12 +14,12 @@
 
 #include <moeroute/io/npy.hpp>
 
-#define NPY_CHECK(cond)                                                               \
-  do {                                                                                \
-    if (!(cond)) {                                                                    \
+#define NPY_CHECK(cond)                                                                      \
+  do {                                                                                       \
+    if (!(cond)) {                                                                           \
       std::fprintf(stderr, "fuzz_npy: invariant violated: %s (line %d)\n", #cond, __LINE__); \
-      __builtin_trap();                                                               \
-    }                                                                                 \
+      __builtin_trap();                                                                      \
+    }                                                                                        \
   } while (0)
 
 namespace io = moeroute::io;
@@ -59,14 +59,15 @@ extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size
     float want;
     if (h.dtype == io::npy_dtype::f32) {
       std::uint32_t u = 0;
-      for (int b = 0; b < 4; ++b)
-        u |= std::uint32_t{p[h.big_endian ? 3 - b : b]} << (8 * b);
+      for (int b = 0; b < 4; ++b) u |= std::uint32_t{p[h.big_endian ? 3 - b : b]} << (8 * b);
       std::memcpy(&want, &u, 4);
     } else {
-      const std::uint16_t u = static_cast<std::uint16_t>(p[h.big_endian ? 1 : 0] | (p[h.big_endian ? 0 : 1] << 8));
+      const std::uint16_t u =
+          static_cast<std::uint16_t>(p[h.big_endian ? 1 : 0] | (p[h.big_endian ? 0 : 1] << 8));
       want = moeroute::to_float(moeroute::half_bits{u});
     }
-    NPY_CHECK((std::isnan(want) && std::isnan(a.values[i])) || std::memcmp(&want, &a.values[i], 4) == 0);
+    NPY_CHECK((std::isnan(want) && std::isnan(a.values[i])) ||
+              std::memcmp(&want, &a.values[i], 4) == 0);
   }
   // a truncated good file is always rejected
   if (size > 0) {

@@ -12,74 +12,23 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
-#include <cstdlib>
-#include <filesystem>
-#include <fstream>
-#include <limits>
 #include <sstream>
 #include <string>
 #include <vector>
 
-#include <nlohmann/json.hpp>
-
 #include <moeroute/presets.hpp>
 #include <moeroute/reference.hpp>
-#include <moeroute/reference/backward.hpp>
+
+#include "../common/golden.hpp"
 
 using namespace moeroute;
-using json = nlohmann::json;
-namespace fs = std::filesystem;
+using namespace moeroute::test;
 
 namespace {
 
 constexpr double grad_rel_tol = 1e-5;
 constexpr double grad_abs_tol = 1e-7;
 constexpr std::size_t default_grad_case_count = 40;
-
-std::string golden_grad_dir(bool& is_default) {
-  const char* env = std::getenv("MOEROUTE_GOLDEN_GRAD_DIR");
-  is_default = !(env && *env);
-  if (!is_default) return env;
-  return std::string(MOEROUTE_TEST_DATA_DIR) + "/golden-grad";
-}
-
-std::vector<std::string> json_files(const std::string& dir) {
-  if (!fs::is_directory(dir)) throw std::runtime_error("golden-grad directory not found: " + dir);
-  std::vector<std::string> paths;
-  for (const auto& ent : fs::directory_iterator(dir))
-    if (ent.is_regular_file() && ent.path().extension() == ".json") paths.push_back(ent.path().string());
-  std::sort(paths.begin(), paths.end());
-  return paths;
-}
-
-/// The preset a case's semantics name: DeepSpeed top2gating or Megatron's TopKRouter.
-routing_config config_for(const json& c, std::int32_t E, std::vector<float>& bias) {
-  const json& s = c["semantics"];
-  const std::string source = c["source"].get<std::string>();
-  const std::int32_t k = s["k"].get<std::int32_t>();
-  const json& cap = s["capacity"];
-  bias.clear();
-  if (source.rfind("DeepSpeed", 0) == 0) {
-    if (k != 2) throw std::runtime_error("DeepSpeed grad case with k != 2");
-    return presets::deepspeed_top2(E, cap["factor"].get<double>(), cap["min_capacity"].get<std::int64_t>());
-  }
-  presets::megatron_options o;
-  const std::string score = s["score"].get<std::string>();
-  o.score = score == "sigmoid" ? score_function::sigmoid : score_function::softmax;
-  o.pre_softmax = o.score == score_function::softmax && s["select_from"].get<std::string>() == "probs";
-  o.capacity_factor = cap.is_null() ? std::numeric_limits<double>::quiet_NaN() : cap["factor"].get<double>();
-  if (s.contains("group_limited") && !s["group_limited"].is_null()) {
-    o.groups = s["group_limited"]["groups"].get<std::int32_t>();
-    o.group_topk = s["group_limited"]["group_topk"].get<std::int32_t>();
-  }
-  if (s.contains("scaling_factor") && !s["scaling_factor"].is_null())
-    o.scaling_factor = s["scaling_factor"].get<float>();
-  if (s.contains("expert_bias") && !s["expert_bias"].is_null()) {
-    o.expert_bias = true;
-    bias = s["expert_bias"].get<std::vector<float>>();
-  }
-  return presets::megatron(E, k, o);
-}
 
 /// Every element within tolerance; returns a description of the first mismatch, or "".
 std::string compare(const char* what, const std::vector<float>& ours, const json& peer,
@@ -106,30 +55,25 @@ std::string compare(const char* what, const std::vector<float>& ours, const json
 TEST_CASE("golden-grad: d logits of routing, aux and z-loss match the peers' autograd",
           "[golden][golden-grad][backward]") {
   bool is_default = true;
-  const std::string dir = golden_grad_dir(is_default);
+  const std::string dir = golden_directory("MOEROUTE_GOLDEN_GRAD_DIR", "golden-grad", &is_default);
   std::size_t cases_run = 0, ties_adopted = 0;
   std::size_t routing_elements = 0, nonzero_routing = 0;
-  for (const auto& path : json_files(dir)) {
-    std::ifstream in(path);
-    REQUIRE(in.good());
-    const json doc = json::parse(in);
+  for (const auto& file : load_golden_files(dir)) {
+    const json& doc = file.doc;
     const std::int64_t T = doc["tokens"].get<std::int64_t>();
     const std::int32_t E = doc["experts"].get<std::int32_t>();
-    std::vector<float> logits;
-    for (const auto& row : doc["logits"])
-      for (const auto& v : row) logits.push_back(v.get<float>());
-    REQUIRE(static_cast<std::int64_t>(logits.size()) == T * E);
+    const std::vector<float> logits = golden_logits(doc);
 
     for (const auto& c : doc["cases"]) {
-      const std::string name = fs::path(path).filename().string() + " / " + c["name"].get<std::string>();
+      const std::string name = file.name() + " / " + c["name"].get<std::string>();
       INFO(name);
-      std::vector<float> bias;
-      const routing_config cfg = config_for(c, E, bias);
-      const auto g = reference::gate(cfg, logits, T, bias);
+      const std::vector<float> bias = golden_bias(c);
+      const routing_config cfg = preset_for(c, E);
+      const auto g = reference::gating(cfg, logits, T, bias);
       const auto dsp = reference::dispatch(cfg, g);
       const std::int32_t k = cfg.top_k;
       const json& x = c["expected"];
-      const bool deepspeed = c["source"].get<std::string>().rfind("DeepSpeed", 0) == 0;
+      const bool deepspeed = peer_of(c) == peer::deepspeed;
 
       // upstream: one [expert, (slot,) d_weight] per assignment the peer kept; map it to (t, j)
       std::vector<float> d_weight(T * k, 0.0f);
@@ -182,7 +126,7 @@ TEST_CASE("golden-grad: d logits of routing, aux and z-loss match the peers' aut
       }
 
       std::vector<float> d_routing(T * E, 0.0f), d_aux(T * E, 0.0f), d_z(T * E, 0.0f);
-      reference::gating_backward(cfg, logits, g, dsp_used, d_weight, d_routing);
+      reference::routing_backward(cfg, logits, g, dsp_used, d_weight, d_routing);
       reference::aux_loss_backward(cfg, logits, g, d_aux);
       reference::z_loss_backward(cfg, logits, g, d_z);
       CHECK(compare("d_logits_routing", d_routing, x["d_logits_routing"], T, E) == "");
@@ -191,8 +135,8 @@ TEST_CASE("golden-grad: d logits of routing, aux and z-loss match the peers' aut
 
       // the one-call accumulation equals the sum of the three terms (same order, same bits)
       std::vector<float> d_all(T * E, 0.0f), d_sum(T * E, 0.0f);
-      reference::accumulate_logit_grads(cfg, logits, g, dsp_used, d_weight, d_all);
-      reference::gating_backward(cfg, logits, g, dsp_used, d_weight, d_sum);
+      reference::gating_backward(cfg, logits, g, dsp_used, d_weight, d_all);
+      reference::routing_backward(cfg, logits, g, dsp_used, d_weight, d_sum);
       reference::aux_loss_backward(cfg, logits, g, d_sum);
       reference::z_loss_backward(cfg, logits, g, d_sum);
       CHECK(d_all == d_sum);

@@ -6,26 +6,27 @@
 //
 // Directory: $MOEROUTE_GOLDEN_DIR when set, else MOEROUTE_TEST_DATA_DIR "/golden" (416 cases).
 // Tolerances: integers exact; gates / weights 1e-6 relative; aux loss and z-loss 1e-5 relative.
-#include <algorithm>
 #include <catch2/catch.hpp>
+
+#include <algorithm>
 #include <cmath>
 #include <cstdint>
-#include <cstdlib>
 #include <filesystem>
-#include <fstream>
 #include <iostream>
 #include <limits>
 #include <map>
-#include <moeroute/presets.hpp>
-#include <moeroute/reference.hpp>
-#include <nlohmann/json.hpp>
 #include <sstream>
 #include <string>
 #include <tuple>
 #include <vector>
 
+#include <moeroute/presets.hpp>
+#include <moeroute/reference.hpp>
+
+#include "../common/golden.hpp"
+
 using namespace moeroute;
-using json = nlohmann::json;
+using namespace moeroute::test;
 namespace fs = std::filesystem;
 
 namespace {
@@ -33,274 +34,6 @@ namespace {
 constexpr double gate_rel_tol = 1e-6;
 constexpr double loss_rel_tol = 1e-5;
 constexpr std::size_t default_case_count = 416;
-
-// ---------------------------------------------------------------------------------------------
-// Loading
-
-struct golden_file {
-  std::string path;
-  json doc;
-};
-
-std::string golden_dir(bool* is_default = nullptr) {
-  const char* env = std::getenv("MOEROUTE_GOLDEN_DIR");
-  if (is_default) *is_default = !(env && *env);
-  if (env && *env) return env;
-  return std::string(MOEROUTE_TEST_DATA_DIR) + "/golden";
-}
-
-/// Every *.json in `dir`, sorted by name, parsed. Throws on a missing directory or a bad file.
-std::vector<golden_file> load_dir(const std::string& dir) {
-  if (!fs::is_directory(dir)) throw std::runtime_error("golden directory not found: " + dir);
-  std::vector<std::string> paths;
-  for (const auto& ent : fs::directory_iterator(dir))
-    if (ent.is_regular_file() && ent.path().extension() == ".json")
-      paths.push_back(ent.path().string());
-  std::sort(paths.begin(), paths.end());
-  std::vector<golden_file> files;
-  for (const auto& p : paths) {
-    std::ifstream in(p);
-    if (!in) throw std::runtime_error("cannot open " + p);
-    golden_file f;
-    f.path = p;
-    try {
-      f.doc = json::parse(in);
-    } catch (const json::exception& e) {
-      throw std::runtime_error("cannot parse " + p + ": " + e.what());
-    }
-    if (!f.doc.contains("cases") || !f.doc["cases"].is_array())
-      throw std::runtime_error(p + ": no \"cases\" array");
-    files.push_back(std::move(f));
-  }
-  return files;
-}
-
-std::size_t count_cases(const std::vector<golden_file>& files) {
-  std::size_t n = 0;
-  for (const auto& f : files) n += f.doc["cases"].size();
-  return n;
-}
-
-// ---------------------------------------------------------------------------------------------
-// Semantics -> routing_config, independently of the presets (the vocabulary of README.md)
-
-std::string str_or(const json& j, const char* key, const std::string& fallback) {
-  return j.contains(key) && j[key].is_string() ? j[key].get<std::string>() : fallback;
-}
-
-bool is_null_or_missing(const json& j, const char* key) {
-  return !j.contains(key) || j[key].is_null();
-}
-
-/// The config the semantics block describes, field by field.
-routing_config config_from_semantics(const json& sem, std::int32_t experts) {
-  routing_config c;
-  c.num_experts = experts;
-  c.top_k = sem.at("k").get<std::int32_t>();
-  const std::int32_t k = c.top_k;
-
-  const std::string score = sem.at("score").get<std::string>();
-  if (score == "softmax")
-    c.gating.score = score_function::softmax;
-  else if (score == "sigmoid")
-    c.gating.score = score_function::sigmoid;
-  else
-    throw std::runtime_error("unknown score: " + score);
-
-  const std::string sel = sem.at("select_from").get<std::string>();
-  const std::string renorm = sem.at("renormalize").get<std::string>();
-  if (renorm == "none")
-    c.gating.renorm = renormalize::none;
-  else if (renorm == "before_drop")
-    c.gating.renorm = renormalize::before_drop;
-  else if (renorm == "after_drop")
-    c.gating.renorm = renormalize::after_drop;
-  else
-    throw std::runtime_error("unknown renormalize: " + renorm);
-  if (sel == "logits") {
-    c.gating.select = select_from::logits;
-    // Selecting on softmax logits and renormalising over the k chosen is the softmax over the
-    // k chosen logits (the scores over all experts are never formed).
-    if (c.gating.score == score_function::softmax && c.gating.renorm == renormalize::before_drop)
-      c.gating.stage = softmax_stage::after_topk;
-  } else if (sel == "probs") {
-    c.gating.select = select_from::scores;
-  } else {
-    throw std::runtime_error("unknown select_from: " + sel);
-  }
-  // "for sigmoid with k>1 the divisor gets +1e-20"
-  if (c.gating.score == score_function::sigmoid && c.gating.renorm == renormalize::before_drop) {
-    c.gating.renorm_epsilon = k > 1 ? 1e-20f : 0.0f;
-  }
-  if (!is_null_or_missing(sem, "scaling_factor"))
-    c.gating.scaling_factor = sem["scaling_factor"].get<float>();
-  c.gating.expert_bias = !is_null_or_missing(sem, "expert_bias");
-  if (!is_null_or_missing(sem, "group_limited")) {
-    const json& gl = sem["group_limited"];
-    c.gating.group_limit = {gl.at("groups").get<std::int32_t>(),
-                            gl.at("group_topk").get<std::int32_t>()};
-  }
-
-  if (is_null_or_missing(sem, "capacity")) {
-    c.capacity.mode = capacity_mode::unbounded;
-  } else {
-    const json& cap = sem["capacity"];
-    c.capacity.mode = capacity_mode::factor;
-    c.capacity.factor = cap.at("factor").get<double>();
-    c.capacity.includes_k = cap.at("includes_k").get<bool>();
-    const std::string r = cap.at("rounding").get<std::string>();
-    if (r == "ceil")
-      c.capacity.rounding = capacity_rounding::ceil;
-    else if (r == "floor")
-      c.capacity.rounding = capacity_rounding::floor;
-    else
-      throw std::runtime_error("unknown rounding: " + r);
-    c.capacity.min_capacity =
-        is_null_or_missing(cap, "min_capacity") ? 0 : cap["min_capacity"].get<std::int64_t>();
-    c.capacity.no_drop_when_exceeds_tokens =
-        cap.contains("no_drop_when_capacity_exceeds_tokens") &&
-        cap["no_drop_when_capacity_exceeds_tokens"].get<bool>();
-  }
-
-  const std::string prio = str_or(sem, "priority", "token_major");
-  if (prio == "token_major")
-    c.dispatch.prio = priority::token_major;
-  else if (prio == "choice_major")
-    c.dispatch.prio = priority::choice_major;
-  else if (prio == "score_per_expert")
-    c.dispatch.prio = priority::score_per_expert;
-  else
-    throw std::runtime_error("unknown priority: " + prio);
-  // Dropless cases have no priority (nothing competes); Megatron's dispatch is still by score.
-  if (!sem.contains("priority")) c.dispatch.prio = priority::score_per_expert;
-  const std::string slots = str_or(sem, "slot_order", "priority");
-  if (slots == "priority")
-    c.dispatch.slots = slot_order::priority;
-  else if (slots == "token_index")
-    c.dispatch.slots = slot_order::token_index;
-  else
-    throw std::runtime_error("unknown slot_order: " + slots);
-  const std::string dropped = str_or(sem, "dropped", "zero_weight");
-  if (dropped == "zero_weight")
-    c.dispatch.dropped = drop_policy::zero_weight;
-  else if (dropped == "residual")
-    c.dispatch.dropped = drop_policy::residual;
-  else
-    throw std::runtime_error("unknown dropped: " + dropped);
-
-  const json& aux = sem.at("aux_loss");
-  const std::string counts = aux.at("counts").get<std::string>();
-  if (counts == "top1")
-    c.loss.counts = aux_counts::top1;
-  else if (counts == "all_k")
-    c.loss.counts = aux_counts::all_k;
-  else
-    throw std::runtime_error("unknown aux counts: " + counts);
-  c.loss.count_source = str_or(aux, "f", "").find("fresh top-k") != std::string::npos
-                            ? aux_count_source::fresh_topk
-                            : aux_count_source::routed;
-  const std::string scale = aux.at("scale").get<std::string>();
-  if (scale == "sum(P*f)*E" || scale == "E*sum(f*P)")
-    c.loss.scale = aux_scale::e_times_sum;
-  else if (scale == "sum(P*f)*E/k" || scale == "E/(k*T*T)*sum_i(sum_t P[t,i])*count_i")
-    c.loss.scale = aux_scale::e_over_k_sum;
-  else
-    throw std::runtime_error("unknown aux scale: " + scale);
-  c.loss.aux_coefficient = 1.0f;
-  c.loss.z_coefficient = 1.0f;
-  return c;
-}
-
-enum class peer { deepspeed, megatron, seed };
-
-peer peer_of(const json& cs) {
-  const std::string src = cs.at("source").get<std::string>();
-  const std::string name = cs.at("name").get<std::string>();
-  if (src.find("DeepSpeed") != std::string::npos) return peer::deepspeed;
-  if (src.find("Megatron") != std::string::npos) return peer::megatron;
-  if (src.find("seed") != std::string::npos) return peer::seed;
-  throw std::runtime_error("case " + name + ": unknown source " + src);
-}
-
-/// The named preset for a case, with only the knobs a user would pass (k, factor, options).
-routing_config preset_for(const json& cs, std::int32_t experts) {
-  const json& sem = cs.at("semantics");
-  const std::int32_t k = sem.at("k").get<std::int32_t>();
-  const bool has_cap = !is_null_or_missing(sem, "capacity");
-  const double factor = has_cap ? sem["capacity"].at("factor").get<double>() : 1.0;
-  switch (peer_of(cs)) {
-    case peer::deepspeed: {
-      const std::int64_t minc = sem["capacity"].at("min_capacity").get<std::int64_t>();
-      if (str_or(sem, "priority", "") == "choice_major")
-        return presets::deepspeed_top2(experts, factor, minc);
-      return presets::deepspeed_topk(experts, k, factor, minc);
-    }
-    case peer::seed:
-      return presets::seed_reference(experts, k, factor);
-    case peer::megatron: {
-      presets::megatron_options o;
-      o.score = sem.at("score").get<std::string>() == "sigmoid" ? score_function::sigmoid
-                                                                : score_function::softmax;
-      o.pre_softmax =
-          o.score == score_function::softmax && sem.at("select_from").get<std::string>() == "probs";
-      if (has_cap) o.capacity_factor = factor;
-      if (!is_null_or_missing(sem, "group_limited")) {
-        o.groups = sem["group_limited"].at("groups").get<std::int32_t>();
-        o.group_topk = sem["group_limited"].at("group_topk").get<std::int32_t>();
-      }
-      if (!is_null_or_missing(sem, "scaling_factor"))
-        o.scaling_factor = sem["scaling_factor"].get<float>();
-      o.expert_bias = !is_null_or_missing(sem, "expert_bias");
-      return presets::megatron(experts, k, o);
-    }
-  }
-  throw std::runtime_error("unreachable");
-}
-
-/// Fields of the preset that disagree with the semantics block ("" when they all agree).
-std::string config_diff(const routing_config& p, const routing_config& s) {
-  std::ostringstream d;
-  const auto field = [&](const char* name, auto a, auto b) {
-    if (!(a == b))
-      d << name << ": preset " << +static_cast<long double>(a) << " vs semantics "
-        << +static_cast<long double>(b) << "; ";
-  };
-  const auto en = [](auto e) { return static_cast<int>(e); };
-  field("num_experts", p.num_experts, s.num_experts);
-  field("top_k", p.top_k, s.top_k);
-  field("gating.score", en(p.gating.score), en(s.gating.score));
-  field("gating.select", en(p.gating.select), en(s.gating.select));
-  field("gating.stage", en(p.gating.stage), en(s.gating.stage));
-  field("gating.renorm", en(p.gating.renorm), en(s.gating.renorm));
-  if (p.gating.renorm == renormalize::before_drop)
-    field("gating.renorm_epsilon", p.gating.renorm_epsilon, s.gating.renorm_epsilon);
-  field("gating.scaling_factor", p.gating.scaling_factor, s.gating.scaling_factor);
-  field("gating.expert_bias", p.gating.expert_bias, s.gating.expert_bias);
-  field("gating.group_limit.groups", p.gating.group_limit.groups, s.gating.group_limit.groups);
-  field("gating.group_limit.group_topk", p.gating.group_limit.group_topk,
-        s.gating.group_limit.group_topk);
-  field("gating.noise.kind", en(p.gating.noise.kind), en(s.gating.noise.kind));
-  field("capacity.mode", en(p.capacity.mode), en(s.capacity.mode));
-  if (s.capacity.mode == capacity_mode::factor) {
-    field("capacity.factor", p.capacity.factor, s.capacity.factor);
-    field("capacity.includes_k", p.capacity.includes_k, s.capacity.includes_k);
-    field("capacity.rounding", en(p.capacity.rounding), en(s.capacity.rounding));
-    field("capacity.min_capacity", p.capacity.min_capacity, s.capacity.min_capacity);
-    field("capacity.no_drop_when_exceeds_tokens", p.capacity.no_drop_when_exceeds_tokens,
-          s.capacity.no_drop_when_exceeds_tokens);
-    field("capacity.clamp_to_tokens", p.capacity.clamp_to_tokens, s.capacity.clamp_to_tokens);
-  }
-  field("dispatch.prio", en(p.dispatch.prio), en(s.dispatch.prio));
-  if (s.capacity.mode == capacity_mode::factor)
-    field("dispatch.slots", en(p.dispatch.slots), en(s.dispatch.slots));
-  field("dispatch.dropped", en(p.dispatch.dropped), en(s.dispatch.dropped));
-  field("loss.counts", en(p.loss.counts), en(s.loss.counts));
-  field("loss.count_source", en(p.loss.count_source), en(s.loss.count_source));
-  field("loss.scale", en(p.loss.scale), en(s.loss.scale));
-  field("loss.aux_coefficient", p.loss.aux_coefficient, s.loss.aux_coefficient);
-  field("loss.z_coefficient", p.loss.z_coefficient, s.loss.z_coefficient);
-  return d.str();
-}
 
 // ---------------------------------------------------------------------------------------------
 // Comparison
@@ -370,21 +103,13 @@ std::string check_case(const json& file_doc, const json& cs) {
   const routing_config from_sem = config_from_semantics(sem, E);
   if (auto diff = config_diff(cfg, from_sem); !diff.empty()) return "preset drift: " + diff;
 
-  std::vector<float> logits;
-  logits.reserve(static_cast<std::size_t>(T * E));
-  const json& rows = file_doc.at("logits");
-  if (static_cast<std::int64_t>(rows.size()) != T)
-    return "logits has " + std::to_string(rows.size()) + " rows";
-  for (const auto& row : rows) {
-    if (static_cast<std::int32_t>(row.size()) != E) return "logits row of wrong length";
-    for (const auto& v : row) logits.push_back(v.get<float>());
-  }
-  std::vector<float> bias;
-  if (cfg.gating.expert_bias) bias = sem.at("expert_bias").get<std::vector<float>>();
-
+  const std::vector<float> logits = golden_logits(file_doc);
+  const std::vector<float> bias = golden_bias(cs);
   const auto r = reference::route<float>(cfg, logits, T, bias);
   const auto& g = r.gating;
   const auto& d = r.dispatch;
+  const auto& aux = r.losses.aux;
+  const auto& z = r.losses.z;
   const std::int32_t k = cfg.top_k;
 
   // capacity (dropless: the peer's "capacity" is null or absent)
@@ -395,16 +120,15 @@ std::string check_case(const json& file_doc, const json& cs) {
   } else if (d.capacity != unbounded_capacity) {
     return "capacity " + std::to_string(d.capacity) + ", expected none (dropless)";
   }
-  if (ex.contains("aux_loss") &&
-      !rel_close(r.aux.value, ex["aux_loss"].get<double>(), loss_rel_tol))
-    return "aux_loss " + num(r.aux.value) + " != " + num(ex["aux_loss"].get<double>());
-  if (ex.contains("z_loss") && !rel_close(r.z.value, ex["z_loss"].get<double>(), loss_rel_tol))
-    return "z_loss " + num(r.z.value) + " != " + num(ex["z_loss"].get<double>());
+  if (ex.contains("aux_loss") && !rel_close(aux.value, ex["aux_loss"].get<double>(), loss_rel_tol))
+    return "aux_loss " + num(aux.value) + " != " + num(ex["aux_loss"].get<double>());
+  if (ex.contains("z_loss") && !rel_close(z.value, ex["z_loss"].get<double>(), loss_rel_tol))
+    return "z_loss " + num(z.value) + " != " + num(ex["z_loss"].get<double>());
   if (ex.contains("requested_per_expert")) {
     // Megatron's tokens_per_expert comes from compute_routing_scores_for_aux_loss: a fresh top-k
     // on the unbiased, ungrouped scores, i.e. our aux counts. The others count the routed ids.
     const std::vector<std::int64_t>& ours =
-        peer_of(cs) == peer::megatron ? r.aux.counts : d.requested;
+        peer_of(cs) == peer::megatron ? aux.counts : d.requested;
     const auto want = ex["requested_per_expert"].get<std::vector<std::int64_t>>();
     if (want.size() != static_cast<std::size_t>(E)) return "requested_per_expert has wrong length";
     for (std::int32_t e = 0; e < E; ++e)
@@ -531,8 +255,7 @@ std::pair<std::size_t, std::size_t> run_all(const std::vector<golden_file>& file
       ++checked;
       if (!msg.empty()) {
         ++failed;
-        FAIL_CHECK(fs::path(f.path).filename().string()
-                   << " / " << cs.value("name", "?") << ": " << msg);
+        FAIL_CHECK(f.name() << " / " << cs.value("name", "?") << ": " << msg);
       }
     }
   }
@@ -543,9 +266,9 @@ std::pair<std::size_t, std::size_t> run_all(const std::vector<golden_file>& file
 
 TEST_CASE("golden peer parity", "[golden]") {
   bool is_default = false;
-  const std::string dir = golden_dir(&is_default);
+  const std::string dir = golden_directory("MOEROUTE_GOLDEN_DIR", "golden", &is_default);
   INFO("golden directory: " << dir);
-  const auto files = load_dir(dir);
+  const auto files = load_golden_files(dir);
   const std::size_t on_disk = count_cases(files);
   std::cout << "golden: " << files.size() << " files, " << on_disk << " cases in " << dir << "\n";
   REQUIRE(on_disk > 0);  // an empty directory is a failure, never a pass
@@ -563,15 +286,15 @@ TEST_CASE("golden: a directory without cases fails to load as a test", "[golden]
   const fs::path empty = fs::temp_directory_path() / "moeroute_golden_empty_dir_test";
   fs::create_directories(empty);
   for (const auto& ent : fs::directory_iterator(empty)) fs::remove_all(ent.path());
-  const auto files = load_dir(empty.string());
+  const auto files = load_golden_files(empty.string());
   CHECK(files.empty());
   CHECK(count_cases(files) == 0);  // the parity test REQUIREs > 0 on this
-  CHECK_THROWS(load_dir((empty / "does-not-exist").string()));
+  CHECK_THROWS(load_golden_files((empty / "does-not-exist").string()));
   fs::remove_all(empty);
 }
 
 TEST_CASE("golden: the checker detects drift and wrong expectations", "[golden]") {
-  const auto files = load_dir(golden_dir());
+  const auto files = load_golden_files(golden_directory("MOEROUTE_GOLDEN_DIR", "golden"));
   REQUIRE(!files.empty());
   const json& doc = files.front().doc;
   REQUIRE(!doc["cases"].empty());

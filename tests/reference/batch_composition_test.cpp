@@ -13,8 +13,8 @@
 #include <cstdint>
 #include <limits>
 #include <numeric>
-#include <utility>
 #include <random>
+#include <utility>
 #include <vector>
 
 #include <moeroute/reference.hpp>
@@ -40,7 +40,8 @@ std::vector<float> random_logits(std::int64_t T, std::int32_t E, std::uint32_t s
 }
 
 /// rows of x in the order perm: out[i] = x[perm[i]]
-std::vector<float> permute_rows(const std::vector<float>& x, std::int32_t E, const std::vector<std::int64_t>& perm) {
+std::vector<float> permute_rows(const std::vector<float>& x, std::int32_t E,
+                                const std::vector<std::int64_t>& perm) {
   std::vector<float> out(x.size());
   for (std::size_t i = 0; i < perm.size(); ++i)
     std::copy_n(x.begin() + perm[i] * E, E, out.begin() + static_cast<std::int64_t>(i) * E);
@@ -93,7 +94,8 @@ std::vector<float> bias_for(const routing_config& c) {
 }
 
 /// The seed loop: grant slots in `order` (a list of assignment indices), C per expert.
-std::vector<fate> greedy(const ref::gating_output& g, const std::vector<std::int64_t>& order, std::int64_t C) {
+std::vector<fate> greedy(const ref::gating_output& g, const std::vector<std::int64_t>& order,
+                         std::int64_t C) {
   std::vector<fate> f(g.ids.size(), fate::dropped);
   std::vector<std::int64_t> load(static_cast<std::size_t>(g.experts), 0);
   for (std::int64_t a : order) {
@@ -151,8 +153,8 @@ TEST_CASE("batch composition: dropless routing of a token does not depend on the
       }
       // per-expert loads are a property of the multiset of tokens
       CHECK(whole.dispatch.load == permuted.dispatch.load);
-      CHECK(whole.aux.counts == permuted.aux.counts);
-      CHECK(whole.aux.value == Approx(permuted.aux.value).epsilon(1e-12));
+      CHECK(whole.losses.aux.counts == permuted.losses.aux.counts);
+      CHECK(whole.losses.aux.value == Approx(permuted.losses.aux.value).epsilon(1e-12));
     }
   }
 }
@@ -191,8 +193,8 @@ TEST_CASE("batch composition: score-priority drops are invariant to batch order"
         for (std::int64_t i = 0; i < T; ++i)
           for (std::int32_t j = 0; j < k; ++j) {
             const std::int64_t a = i * k + j, b = perm[i] * k + j;
-            INFO("policy " << static_cast<int>(dropped) << " k " << k << " seed " << seed << " token "
-                           << perm[i] << " choice " << j);
+            INFO("policy " << static_cast<int>(dropped) << " k " << k << " seed " << seed
+                           << " token " << perm[i] << " choice " << j);
             CHECK(r.dispatch.fates[a] == base.dispatch.fates[b]);
             CHECK(r.dispatch.expert[a] == base.dispatch.expert[b]);
             // slots numbered in grant order are ranks by gate: also order-invariant
@@ -235,7 +237,8 @@ TEST_CASE("batch composition: token_major and choice_major follow the batch orde
       std::int64_t moved = 0;
       for (std::int64_t i = 0; i < T; ++i)
         for (std::int32_t j = 0; j < 2; ++j) {
-          INFO("prio " << static_cast<int>(prio) << " seed " << seed << " position " << i << " choice " << j);
+          INFO("prio " << static_cast<int>(prio) << " seed " << seed << " position " << i
+                       << " choice " << j);
           CHECK(r.gating.ids[i * 2 + j] == base.gating.ids[perm[i] * 2 + j]);
           CHECK(r.dispatch.fates[i * 2 + j] == expect[i * 2 + j]);
           moved += r.dispatch.fates[i * 2 + j] != base.dispatch.fates[perm[i] * 2 + j] ? 1 : 0;

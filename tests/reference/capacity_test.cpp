@@ -13,7 +13,7 @@ TEST_CASE("capacity: seed formula int(factor * T / E)", "[capacity]") {
   CHECK(expert_capacity(c, 64) == 10);   // 1.25 * 64 / 8 = 10
   CHECK(expert_capacity(c, 100) == 15);  // 15.625 -> 15
   c.capacity.factor = 0.5;
-  CHECK(expert_capacity(c, 16) == 1);    // 0.5 * 16 / 8 = 1
+  CHECK(expert_capacity(c, 16) == 1);  // 0.5 * 16 / 8 = 1
 }
 
 TEST_CASE("capacity: k-aware factor, ceil, min_capacity (DeepSpeed)", "[capacity]") {
@@ -21,7 +21,7 @@ TEST_CASE("capacity: k-aware factor, ceil, min_capacity (DeepSpeed)", "[capacity
   CHECK(expert_capacity(c, 64) == 16);       // ceil(64 * 2 / 8 * 1.0)
   CHECK(expert_capacity(c, 4) == 4);         // ceil(1) = 1 -> min 4
   c.capacity.factor = 1.25;
-  CHECK(expert_capacity(c, 100) == 32);      // ceil(31.25)
+  CHECK(expert_capacity(c, 100) == 32);  // ceil(31.25)
 }
 
 TEST_CASE("capacity: fixed, max_load, unbounded, eval factor, clamp", "[capacity]") {

@@ -11,7 +11,8 @@
 #include <string>
 #include <vector>
 
-#include "test_util.hpp"
+#include "../common/invariants.hpp"
+#include "../common/test_util.hpp"
 
 using namespace moeroute;
 using Catch::Matchers::WithinRel;
@@ -78,15 +79,15 @@ TEST_CASE("edge: T = 0 is a successful no-op everywhere", "[reference][edge]") {
     const auto r = run(c, {}, 0);
     CHECK(r.gating.ids.empty());
     CHECK(r.dispatch.assignments() == 0);
-    CHECK(r.aux.value == 0.0);
-    CHECK(r.z.value == 0.0);
-    CHECK(test::invariant_violation(c, r.gating, r.dispatch) == "");
+    CHECK(r.losses.aux.value == 0.0);
+    CHECK(r.losses.z.value == 0.0);
+    CHECK(test::dispatch_violation(c, r.gating, r.dispatch) == "");
     CHECK(r.dispatch.capacity ==
           (c.capacity.mode == capacity_mode::unbounded ? -1 : c.capacity.min_capacity));
-    const auto L = reference::compact_layout(r.dispatch, 4);
+    const auto L = reference::layout(c, r.dispatch, layout_kind::compact, 4);
     CHECK(L.num_rows == 0);
     std::vector<float> none;
-    reference::permute<float>(L, none, 0, 3, none);
+    reference::permute<float>(c, L, none, 0, 3, none);
     reference::combine<float>(c, r.dispatch, L, none, 3, none, none);
     const auto st = reference::compute_stats(r.dispatch, L);
     CHECK(st.drop_rate == 0.0);
@@ -105,7 +106,7 @@ TEST_CASE("edge: T = 1, k = 1, k = E, E = 1", "[reference][edge]") {
           INFO(name << " E " << E << " k " << k << " T " << T << " dist " << test::name(dd));
           const auto x = test::make_logits(T, E, dd, 77u);
           const auto r = run(c, x, T);
-          REQUIRE(test::invariant_violation(c, r.gating, r.dispatch) == "");
+          REQUIRE(test::dispatch_violation(c, r.gating, r.dispatch) == "");
           if (k == E) {  // every expert once per token
             for (std::int64_t t = 0; t < T; ++t) {
               std::vector<int> seen(E, 0);
@@ -136,7 +137,7 @@ TEST_CASE("edge: capacity 0 drops (or reroutes) everything", "[reference][edge]"
     const auto r = reference::route<float>(c, x, T);
     INFO("policy " << static_cast<int>(policy));
     CHECK(r.dispatch.capacity == 0);
-    CHECK(test::invariant_violation(c, r.gating, r.dispatch) == "");
+    CHECK(test::dispatch_violation(c, r.gating, r.dispatch) == "");
     CHECK(r.dispatch.total_kept == 0);
     if (policy == drop_policy::fallback) {
       CHECK(r.dispatch.total_rerouted == T * 2);  // to the unbounded shared expert
@@ -144,12 +145,12 @@ TEST_CASE("edge: capacity 0 drops (or reroutes) everything", "[reference][edge]"
     } else {
       CHECK(r.dispatch.total_dropped == T * 2);
     }
-    const auto L = reference::padded_layout(r.dispatch);
+    const auto L = reference::layout(c, r.dispatch, layout_kind::padded);
     CHECK(L.offsets[4] == 0);
     const std::int64_t d = 3;
     std::vector<float> xx(T * d), rows(L.num_rows * d), y(T * d, -7.0f);
     for (std::size_t i = 0; i < xx.size(); ++i) xx[i] = static_cast<float>(i) * 0.5f;
-    reference::permute<float>(L, xx, T, d, rows);
+    reference::permute<float>(c, L, xx, T, d, rows);
     reference::combine<float>(c, r.dispatch, L, rows, d, xx, y);
     for (std::size_t i = 0; i < y.size(); ++i) {
       if (policy == drop_policy::residual)
@@ -173,13 +174,14 @@ TEST_CASE("edge: all tokens on one expert", "[reference][edge]") {
   for (const auto& [name, c] : configs(8, 1)) {
     INFO(name);
     const auto r = run(c, x, T);
-    REQUIRE(test::invariant_violation(c, r.gating, r.dispatch) == "");
+    REQUIRE(test::dispatch_violation(c, r.gating, r.dispatch) == "");
     if (c.gating.expert_bias) continue;
     CHECK(r.dispatch.requested[1] == T);
     if (r.dispatch.capacity >= 0 && c.dispatch.dropped != drop_policy::next_choice &&
         c.dispatch.dropped != drop_policy::fallback)
       CHECK(r.dispatch.kept[1] == std::min<std::int64_t>(T, r.dispatch.capacity));
-    const auto st = reference::compute_stats(r.dispatch, reference::compact_layout(r.dispatch));
+    const auto st = reference::compute_stats(
+        r.dispatch, reference::layout(c, r.dispatch, layout_kind::compact));
     CHECK(st.dead_experts == 7);
     CHECK(st.max_load == T);
   }
@@ -194,9 +196,9 @@ TEST_CASE("edge: all-negative and extreme finite logits", "[reference][edge]") {
     for (const auto& [name, c] : configs(6, 2)) {
       INFO(name);
       const auto r = run(c, xs, T);
-      CHECK(test::invariant_violation(c, r.gating, r.dispatch) == "");
+      CHECK(test::dispatch_violation(c, r.gating, r.dispatch) == "");
       for (float v : r.gating.logsumexp) CHECK(std::isfinite(v));
-      CHECK(std::isfinite(r.aux.value));
+      CHECK(std::isfinite(r.losses.aux.value));
       CHECK(r.gating.nonfinite_logits == 0);
     }
   // all -FLT_MAX: a uniform tie, ids 0 and 1, softmax 1/6 each
@@ -226,19 +228,19 @@ TEST_CASE("edge: rows with NaN and +-Inf route to valid, distinct ids with finit
     for (const auto& [name, c] : configs(E, k)) {
       INFO(name << " k " << k);
       const auto r = run(c, x, T);
-      REQUIRE(test::invariant_violation(c, r.gating, r.dispatch) ==
+      REQUIRE(test::dispatch_violation(c, r.gating, r.dispatch) ==
               "");  // ids valid, distinct, gates finite
       CHECK(r.gating.nonfinite_logits == 6 + 2 + 1 + 3 + 4 + 6 + 6 + 6);
       for (float w : r.dispatch.weight) CHECK(std::isfinite(w));
-      for (double s : r.aux.score_sum) CHECK(std::isfinite(s));
-      CHECK(std::isfinite(r.aux.value));
+      for (double s : r.losses.aux.score_sum) CHECK(std::isfinite(s));
+      CHECK(std::isfinite(r.losses.aux.value));
     }
   // the documented treatment (NaN -> -FLT_MAX, +-Inf -> +-FLT_MAX)
   routing_config c;
   c.num_experts = E;
   c.top_k = 2;
   c.gating.select = select_from::scores;
-  const auto g = reference::gate(c, x, T);
+  const auto g = reference::gating(c, x, T);
   CHECK(g.ids[0] == 0);  // all NaN: a tie, lowest indices, uniform gates
   CHECK(g.ids[1] == 1);
   CHECK_THAT(g.gates[0], WithinRel(1.0 / 6.0, 1e-6));
@@ -288,14 +290,14 @@ TEST_CASE("edge: fp16 and bf16 logits route exactly like the fp32 values they ro
       CHECK(rh.gating.gates == fh.gating.gates);  // bitwise
       CHECK(rh.dispatch.slot == fh.dispatch.slot);
       CHECK(rh.dispatch.weight == fh.dispatch.weight);
-      CHECK(rh.aux.value == fh.aux.value);
-      CHECK(rh.z.value == fh.z.value);
+      CHECK(rh.losses.aux.value == fh.losses.aux.value);
+      CHECK(rh.losses.z.value == fh.losses.z.value);
       CHECK(rb.gating.ids == fb.gating.ids);
       CHECK(rb.gating.gates == fb.gating.gates);
       CHECK(rb.dispatch.slot == fb.dispatch.slot);
       CHECK(rb.dispatch.weight == fb.dispatch.weight);
-      CHECK(rb.aux.value == fb.aux.value);
-      CHECK(rb.z.value == fb.z.value);
+      CHECK(rb.losses.aux.value == fb.losses.aux.value);
+      CHECK(rb.losses.z.value == fb.losses.z.value);
     }
   // the conversions themselves on known values
   CHECK(to_float(to_half(1.0f)) == 1.0f);

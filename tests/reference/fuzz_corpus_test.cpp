@@ -14,8 +14,9 @@
 
 #include <catch2/catch.hpp>
 
-#define MOEROUTE_FUZZ_FAIL(what) \
-  throw std::logic_error(std::string("invariant violated: ") + (what) + " (line " + std::to_string(__LINE__) + ")")
+#define MOEROUTE_FUZZ_FAIL(what)                                                    \
+  throw std::logic_error(std::string("invariant violated: ") + (what) + " (line " + \
+                         std::to_string(__LINE__) + ")")
 #include "../fuzz/route_check.hpp"
 
 namespace fs = std::filesystem;
@@ -67,7 +68,7 @@ TEST_CASE("fuzz sweep: fixed-seed random inputs pass every invariant", "[fuzz][r
   }
   const auto& after = moeroute::fuzz::reach();
   CHECK(after.inputs - before.inputs == 1500);
-  CHECK(after.routed - before.routed > 1000);       // most inputs reach routing
+  CHECK(after.routed - before.routed > 1000);        // most inputs reach routing
   CHECK(after.bad_config - before.bad_config > 50);  // and validate() sees wild configs
   CHECK(after.with_drops - before.with_drops > 100);
   CHECK(after.with_reroutes - before.with_reroutes > 30);

@@ -1,7 +1,7 @@
 // SPDX-License-Identifier: Apache-2.0
-// The CUDA gating launch plan and workspace size are pure C++ (gating_workspace.hpp): checked
-// here without a GPU. The chunks must cover every token exactly once, in order, never straddle
-// a sequence, and the register kernels must hold a whole row (lanes * slots >= E).
+// The gating plan (gating_plan.hpp) and the CUDA workspace size (gating_workspace.hpp) are pure
+// C++: checked here without a GPU. The chunks must cover every token exactly once, in order, never
+// straddle a sequence, and the register kernels must hold a whole row (lanes * slots >= E).
 #include <catch2/catch.hpp>
 
 #include <cstdint>
@@ -9,6 +9,7 @@
 
 #include <moeroute/config.hpp>
 #include <moeroute/cuda/gating_workspace.hpp>
+#include <moeroute/gating_plan.hpp>
 #include <moeroute/workspace.hpp>
 
 using namespace moeroute;
@@ -23,9 +24,9 @@ TEST_CASE("gating plan: chunks tile the batch and respect sequences", "[gating][
         cfg.top_k = 1;
         cfg.loss.sequence_length = L;
         REQUIRE(validate(cfg).ok());
-        const auto p = cuda::make_gating_plan(cfg, T);
+        const auto p = make_gating_plan(cfg, T);
         INFO("E=" << E << " T=" << T << " L=" << L);
-        if (E <= cuda::gating_warp_max_experts) {
+        if (E <= gating_warp_max_experts) {
           REQUIRE_FALSE(p.generic);
           REQUIRE(std::int64_t{p.lanes} * p.values_per_lane >= E);
           REQUIRE(p.values_per_lane <= 16);
@@ -41,11 +42,11 @@ TEST_CASE("gating plan: chunks tile the batch and respect sequences", "[gating][
         }
         REQUIRE(p.chunks == p.segments * p.pieces);
         REQUIRE(p.segments * p.segment_tokens == T);
-        REQUIRE(p.chunks <= cuda::gating_target_chunks + p.segments);
+        REQUIRE(p.chunks <= gating_target_chunks + p.segments);
         std::int64_t next = 0;
         for (std::int64_t c = 0; c < p.chunks; ++c) {
           std::int64_t b = 0, e = 0;
-          cuda::gating_chunk_range(p.segment_tokens, p.pieces, p.piece_tokens, c, b, e);
+          gating_chunk_range(p.segment_tokens, p.pieces, p.piece_tokens, c, b, e);
           REQUIRE(b == next);  // in order, no gap, no overlap
           REQUIRE(e >= b);
           REQUIRE(e - b <= p.piece_tokens);
@@ -77,7 +78,7 @@ TEST_CASE("gating plan: the workspace size is a function of E, T and sequence_le
   REQUIRE(cuda::gating_workspace_bytes(a, 4096) > 0);
   routing_config s = a;
   s.loss.sequence_length = 4;  // 1024 sequences of 4 tokens: one chunk each
-  const auto p = cuda::make_gating_plan(s, 4096);
+  const auto p = make_gating_plan(s, 4096);
   REQUIRE(p.segments == 1024);
   REQUIRE(p.pieces == 1);
   REQUIRE(p.piece_tokens == 4);

@@ -41,7 +41,7 @@ TEST_CASE("hand-worked: the seed's token loop on six tokens", "[reference][hand]
                                   F::dropped});
   CHECK(d.slot == std::vector<std::int32_t>{0, 0, 1, 0, 1, -1, -1, -1, 1, -1, -1, -1});
   // dispatched = [T, T, T, F, T, F]
-  const auto st = reference::compute_stats(d, reference::padded_layout(d));
+  const auto st = reference::compute_stats(d, reference::layout(cfg, d, layout_kind::padded));
   CHECK(st.fully_dropped_tokens == 2);
   CHECK(st.dropped == 6);
   CHECK(st.drop_rate == 0.5);
@@ -63,16 +63,16 @@ TEST_CASE("hand-worked: the seed's token loop on six tokens", "[reference][hand]
     for (int e = 0; e < 3; ++e) P[e] += std::exp(six_tokens[t * 3 + e]) / z / 6.0;
   }
   const double want = 3.0 * (3.0 / 6 * P[0] + 1.0 / 6 * P[1] + 2.0 / 6 * P[2]);
-  CHECK_THAT(r.aux.value, WithinRel(want, 1e-6));
-  CHECK(r.aux.counts == std::vector<std::int64_t>{3, 1, 2});
+  CHECK_THAT(r.losses.aux.value, WithinRel(want, 1e-6));
+  CHECK(r.losses.aux.counts == std::vector<std::int64_t>{3, 1, 2});
 
   // residual: the two undispatched tokens pass through, the others get sum w * expert(x)
-  const auto L = reference::padded_layout(d);
+  const auto L = reference::layout(cfg, d, layout_kind::padded);
   const std::int64_t dm = 2;
   std::vector<float> x(six_T * dm);
   for (std::size_t i = 0; i < x.size(); ++i) x[i] = static_cast<float>(i + 1);
   std::vector<float> rows(L.num_rows * dm), y(six_T * dm);
-  reference::permute<float>(L, x, six_T, dm, rows);
+  reference::permute<float>(cfg, L, x, six_T, dm, rows);
   reference::combine<float>(cfg, d, L, rows, dm, x, y);  // identity experts
   for (std::int64_t c = 0; c < dm; ++c) {
     CHECK(y[3 * dm + c] == x[3 * dm + c]);
@@ -159,24 +159,25 @@ TEST_CASE("hand-worked: a uniform router gives aux loss exactly alpha (normalize
       const std::vector<float> x(16 * 8, 0.25f);  // every probability is exactly 1/8
       const auto r = reference::route<float>(c, x, 16);
       INFO("counts " << static_cast<int>(counts) << " score " << static_cast<int>(score));
-      CHECK(r.aux.value == static_cast<double>(alpha));  // exactly: all terms are powers of 2
+      CHECK(r.losses.aux.value ==
+            static_cast<double>(alpha));  // exactly: all terms are powers of 2
       // any f works: P is uniform, so sum_i f_i P_i = counted / E
-      CHECK(r.aux.scale == (counts == aux_counts::top1 ? 8.0 : 4.0));
+      CHECK(r.losses.aux.scale == (counts == aux_counts::top1 ? 8.0 : 4.0));
 
       // E = 6 (P = 1/6 is not exact): within a few ulps
       c.num_experts = 6;
       const std::vector<float> x6(10 * 6, -1.5f);
       const auto r6 = reference::route<float>(c, x6, 10);
-      CHECK_THAT(r6.aux.value, WithinRel(static_cast<double>(alpha), 1e-6));
+      CHECK_THAT(r6.losses.aux.value, WithinRel(static_cast<double>(alpha), 1e-6));
     }
   }
   // the peers' own scalings of the same uniform router: E*sum -> k for all_k; E/k*sum -> 1
   auto c = presets::megatron(8, 2);
   c.loss.aux_coefficient = 1.0f;
   const std::vector<float> x(16 * 8, 0.0f);
-  CHECK(reference::route<float>(c, x, 16).aux.value == 1.0);
+  CHECK(reference::route<float>(c, x, 16).losses.aux.value == 1.0);
   c.loss.scale = aux_scale::e_times_sum;
-  CHECK(reference::route<float>(c, x, 16).aux.value == 2.0);
+  CHECK(reference::route<float>(c, x, 16).losses.aux.value == 2.0);
 }
 
 TEST_CASE("hand-worked: aux loss and sequence aux loss on four tokens", "[reference][hand][loss]") {
@@ -192,19 +193,19 @@ TEST_CASE("hand-worked: aux loss and sequence aux loss on four tokens", "[refere
   c.capacity.mode = capacity_mode::unbounded;
   // f = (1/4, 3/4), P = (3/8, 5/8): sum f P = 3/32 + 15/32 = 9/16; E * 9/16 = 9/8
   auto r = reference::route<float>(c, x, 4);
-  CHECK_THAT(r.aux.value, WithinRel(1.125, 1e-6));
-  CHECK(r.aux.counts == std::vector<std::int64_t>{1, 3});
-  CHECK_THAT(r.aux.score_sum[0], WithinRel(1.5, 1e-6));
+  CHECK_THAT(r.losses.aux.value, WithinRel(1.125, 1e-6));
+  CHECK(r.losses.aux.counts == std::vector<std::int64_t>{1, 3});
+  CHECK_THAT(r.losses.aux.score_sum[0], WithinRel(1.5, 1e-6));
   // sequences of 2: (f, P) = ((1/2, 1/2), (1/2, 1/2)) -> 1; ((0, 1), (1/4, 3/4)) -> 1.5
   c.loss.sequence_length = 2;
   r = reference::route<float>(c, x, 4);
-  CHECK_THAT(r.sequence_aux, WithinRel(1.25, 1e-6));
+  CHECK_THAT(r.losses.sequence_aux, WithinRel(1.25, 1e-6));
   // a valid mask: token 1 is padding -> f = (0, 1), P = (1/4, 3/4) -> 2 * 3/4
   c.loss.sequence_length = 0;
   const std::vector<std::uint8_t> valid = {1, 0, 1, 1};
   r = reference::route<float>(c, x, 4, {}, valid);
-  CHECK(r.aux.tokens == 3);
-  CHECK_THAT(r.aux.value, WithinRel(1.5, 1e-6));
+  CHECK(r.losses.aux.tokens == 3);
+  CHECK_THAT(r.losses.aux.value, WithinRel(1.5, 1e-6));
   // sharded: sums of two halves give the global loss exactly
   c.loss.sequence_length = 0;
   const auto full = reference::route<float>(c, x, 4);
@@ -213,11 +214,12 @@ TEST_CASE("hand-worked: aux loss and sequence aux loss on four tokens", "[refere
   std::vector<double> ss(2);
   std::vector<std::int64_t> cc(2);
   for (int e = 0; e < 2; ++e) {
-    ss[e] = ra.aux.score_sum[e] + rb.aux.score_sum[e];
-    cc[e] = ra.aux.counts[e] + rb.aux.counts[e];
+    ss[e] = ra.losses.aux.score_sum[e] + rb.losses.aux.score_sum[e];
+    cc[e] = ra.losses.aux.counts[e] + rb.losses.aux.counts[e];
   }
-  CHECK_THAT(reference::aux_loss_from_sums(c, ss, cc, 4), WithinRel(full.aux.value, 1e-12));
-  CHECK((ra.aux.value + rb.aux.value) / 2 != full.aux.value);  // why the sums are returned
+  CHECK_THAT(reference::aux_loss_from_sums(c, ss, cc, 4), WithinRel(full.losses.aux.value, 1e-12));
+  CHECK((ra.losses.aux.value + rb.losses.aux.value) / 2 !=
+        full.losses.aux.value);  // why the sums are returned
 }
 
 TEST_CASE("hand-worked: z-loss on known logits", "[reference][hand][loss]") {
@@ -235,17 +237,17 @@ TEST_CASE("hand-worked: z-loss on known logits", "[reference][hand][loss]") {
   CHECK_THAT(r.gating.logsumexp[1], WithinRel(l1, 1e-6));
   CHECK_THAT(r.gating.logsumexp[2], WithinRel(l2, 1e-6));
   const double want = (l0 * l0 + l1 * l1 + l2 * l2) / 3.0;
-  CHECK_THAT(r.z.value, WithinRel(static_cast<double>(0.001f) * want, 1e-6));
-  CHECK_THAT(r.z.sum_squares, WithinRel(l0 * l0 + l1 * l1 + l2 * l2, 1e-6));
-  CHECK(r.z.tokens == 3);
+  CHECK_THAT(r.losses.z.value, WithinRel(static_cast<double>(0.001f) * want, 1e-6));
+  CHECK_THAT(r.losses.z.sum_squares, WithinRel(l0 * l0 + l1 * l1 + l2 * l2, 1e-6));
+  CHECK(r.losses.z.tokens == 3);
   // padding tokens count nowhere
   const std::vector<std::uint8_t> valid = {0, 1, 0};
   const auto rv = reference::route<float>(c, x, 3, {}, valid);
-  CHECK_THAT(rv.z.value, WithinRel(static_cast<double>(0.001f) * l1 * l1, 1e-6));
+  CHECK_THAT(rv.losses.z.value, WithinRel(static_cast<double>(0.001f) * l1 * l1, 1e-6));
   // no valid token: 0, not NaN
   const auto r0 = reference::route<float>(c, x, 3, {}, std::vector<std::uint8_t>{0, 0, 0});
-  CHECK(r0.z.value == 0.0);
-  CHECK(r0.aux.value == 0.0);
+  CHECK(r0.losses.z.value == 0.0);
+  CHECK(r0.losses.aux.value == 0.0);
 }
 
 TEST_CASE("hand-worked: gating formulas (sigmoid, bias, groups, scaling, after-top-k softmax)",
@@ -254,7 +256,7 @@ TEST_CASE("hand-worked: gating formulas (sigmoid, bias, groups, scaling, after-t
   const std::vector<float> x = {0, 1, 2, 3};
   SECTION("softmax after top-k (Mixtral): softmax over the two chosen logits") {
     const auto c = presets::mixtral(4, 2);
-    const auto g = reference::gate(c, x, 1);
+    const auto g = reference::gating(c, x, 1);
     CHECK(g.ids == std::vector<std::int32_t>{3, 2});
     CHECK_THAT(g.gates[0], WithinRel(sigmoid(1.0), 1e-6));
     CHECK_THAT(g.gates[1], WithinRel(sigmoid(-1.0), 1e-6));
@@ -262,7 +264,7 @@ TEST_CASE("hand-worked: gating formulas (sigmoid, bias, groups, scaling, after-t
   SECTION("sigmoid, bias for selection only, renormalised, scaled") {
     auto c = presets::deepseek_v3(4, 2, 2, 1);                 // 2 groups of 2, pick 1 group
     const std::vector<float> bias = {1.0f, 1.0f, 0.0f, 0.0f};  // group 0 wins on biased scores
-    const auto g = reference::gate(c, x, 1, bias);
+    const auto g = reference::gating(c, x, 1, bias);
     // biased: (1.5, 1.731, 0.881, 0.953): group 0 = 3.23 > group 1 = 1.83 -> experts {1, 0}
     CHECK(g.ids == std::vector<std::int32_t>{1, 0});
     const double s0 = sigmoid(0.0), s1 = sigmoid(1.0);  // gates use the unbiased scores
@@ -277,7 +279,7 @@ TEST_CASE("hand-worked: gating formulas (sigmoid, bias, groups, scaling, after-t
     c.gating.group_limit = {3, 1};  // groups {0,1} {2,3} {4,5}; one group, its top-2
     // group sums: 5+0=5, 4+4=8, 6-9=-3: group 1 wins although expert 4 has the largest logit
     const std::vector<float> y = {5, 0, 4, 4, 6, -9};
-    const auto g = reference::gate(c, y, 1);
+    const auto g = reference::gating(c, y, 1);
     CHECK(g.ids == std::vector<std::int32_t>{2, 3});
   }
   SECTION("sqrt-softplus") {
@@ -286,7 +288,7 @@ TEST_CASE("hand-worked: gating formulas (sigmoid, bias, groups, scaling, after-t
     c.top_k = 1;
     c.gating.score = score_function::sqrt_softplus;
     c.gating.select = select_from::scores;
-    const auto g = reference::gate(c, x, 1);
+    const auto g = reference::gating(c, x, 1);
     CHECK(g.ids[0] == 3);
     CHECK_THAT(g.gates[0], WithinRel(std::sqrt(std::log1p(std::exp(3.0))), 1e-6));
   }

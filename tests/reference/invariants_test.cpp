@@ -4,12 +4,14 @@
 // conservation, monotone drop rate, dropless drops nothing, and the tie rules.
 #include <catch2/catch.hpp>
 #include <cstdint>
+#include <limits>
 #include <moeroute/reference.hpp>
 #include <random>
 #include <string>
 #include <vector>
 
-#include "test_util.hpp"
+#include "../common/invariants.hpp"
+#include "../common/test_util.hpp"
 
 using namespace moeroute;
 using moeroute::test::dist;
@@ -84,9 +86,9 @@ TEST_CASE("invariants: every priority x drop policy x slot order on random and a
                 INFO("E " << E << " k " << k << " prio " << static_cast<int>(p) << " policy "
                           << pc.name << " slots " << static_cast<int>(so) << " dist "
                           << test::name(dd) << " factor " << f << " masked " << masked);
-                const auto g = reference::gate<float>(cfg, x, T, {}, valid);
+                const auto g = reference::gating<float>(cfg, x, T, {}, valid);
                 const auto d = reference::dispatch(cfg, g);
-                CHECK(test::invariant_violation(cfg, g, d) == "");
+                CHECK(test::dispatch_violation(cfg, g, d) == "");
                 if (masked) {
                   std::int64_t pad = 0;
                   for (auto v : valid) pad += v == 0;
@@ -121,8 +123,8 @@ TEST_CASE("invariants: drop rate is non-increasing in the capacity factor",
             auto cfg = make_config(E, k, p, pc, slot_order::priority);
             cfg.capacity.factor = f;
             const auto r = reference::route<float>(cfg, x, T);
-            const auto st =
-                reference::compute_stats(r.dispatch, reference::compact_layout(r.dispatch));
+            const auto st = reference::compute_stats(
+                r.dispatch, reference::layout(cfg, r.dispatch, layout_kind::compact));
             INFO("prio " << static_cast<int>(p) << " policy " << pc.name << " dist "
                          << test::name(dd) << " E " << E << " k " << k << " factor " << f);
             CHECK(st.drop_rate <= last);
@@ -145,7 +147,7 @@ TEST_CASE("invariants: dropless drops nothing", "[reference][invariants]") {
           const auto r = reference::route<float>(cfg, x, T);
           INFO("mode " << static_cast<int>(m) << " prio " << static_cast<int>(p) << " policy "
                        << pc.name << " dist " << test::name(dd));
-          CHECK(test::invariant_violation(cfg, r.gating, r.dispatch) == "");
+          CHECK(test::dispatch_violation(cfg, r.gating, r.dispatch) == "");
           CHECK(r.dispatch.total_dropped == 0);
           CHECK(r.dispatch.total_rerouted == 0);
           CHECK(r.dispatch.total_kept == T * 2);
@@ -173,7 +175,7 @@ TEST_CASE("invariants: ties go to the lower expert index, then the lower token i
         c.gating.score = score;
         c.gating.select = sel;
         const std::vector<float> x(T * E, 1.0f);
-        const auto g = reference::gate(c, x, T);
+        const auto g = reference::gating(c, x, T);
         for (std::int64_t t = 0; t < T; ++t)
           for (std::int32_t j = 0; j < 4; ++j) CHECK(g.ids[t * 4 + j] == j);
       }
@@ -182,11 +184,11 @@ TEST_CASE("invariants: ties go to the lower expert index, then the lower token i
     c.num_experts = E;
     c.top_k = 4;
     const std::vector<float> x = {1, 3, 2, 3, 3, 0};
-    CHECK(reference::gate(c, x, 1).ids == std::vector<std::int32_t>{1, 3, 4, 2});
+    CHECK(reference::gating(c, x, 1).ids == std::vector<std::int32_t>{1, 3, 4, 2});
     // tied group scores: groups {0,1} {2,3} {4,5} all sum to 4 -> group 0
     c.top_k = 2;
     c.gating.group_limit = {3, 1};
-    CHECK(reference::gate(c, std::vector<float>{3, 1, 1, 3, 2, 2}, 1).ids ==
+    CHECK(reference::gating(c, std::vector<float>{3, 1, 1, 3, 2, 2}, 1).ids ==
           std::vector<std::int32_t>{0, 1});
   }
   SECTION("identical tokens: the lower token indices get the slots") {
@@ -310,9 +312,9 @@ TEST_CASE("invariants: the checker itself reports corrupted results", "[referenc
   auto c = make_config(8, 2, priority::token_major, all_policies[0], slot_order::priority);
   c.capacity.factor = 0.5;
   const auto x = test::make_logits(32, 8, dist::skewed, 6u);
-  const auto g = reference::gate<float>(c, x, 32);
+  const auto g = reference::gating<float>(c, x, 32);
   const auto d0 = reference::dispatch(c, g);
-  REQUIRE(test::invariant_violation(c, g, d0).empty());
+  REQUIRE(test::dispatch_violation(c, g, d0).empty());
   REQUIRE(d0.total_dropped > 0);
   std::int64_t kept_a = -1, drop_a = -1;
   for (std::int64_t a = 0; a < 64; ++a) {
@@ -321,19 +323,26 @@ TEST_CASE("invariants: the checker itself reports corrupted results", "[referenc
   }
   auto d = d0;
   d.slot[kept_a] += 1000;
-  CHECK_THAT(test::invariant_violation(c, g, d), Catch::Contains("slots not dense"));
+  CHECK_THAT(test::dispatch_violation(c, g, d), Catch::Contains("slots not dense"));
   d = d0;
   d.fates[drop_a] = fate::kept;
-  CHECK_THAT(test::invariant_violation(c, g, d), Catch::Contains("kept at another expert"));
+  CHECK_THAT(test::dispatch_violation(c, g, d), Catch::Contains("kept at another expert"));
   d = d0;
   ++d.requested[0];
-  CHECK_THAT(test::invariant_violation(c, g, d), Catch::Contains("per-expert counts"));
+  CHECK_THAT(test::dispatch_violation(c, g, d), Catch::Contains("per-expert counts"));
   d = d0;
   d.capacity = 1;
-  CHECK_THAT(test::invariant_violation(c, g, d), Catch::Contains("above capacity"));
+  CHECK_THAT(test::dispatch_violation(c, g, d), Catch::Contains("capacity differs"));
+  REQUIRE(test::gating_violation(c, g).empty());
   auto g2 = g;
   g2.ids[1] = g2.ids[0];
-  CHECK_THAT(test::invariant_violation(c, g2, d0), Catch::Contains("duplicate id"));
+  CHECK_THAT(test::gating_violation(c, g2), Catch::Contains("duplicate id"));
+  g2 = g;
+  g2.gates[3] = std::numeric_limits<float>::quiet_NaN();
+  CHECK_THAT(test::gating_violation(c, g2), Catch::Contains("gate not finite"));
+  g2 = g;
+  ++g2.aux_count[2];
+  CHECK_THAT(test::gating_violation(c, g2), Catch::Contains("aux counts"));
   // two tokens in one slot
   d = d0;
   std::int64_t other = -1;
@@ -344,7 +353,7 @@ TEST_CASE("invariants: the checker itself reports corrupted results", "[referenc
     }
   REQUIRE(other >= 0);
   d.slot[other] = d0.slot[kept_a];
-  CHECK_THAT(test::invariant_violation(c, g, d), Catch::Contains("slot used twice"));
+  CHECK_THAT(test::dispatch_violation(c, g, d), Catch::Contains("slot used twice"));
 }
 
 TEST_CASE("invariants: noisy gating stays valid, seeded and training-only",
@@ -359,7 +368,7 @@ TEST_CASE("invariants: noisy gating stays valid, seeded and training-only",
         INFO("kind " << static_cast<int>(kind) << " target " << static_cast<int>(target) << " prio "
                      << static_cast<int>(p));
         const auto a = reference::route<float>(c, x, T);
-        CHECK(test::invariant_violation(c, a.gating, a.dispatch) == "");
+        CHECK(test::dispatch_violation(c, a.gating, a.dispatch) == "");
         const auto b = reference::route<float>(c, x, T);
         CHECK(a.gating.ids == b.gating.ids);
         CHECK(a.gating.gates == b.gating.gates);
@@ -371,6 +380,6 @@ TEST_CASE("invariants: noisy gating stays valid, seeded and training-only",
         CHECK(reference::route<float>(c, x, T).gating.ids ==
               reference::route<float>(clean, x, T).gating.ids);
         // the z-loss always uses the clean logits
-        CHECK(a.z.value == reference::route<float>(clean, x, T).z.value);
+        CHECK(a.losses.z.value == reference::route<float>(clean, x, T).losses.z.value);
       }
 }

@@ -9,7 +9,8 @@
 #include <string>
 #include <vector>
 
-#include "test_util.hpp"
+#include "../common/invariants.hpp"
+#include "../common/test_util.hpp"
 
 using namespace moeroute;
 using Catch::Matchers::WithinRel;
@@ -18,7 +19,7 @@ using moeroute::test::dist;
 namespace {
 
 /// "" when the layout is consistent with the dispatch, else the first problem.
-std::string layout_violation(const reference::dispatch_output& d, const reference::expert_layout& L,
+std::string layout_violation(const reference::dispatch_output& d, const reference::layout_output& L,
                              bool padded, std::int64_t block) {
   const std::int32_t ET = d.total_experts;
   if (static_cast<std::int32_t>(L.offsets.size()) != ET + 1) return "offsets size";
@@ -88,12 +89,12 @@ TEST_CASE("layouts: padded and compact are consistent with the dispatch", "[refe
             const auto r = reference::route<float>(c, x, T);
             INFO("policy " << static_cast<int>(pol) << " fb " << fb << " prio "
                            << static_cast<int>(p) << " dist " << test::name(dd) << " factor " << f);
-            REQUIRE(test::invariant_violation(c, r.gating, r.dispatch) == "");
-            const auto P = reference::padded_layout(r.dispatch);
+            REQUIRE(test::dispatch_violation(c, r.gating, r.dispatch) == "");
+            const auto P = reference::layout(c, r.dispatch, layout_kind::padded);
             CHECK(layout_violation(r.dispatch, P, true, 1) == "");
             CHECK(P.num_rows == 7 * r.dispatch.capacity + (c.has_dedicated_fallback() ? 5 : 0));
             for (std::int64_t bs : {1, 4, 16, 128}) {
-              const auto L = reference::compact_layout(r.dispatch, bs);
+              const auto L = reference::layout(c, r.dispatch, layout_kind::compact, bs);
               INFO("block " << bs);
               CHECK(layout_violation(r.dispatch, L, false, bs) == "");
               CHECK(L.block_size == bs);
@@ -111,7 +112,7 @@ TEST_CASE("layouts: compact offsets by hand (moe_align_block_size)", "[reference
                                 0, 0, 1, 0, 0, 1, 0, 0, 1, 0, 0, 1};
   const auto r = reference::route<float>(c, x, 8);
   REQUIRE(r.dispatch.load == std::vector<std::int64_t>{3, 0, 5});
-  const auto L = reference::compact_layout(r.dispatch, 4);
+  const auto L = reference::layout(c, r.dispatch, layout_kind::compact, 4);
   CHECK(L.offsets == std::vector<std::int64_t>{0, 4, 4, 12});
   CHECK(L.num_rows == 12);
   CHECK(L.block_expert == std::vector<std::int32_t>{0, 2, 2});
@@ -122,7 +123,7 @@ TEST_CASE("layouts: compact offsets by hand (moe_align_block_size)", "[reference
   CHECK(st.dead_experts == 1);
   CHECK(st.max_load == 5);
   CHECK(st.mean_load == 8.0 / 3.0);
-  CHECK_THROWS(reference::padded_layout(r.dispatch));  // unbounded
+  CHECK_THROWS(reference::layout(c, r.dispatch, layout_kind::padded));  // unbounded
 }
 
 TEST_CASE("permute and combine: every drop policy, both layouts, exact expert rows",
@@ -150,13 +151,14 @@ TEST_CASE("permute and combine: every drop policy, both layouts, exact expert ro
           const auto& d = r.dispatch;
           INFO("policy " << static_cast<int>(pol) << " fb " << fb << " compact " << compact
                          << " renorm " << static_cast<int>(rn));
-          REQUIRE(test::invariant_violation(c, r.gating, d) == "");
+          REQUIRE(test::dispatch_violation(c, r.gating, d) == "");
           if (pol == drop_policy::fallback || pol == drop_policy::next_choice)
             REQUIRE(d.total_rerouted > 0);
           REQUIRE(d.total_dropped + d.total_rerouted > 0);
-          const auto L = compact ? reference::compact_layout(d, 8) : reference::padded_layout(d);
+          const auto L = compact ? reference::layout(c, d, layout_kind::compact, 8)
+                                 : reference::layout(c, d, layout_kind::padded);
           std::vector<float> rows(L.num_rows * dm, -99.0f);
-          reference::permute<float>(L, x, T, dm, rows);
+          reference::permute<float>(c, L, x, T, dm, rows);
           for (std::int64_t row = 0; row < L.num_rows; ++row)
             for (std::int64_t cc = 0; cc < dm; ++cc) {
               const std::int32_t t = L.row_token[row];
@@ -220,15 +222,15 @@ TEST_CASE("combine: 16-bit buffers round the fp32 accumulation once", "[referenc
   auto c = presets::deepspeed_topk(4, 2, 1.0, 0);
   c.dispatch.dropped = drop_policy::residual;
   const auto r = reference::route<float>(c, logits, T);
-  const auto L = reference::padded_layout(r.dispatch);
+  const auto L = reference::layout(c, r.dispatch, layout_kind::padded);
   std::vector<float> xf(T * dm), of(L.num_rows * dm), yf(T * dm);
   std::vector<bf16_bits> xb(T * dm), ob(L.num_rows * dm), yb(T * dm);
   for (std::int64_t i = 0; i < T * dm; ++i) {
     xb[i] = to_bf16(0.37f * static_cast<float>(i) - 2.0f);
     xf[i] = to_float(xb[i]);
   }
-  reference::permute<bf16_bits>(L, xb, T, dm, ob);
-  reference::permute<float>(L, xf, T, dm, of);
+  reference::permute<bf16_bits>(c, L, xb, T, dm, ob);
+  reference::permute<float>(c, L, xf, T, dm, of);
   for (std::size_t i = 0; i < ob.size(); ++i) CHECK(to_float(ob[i]) == of[i]);
   reference::combine<bf16_bits>(c, r.dispatch, L, ob, dm, xb, yb);
   reference::combine<float>(c, r.dispatch, L, of, dm, xf, yf);
@@ -248,10 +250,10 @@ TEST_CASE("combine: padding tokens get zeros, not the residual", "[reference][co
   const auto r = reference::route<float>(c, logits, T, {}, valid);
   CHECK(r.dispatch.fates ==
         std::vector<fate>{fate::kept, fate::masked, fate::dropped, fate::dropped});
-  const auto L = reference::padded_layout(r.dispatch);
+  const auto L = reference::layout(c, r.dispatch, layout_kind::padded);
   const std::vector<float> x = {1, 2, 3, 4, 5, 6, 7, 8};
   std::vector<float> rows(L.num_rows * dm), y(T * dm);
-  reference::permute<float>(L, x, T, dm, rows);
+  reference::permute<float>(c, L, x, T, dm, rows);
   reference::combine<float>(c, r.dispatch, L, rows, dm, x, y);
   const float w = r.dispatch.weight[0];
   CHECK(y == std::vector<float>{w * 1, w * 2, 0, 0, 5, 6, 7, 8});

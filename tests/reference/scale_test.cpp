@@ -48,7 +48,7 @@ TEST_CASE("scale: permute past 2^31 elements in the expert buffer", "[scale][rel
   REQUIRE(dsp.capacity == 257);
   CHECK(dsp.load[7] == 257);
   CHECK(dsp.dropped[7] == 43);
-  const auto L = ref::padded_layout(dsp);
+  const auto L = ref::layout(cfg, dsp, layout_kind::padded);
   REQUIRE(L.num_rows == 2056);
   const std::int64_t elements = L.num_rows * d;
   REQUIRE(elements > (std::int64_t{1} << 31));
@@ -64,12 +64,13 @@ TEST_CASE("scale: permute past 2^31 elements in the expert buffer", "[scale][rel
   for (std::int64_t t = 0; t < T; ++t)
     for (std::int64_t c = 0; c < d; ++c) x[t * d + c].bits = pattern(t, c);
   for (std::int64_t i = 0; i < elements; i += 4093) out[i].bits = 0xFFFF;  // must be overwritten
-  ref::permute<half_bits>(L, std::span<const half_bits>(x.get(), static_cast<std::size_t>(T * d)), T, d,
-                          std::span<half_bits>(out.get(), static_cast<std::size_t>(elements)));
+  ref::permute<half_bits>(cfg, L,
+                          std::span<const half_bits>(x.get(), static_cast<std::size_t>(T * d)), T,
+                          d, std::span<half_bits>(out.get(), static_cast<std::size_t>(elements)));
 
   // expert 7 starts at row 7 * 257 = 1799; slot s holds token s (token_major)
-  for (std::int64_t row : {std::int64_t{1799}, std::int64_t{2047}, std::int64_t{2048}, std::int64_t{2049},
-                           std::int64_t{2055}}) {
+  for (std::int64_t row : {std::int64_t{1799}, std::int64_t{2047}, std::int64_t{2048},
+                           std::int64_t{2049}, std::int64_t{2055}}) {
     const std::int32_t t = L.row_token[row];
     INFO("row " << row << " token " << t);
     REQUIRE(t == row - 1799);
@@ -90,7 +91,8 @@ TEST_CASE("scale: permute past 2^31 elements in the expert buffer", "[scale][rel
   CHECK(L.assignment_row[257] == -1);  // dropped: 300 asked, 257 kept
 }
 
-TEST_CASE("scale: extents past the documented limits are errors, not overflow", "[scale][reliability]") {
+TEST_CASE("scale: extents past the documented limits are errors, not overflow",
+          "[scale][reliability]") {
   routing_config cfg;
   cfg.num_experts = 8;
   cfg.top_k = 2;

@@ -227,7 +227,7 @@ TEST_CASE("validate: every rejection names the field and the value", "[reference
     // the reference refuses it too, with the same status in the exception
     const std::vector<float> x(16, 0.0f);
     try {
-      (void)reference::gate(c, x, 2);
+      (void)reference::gating(c, x, 2);
       FAIL_CHECK("gate accepted an invalid config");
     } catch (const moeroute::error& e) {
       CHECK(e.get_status().code == status_code::invalid_config);
@@ -287,20 +287,23 @@ TEST_CASE("validate: batch shapes and gating inputs", "[reference][validate]") {
 
   // the reference throws them
   const std::vector<float> x(23, 0.0f);
-  CHECK_THROWS_AS(reference::gate(base(), x, 3), moeroute::error);
+  CHECK_THROWS_AS(reference::gating(base(), x, 3), moeroute::error);
   // padded layout of a dropless routing, compact layout with block size 0
   const auto r = reference::route<float>(presets::mixtral(8, 2), std::vector<float>(24, 0.0f), 3);
-  CHECK_THROWS_WITH(reference::padded_layout(r.dispatch),
+  CHECK_THROWS_WITH(reference::layout(presets::mixtral(8, 2), r.dispatch, layout_kind::padded),
                     Contains("padded layout needs a bounded capacity"));
-  CHECK_THROWS_WITH(reference::compact_layout(r.dispatch, 0), Contains("block_size = 0"));
+  CHECK_THROWS_WITH(reference::layout(presets::mixtral(8, 2), r.dispatch, layout_kind::compact, 0),
+                    Contains("block_size = 0"));
   // dispatch of a gating_output that belongs to another config
   CHECK_THROWS_AS(reference::dispatch(presets::mixtral(8, 3), r.gating), moeroute::error);
   // permute / combine with wrongly sized buffers
-  const auto L = reference::compact_layout(r.dispatch);
+  const auto L = reference::layout(presets::mixtral(8, 2), r.dispatch, layout_kind::compact);
   std::vector<float> xx(3 * 4), out(L.num_rows * 4), y(3 * 4);
-  CHECK_THROWS_WITH(reference::permute<float>(L, std::vector<float>(11), 3, 4, out),
-                    Contains("x has 11"));
-  CHECK_THROWS_WITH(reference::permute<float>(L, xx, 3, 4, std::span<float>(out.data(), 1)),
+  CHECK_THROWS_WITH(
+      reference::permute<float>(presets::mixtral(8, 2), L, std::vector<float>(11), 3, 4, out),
+      Contains("x has 11"));
+  CHECK_THROWS_WITH(reference::permute<float>(presets::mixtral(8, 2), L, xx, 3, 4,
+                                              std::span<float>(out.data(), 1)),
                     Contains("out has 1"));
   CHECK_THROWS_WITH(reference::combine<float>(presets::mixtral(8, 2), r.dispatch, L, out, 4, xx,
                                               std::span<float>(y.data(), 5)),

@@ -1,6 +1,6 @@
 // SPDX-License-Identifier: Apache-2.0
 // Launcher: aux loss, sequence-level aux loss and z-loss values from the sums cuda::gating
-// writes (the same formulas as reference::aux_loss / sequence_aux_loss / z_loss).
+// writes (the same formulas as reference::losses).
 #pragma once
 
 #include <cstdint>
@@ -9,24 +9,19 @@
 #include <cuda_runtime.h>
 
 #include <moeroute/config.hpp>
-#include <moeroute/cuda/common.cuh>
+#include <moeroute/cuda/launch.cuh>
 #include <moeroute/kernels/losses.cuh>
 #include <moeroute/status.hpp>
+#include <moeroute/types.hpp>
 
 namespace moeroute::cuda {
 
 /// @brief Inputs (the gating sums) and outputs (device scalars) of cuda::losses.
 ///        Any output pointer may be null: that value is not computed.
 struct loss_params {
-  std::int64_t tokens = 0;                      ///< T of the gating call (0: nothing is written)
-  const double* d_aux_score_sum = nullptr;      ///< [E] f64 (gating_params::d_aux_score_sum)
-  const std::int64_t* d_aux_count = nullptr;    ///< [E] int64
-  const std::int64_t* d_valid_tokens = nullptr; ///< [1] int64
-  const double* d_z_sum_squares = nullptr;      ///< [1] f64
-  const double* d_seq_score_sum = nullptr;      ///< [S, E] f64, S = T / loss.sequence_length
-  const std::int64_t* d_seq_count = nullptr;    ///< [S, E] int64
-  const std::int64_t* d_seq_tokens = nullptr;   ///< [S] int64
-
+  std::int64_t tokens = 0;  ///< T of the gating call (0: nothing is written)
+  const_gating_sums
+      sums{};  ///< gating_params::out.sums (d_seq_* used iff loss.sequence_length > 0)
   double* d_aux_loss = nullptr;           ///< [1] f64: coefficient * scale * sum_e f_e P_e
   double* d_sequence_aux_loss = nullptr;  ///< [1] f64: mean over sequences with a valid token
                                           ///<      (0 when loss.sequence_length == 0)
@@ -35,24 +30,25 @@ struct loss_params {
 
 /// @brief Checks config, shape and pointers of a loss call; names the first bad field.
 [[nodiscard]] inline status validate(const routing_config& cfg, const loss_params& p) {
-  if (auto s = moeroute::validate(cfg); !s) return s;
+  if (auto s = validate(cfg); !s) return s;
   if (auto s = validate_tokens(cfg, p.tokens); !s) return s;
   if (p.tokens == 0) return status::success();
   auto missing = [](const char* name, const char* when) {
     return status::make(status_code::invalid_argument, std::string(name) + " is null " + when);
   };
-  if (p.d_valid_tokens == nullptr) return missing("d_valid_tokens", "with tokens > 0");
+  if (p.sums.d_valid_tokens == nullptr) return missing("sums.d_valid_tokens", "with tokens > 0");
   if (p.d_aux_loss != nullptr || p.d_sequence_aux_loss != nullptr) {
-    if (p.d_aux_score_sum == nullptr) return missing("d_aux_score_sum", "with an aux output");
-    if (p.d_aux_count == nullptr) return missing("d_aux_count", "with an aux output");
+    if (p.sums.d_aux_score_sum == nullptr)
+      return missing("sums.d_aux_score_sum", "with an aux output");
+    if (p.sums.d_aux_count == nullptr) return missing("sums.d_aux_count", "with an aux output");
   }
-  if (p.d_z_loss != nullptr && p.d_z_sum_squares == nullptr)
-    return missing("d_z_sum_squares", "with d_z_loss");
+  if (p.d_z_loss != nullptr && p.sums.d_z_sum_squares == nullptr)
+    return missing("sums.d_z_sum_squares", "with d_z_loss");
   if (p.d_sequence_aux_loss != nullptr && cfg.loss.sequence_length > 0) {
     const char* w = "with d_sequence_aux_loss and loss.sequence_length > 0";
-    if (p.d_seq_score_sum == nullptr) return missing("d_seq_score_sum", w);
-    if (p.d_seq_count == nullptr) return missing("d_seq_count", w);
-    if (p.d_seq_tokens == nullptr) return missing("d_seq_tokens", w);
+    if (p.sums.d_seq_score_sum == nullptr) return missing("sums.d_seq_score_sum", w);
+    if (p.sums.d_seq_count == nullptr) return missing("sums.d_seq_count", w);
+    if (p.sums.d_seq_tokens == nullptr) return missing("sums.d_seq_tokens", w);
   }
   return status::success();
 }
@@ -64,22 +60,15 @@ struct loss_params {
 /// @return success, a validation error naming the field, or cuda_error.
 /// @note Asynchronous, no workspace, no allocation; graph-capturable. One block; sums in a fixed
 ///       order, so reruns give the same bits. Zero valid tokens give 0. T = 0: nothing written.
-inline status losses(const routing_config& cfg, const loss_params& p, cudaStream_t stream = nullptr) {
+[[nodiscard]] inline status losses(const routing_config& cfg, const loss_params& p,
+                                   cudaStream_t stream = nullptr) {
   if (auto s = validate(cfg, p); !s) return s;
   if (p.tokens == 0) return status::success();
   if (p.d_aux_loss == nullptr && p.d_sequence_aux_loss == nullptr && p.d_z_loss == nullptr)
     return status::success();
   kernels::loss_kernel_args a;
-  a.aux_score_sum = p.d_aux_score_sum;
-  a.aux_count = p.d_aux_count;
-  a.valid_tokens = p.d_valid_tokens;
-  a.z_sum_squares = p.d_z_sum_squares;
-  if (cfg.loss.sequence_length > 0) {
-    a.seq_score_sum = p.d_seq_score_sum;
-    a.seq_count = p.d_seq_count;
-    a.seq_tokens = p.d_seq_tokens;
-    a.sequences = p.tokens / cfg.loss.sequence_length;
-  }
+  a.sums = p.sums;
+  if (cfg.loss.sequence_length > 0) a.sequences = p.tokens / cfg.loss.sequence_length;
   a.experts = cfg.num_experts;
   a.aux_coefficient = cfg.loss.aux_coefficient;
   a.aux_scale = aux_loss_scale(cfg);
@@ -88,8 +77,7 @@ inline status losses(const routing_config& cfg, const loss_params& p, cudaStream
   a.sequence_aux_loss = p.d_sequence_aux_loss;
   a.z_loss = p.d_z_loss;
   constexpr int threads = 256;
-  kernels::loss_kernel<threads><<<1, threads, 0, stream>>>(a);
-  return last_launch("loss_kernel");
+  return launch("loss_kernel", kernels::loss_kernel<threads>, {1, threads, 0}, stream, a);
 }
 
 }  // namespace moeroute::cuda

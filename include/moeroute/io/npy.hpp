@@ -70,7 +70,7 @@ inline constexpr std::size_t npy_max_header_bytes = std::size_t{1} << 20;
 
 namespace detail {
 
-inline status npy_bad(std::string m) {
+[[nodiscard]] inline status npy_bad(std::string m) {
   return status::make(status_code::invalid_argument, "malformed .npy: " + std::move(m));
 }
 
@@ -96,7 +96,7 @@ class npy_header_parser {
  public:
   explicit npy_header_parser(std::string_view s) : s_(s) {}
 
-  status parse(npy_header& h) {
+  [[nodiscard]] status parse(npy_header& h) {
     bool have_descr = false, have_order = false, have_shape = false;
     std::string descr;
     bool fortran = false;
@@ -171,7 +171,7 @@ class npy_header_parser {
   std::string_view s_;
   std::size_t pos_ = 0;
 
-  status err(const std::string& what) const {
+  [[nodiscard]] status err(const std::string& what) const {
     return npy_bad(what + " at header offset " + std::to_string(pos_) + " (header: \"" +
                    printable(s_, 120) + "\")");
   }
@@ -187,7 +187,7 @@ class npy_header_parser {
     }
     return false;
   }
-  status parse_string(std::string& out) {
+  [[nodiscard]] status parse_string(std::string& out) {
     if (pos_ >= s_.size() || (s_[pos_] != '\'' && s_[pos_] != '"'))
       return err("expected a quoted string");
     const char q = s_[pos_++];
@@ -200,7 +200,7 @@ class npy_header_parser {
     if (!eat(q)) return err("unterminated string");
     return status::success();
   }
-  status parse_bool(bool& b) {
+  [[nodiscard]] status parse_bool(bool& b) {
     const std::string_view rest = s_.substr(pos_);
     if (rest.substr(0, 4) == "True") {
       b = true;
@@ -214,7 +214,7 @@ class npy_header_parser {
     }
     return err("fortran_order must be True or False");
   }
-  status parse_shape(std::vector<std::int64_t>& shape) {
+  [[nodiscard]] status parse_shape(std::vector<std::int64_t>& shape) {
     shape.clear();
     if (!eat('(')) return err("shape must be a tuple like (T, E)");
     for (;;) {

@@ -13,17 +13,24 @@
 #include <moeroute/reference/dispatch.hpp>
 #include <moeroute/reference/layout.hpp>
 
+MOEROUTE_PRECISE_FP_BEGIN
 namespace moeroute::reference {
 
 namespace detail {
 template <class T>
 T from_float(float f);
 template <>
-inline float from_float<float>(float f) { return f; }
+inline float from_float<float>(float f) {
+  return f;
+}
 template <>
-inline half_bits from_float<half_bits>(float f) { return to_half(f); }
+inline half_bits from_float<half_bits>(float f) {
+  return to_half(f);
+}
 template <>
-inline bf16_bits from_float<bf16_bits>(float f) { return to_bf16(f); }
+inline bf16_bits from_float<bf16_bits>(float f) {
+  return to_bf16(f);
+}
 
 /// rows * d, or -1 when that product overflows (no buffer has that many elements).
 inline std::int64_t elements(std::int64_t rows, std::int64_t d) {
@@ -33,14 +40,15 @@ inline std::int64_t elements(std::int64_t rows, std::int64_t d) {
 
 /// Extents every permute/combine call shares: 0 <= tokens <= max_tokens, 0 <= d <= max_hidden,
 /// and a layout whose arrays have their documented lengths.
-inline void check_extents(const expert_layout& L, std::int64_t tokens, std::int64_t d) {
+inline void check_extents(const layout_output& L, std::int64_t tokens, std::int64_t d) {
   if (tokens < 0 || tokens > max_tokens)
-    throw error(status::make(status_code::invalid_shape,
-                             moeroute::detail::field_msg("tokens", tokens, "must be in [0, max_tokens]")));
+    throw error(
+        status::make(status_code::invalid_shape,
+                     moeroute::detail::field_msg("tokens", tokens, "must be in [0, max_tokens]")));
   throw_if_error(validate_hidden(d));
   if (L.num_rows < 0 || static_cast<std::int64_t>(L.row_token.size()) != L.num_rows)
     throw error(status::make(status_code::invalid_argument,
-                             "expert_layout.row_token has " + std::to_string(L.row_token.size()) +
+                             "layout_output.row_token has " + std::to_string(L.row_token.size()) +
                                  " elements, expected num_rows = " + std::to_string(L.num_rows)));
 }
 
@@ -53,18 +61,21 @@ inline void check_size(const char* what, std::size_t got, std::int64_t want) {
 }  // namespace detail
 
 /// @brief out[row] = x[row_token[row]], padding rows zero. x [T, d], out [num_rows, d].
+///        cfg: the config of the routing the layout belongs to (checked with validate()).
 template <class T>
-void permute(const expert_layout& L, std::span<const T> x, std::int64_t tokens, std::int64_t d,
-             std::span<T> out) {
+void permute(const routing_config& cfg, const layout_output& L, std::span<const T> x,
+             std::int64_t tokens, std::int64_t d, std::span<T> out) {
+  throw_if_error(validate(cfg));
   detail::check_extents(L, tokens, d);
   detail::check_size("x", x.size(), detail::elements(tokens, d));
   detail::check_size("out", out.size(), detail::elements(L.num_rows, d));
   for (std::int64_t r = 0; r < L.num_rows; ++r)
     if (L.row_token[r] < -1 || L.row_token[r] >= tokens)
       throw error(status::make(status_code::invalid_argument,
-                               "expert_layout.row_token[" + std::to_string(r) + "] = " +
-                                   std::to_string(L.row_token[r]) + " is outside [-1, tokens = " +
-                                   std::to_string(tokens) + "): layout of another batch?"));
+                               "layout_output.row_token[" + std::to_string(r) +
+                                   "] = " + std::to_string(L.row_token[r]) +
+                                   " is outside [-1, tokens = " + std::to_string(tokens) +
+                                   "): layout of another batch?"));
   for (std::int64_t r = 0; r < L.num_rows; ++r) {
     const std::int32_t t = L.row_token[r];
     for (std::int64_t c = 0; c < d; ++c) out[r * d + c] = t < 0 ? T{} : x[t * d + c];
@@ -75,26 +86,28 @@ void permute(const expert_layout& L, std::span<const T> x, std::int64_t tokens, 
 ///        in float. With drop_policy::residual a token with nothing kept or rerouted gets
 ///        y[t] = x[t]. expert_out [num_rows, d]; x [T, d] (needed for residual only); y [T, d].
 template <class T>
-void combine(const routing_config& cfg, const dispatch_output& dsp, const expert_layout& L,
+void combine(const routing_config& cfg, const dispatch_output& dsp, const layout_output& L,
              std::span<const T> expert_out, std::int64_t d, std::span<const T> x, std::span<T> y) {
   const std::int64_t Tn = dsp.tokens;
   const std::int32_t k = dsp.k;
   throw_if_error(validate(cfg));
-  if (dsp.k != cfg.top_k || dsp.experts != cfg.num_experts || dsp.total_experts != cfg.total_experts())
+  if (dsp.k != cfg.top_k || dsp.experts != cfg.num_experts ||
+      dsp.total_experts != cfg.total_experts())
     throw error(status::make(status_code::invalid_argument,
-                             "dispatch_output (k = " + std::to_string(dsp.k) + ", experts = " +
-                                 std::to_string(dsp.experts) + ") does not match config (top_k = " +
-                                 std::to_string(cfg.top_k) + ", num_experts = " +
-                                 std::to_string(cfg.num_experts) + ")"));
+                             "dispatch_output (k = " + std::to_string(dsp.k) +
+                                 ", experts = " + std::to_string(dsp.experts) +
+                                 ") does not match config (top_k = " + std::to_string(cfg.top_k) +
+                                 ", num_experts = " + std::to_string(cfg.num_experts) + ")"));
   detail::check_extents(L, Tn, d);
   detail::check_dispatch_output(dsp);
-  detail::check_size("expert_layout.assignment_row", L.assignment_row.size(), Tn * k);
+  detail::check_size("layout_output.assignment_row", L.assignment_row.size(), Tn * k);
   for (std::int64_t a = 0; a < Tn * k; ++a)
     if (L.assignment_row[a] < -1 || L.assignment_row[a] >= L.num_rows)
       throw error(status::make(status_code::invalid_argument,
-                               "expert_layout.assignment_row[" + std::to_string(a) + "] = " +
-                                   std::to_string(L.assignment_row[a]) + " is outside [-1, num_rows = " +
-                                   std::to_string(L.num_rows) + ")"));
+                               "layout_output.assignment_row[" + std::to_string(a) +
+                                   "] = " + std::to_string(L.assignment_row[a]) +
+                                   " is outside [-1, num_rows = " + std::to_string(L.num_rows) +
+                                   ")"));
   detail::check_size("expert_out", expert_out.size(), detail::elements(L.num_rows, d));
   detail::check_size("y", y.size(), detail::elements(Tn, d));
   const bool residual = cfg.dispatch.dropped == drop_policy::residual;
@@ -119,3 +132,4 @@ void combine(const routing_config& cfg, const dispatch_output& dsp, const expert
 }
 
 }  // namespace moeroute::reference
+MOEROUTE_PRECISE_FP_END

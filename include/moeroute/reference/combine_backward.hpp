@@ -18,6 +18,7 @@
 #include <moeroute/reference/gating_backward.hpp>
 #include <moeroute/reference/layout.hpp>
 
+MOEROUTE_PRECISE_FP_BEGIN
 namespace moeroute::reference {
 
 /// Accumulation type of the combine/permute backward for storage type T: double for double,
@@ -45,22 +46,26 @@ T store_acc(grad_acc_t<T> v) {
 inline bool survives(fate f) { return f == fate::kept || f == fate::rerouted; }
 
 /// Throws unless d is a hidden size and the layout's rows and tokens fit dsp (sizes and ranges).
-inline void check_layout_shapes(const dispatch_output& dsp, const expert_layout& L, std::int64_t d) {
+inline void check_layout_shapes(const dispatch_output& dsp, const layout_output& L,
+                                std::int64_t d) {
   throw_if_error(validate_hidden(d));
   if (dsp.tokens < 0 || dsp.k < 0 || L.num_rows < 0)
-    throw error(status::make(status_code::invalid_shape, "dispatch_output tokens / k or layout num_rows is negative"));
+    throw error(status::make(status_code::invalid_shape,
+                             "dispatch_output tokens / k or layout num_rows is negative"));
   grad_check_size("layout row_token", L.row_token.size(), L.num_rows);
   grad_check_size("layout assignment_row", L.assignment_row.size(), dsp.tokens * dsp.k);
   for (std::int64_t r = 0; r < L.num_rows; ++r)
     if (L.row_token[r] < -1 || L.row_token[r] >= dsp.tokens)
-      throw error(status::make(status_code::invalid_argument,
-                               "layout row_token[" + std::to_string(r) + "] = " +
-                                   std::to_string(L.row_token[r]) + ": not a token of dispatch_output"));
+      throw error(
+          status::make(status_code::invalid_argument, "layout row_token[" + std::to_string(r) +
+                                                          "] = " + std::to_string(L.row_token[r]) +
+                                                          ": not a token of dispatch_output"));
   for (std::size_t a = 0; a < L.assignment_row.size(); ++a)
     if (L.assignment_row[a] < -1 || L.assignment_row[a] >= L.num_rows)
       throw error(status::make(status_code::invalid_argument,
-                               "layout assignment_row[" + std::to_string(a) + "] = " +
-                                   std::to_string(L.assignment_row[a]) + ": not a row of the layout"));
+                               "layout assignment_row[" + std::to_string(a) +
+                                   "] = " + std::to_string(L.assignment_row[a]) +
+                                   ": not a row of the layout"));
 }
 }  // namespace detail
 
@@ -76,23 +81,24 @@ inline void check_layout_shapes(const dispatch_output& dsp, const expert_layout&
 ///                     sits) gets both weights.
 /// @param d_weight     [T, k] written: dot(dy[t], expert_out[row(t,j)]) (columns in order) for a
 ///                     surviving assignment, 0 for dropped and masked ones. Feed it to
-///                     gating_backward / accumulate_logit_grads.
+///                     gating_backward.
 /// @param d_x          [T, d] or empty: written with the residual pass-through, dy[t] for a
 ///                     valid token with nothing kept under drop_policy::residual, 0 elsewhere.
 ///                     Add permute_backward(..., accumulate = true) on top for the full d x.
 template <class T = float>
-void combine_backward(const routing_config& cfg, const dispatch_output& dsp, const expert_layout& L,
+void combine_backward(const routing_config& cfg, const dispatch_output& dsp, const layout_output& L,
                       grad_cspan<T> expert_out, std::int64_t d, grad_cspan<T> dy,
                       grad_span<T> d_expert_out, grad_span<grad_acc_t<T>> d_weight,
                       grad_span<T> d_x = {}) {
   using A = grad_acc_t<T>;
   const std::int64_t Tn = dsp.tokens;
   const std::int32_t k = dsp.k;
+  throw_if_error(validate(cfg));
   detail::check_layout_shapes(dsp, L, d);
   if (k != cfg.top_k)
     throw error(status::make(status_code::invalid_argument,
-                             "dispatch_output k = " + std::to_string(k) + " does not match config top_k = " +
-                                 std::to_string(cfg.top_k)));
+                             "dispatch_output k = " + std::to_string(k) +
+                                 " does not match config top_k = " + std::to_string(cfg.top_k)));
   detail::grad_check_size("dispatch_output weight", dsp.weight.size(), Tn * k);
   detail::grad_check_size("dispatch_output fates", dsp.fates.size(), Tn * k);
   detail::grad_check_size("expert_out", expert_out.size(), L.num_rows * d);
@@ -141,16 +147,23 @@ void combine_backward(const routing_config& cfg, const dispatch_output& dsp, con
 ///        d_buf over the distinct rows token t holds, in rank order j of the assignment that
 ///        first names each row (a row shared by rerouted assignments counts once, as the forward
 ///        wrote x[t] there once). Padding rows contribute nothing.
+/// @param cfg        the config of the routing (its top_k must match dsp)
 /// @param d_buf      [num_rows, d]
 /// @param d_x        [T, d]: written, or added to when accumulate (e.g. on top of the residual
 ///                   pass-through from combine_backward); the existing value is the first term.
 template <class T = float>
-void permute_backward(const dispatch_output& dsp, const expert_layout& L, grad_cspan<T> d_buf,
-                      std::int64_t d, grad_span<T> d_x, bool accumulate = false) {
+void permute_backward(const routing_config& cfg, const dispatch_output& dsp, const layout_output& L,
+                      grad_cspan<T> d_buf, std::int64_t d, grad_span<T> d_x,
+                      bool accumulate = false) {
   using A = grad_acc_t<T>;
   const std::int64_t Tn = dsp.tokens;
   const std::int32_t k = dsp.k;
+  throw_if_error(validate(cfg));
   detail::check_layout_shapes(dsp, L, d);
+  if (k != cfg.top_k)
+    throw error(status::make(status_code::invalid_argument,
+                             "dispatch_output k = " + std::to_string(k) +
+                                 " does not match config top_k = " + std::to_string(cfg.top_k)));
   detail::grad_check_size("d_buf", d_buf.size(), L.num_rows * d);
   detail::grad_check_size("d_x", d_x.size(), Tn * d);
   detail::grad_check_size("layout assignment_row", L.assignment_row.size(), Tn * k);
@@ -173,3 +186,4 @@ void permute_backward(const dispatch_output& dsp, const expert_layout& L, grad_c
 }
 
 }  // namespace moeroute::reference
+MOEROUTE_PRECISE_FP_END

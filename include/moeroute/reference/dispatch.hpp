@@ -17,28 +17,18 @@
 #include <moeroute/config.hpp>
 #include <moeroute/reference/gating.hpp>
 #include <moeroute/rng.hpp>
+#include <moeroute/types.hpp>
 
-namespace moeroute {
-
-/// What happened to one assignment.
-enum class fate : std::uint8_t {
-  kept = 0,      ///< got a slot at the expert it chose
-  rerouted = 1,  ///< got a slot at the fallback expert or a next-best expert
-  dropped = 2,   ///< got no slot anywhere: contributes nothing
-  masked = 3,    ///< belongs to a padding token (valid = 0): routed nowhere, counted apart
-};
-
-}  // namespace moeroute
-
+MOEROUTE_PRECISE_FP_BEGIN
 namespace moeroute::reference {
 
 /// @brief The result of capacity assignment for a batch.
 struct dispatch_output {
   std::int64_t tokens = 0;
   std::int32_t k = 0;
-  std::int32_t experts = 0;        ///< E routed experts
-  std::int32_t total_experts = 0;  ///< E, or E + 1 with a dedicated fallback expert (index E)
-  std::int64_t capacity = 0;       ///< C of each routed expert; unbounded_capacity (-1) if none
+  std::int32_t experts = 0;            ///< E routed experts
+  std::int32_t total_experts = 0;      ///< E, or E + 1 with a dedicated fallback expert (index E)
+  std::int64_t capacity = 0;           ///< C of each routed expert; unbounded_capacity (-1) if none
   std::int64_t fallback_capacity = 0;  ///< C of the dedicated fallback (-1 unbounded; 0 if none)
 
   std::vector<std::int32_t> expert;  ///< [T, k] final expert (after reroute), -1 if none
@@ -52,64 +42,75 @@ struct dispatch_output {
   std::vector<std::int64_t> rerouted;   ///< ... and got a slot elsewhere
   std::vector<std::int64_t> dropped;    ///< ... and got none
   // ... and by the expert that holds them ([total_experts]).
-  std::vector<std::int64_t> received;   ///< rerouted assignments that landed at e
-  std::vector<std::int64_t> load;       ///< slots in use at e (a token holds one slot per expert)
+  std::vector<std::int64_t> received;  ///< rerouted assignments that landed at e
+  std::vector<std::int64_t> load;      ///< slots in use at e (a token holds one slot per expert)
 
   std::int64_t total_kept = 0, total_rerouted = 0, total_dropped = 0, total_masked = 0;
   std::int64_t reroute_rounds = 0;  ///< rounds run by next_choice
 
   [[nodiscard]] std::int64_t assignments() const noexcept { return tokens * k; }
+  /// The batch totals as the one record cuda::dispatch writes.
+  [[nodiscard]] dispatch_totals totals() const noexcept {
+    return {capacity,      fallback_capacity, total_kept,    total_rerouted,
+            total_dropped, total_masked,      reroute_rounds};
+  }
 };
 
 namespace detail {
 
 /// Priority key of an assignment: smaller goes first. Used per expert and for reroute order.
 struct priority_key {
-  float neg_value;      // -gate (score) or -random (random); 0 for positional priorities
-  std::int64_t major;   // t (token_major, score, random) or j (choice_major)
-  std::int64_t minor;   // j or t
+  float neg_value;     // -gate (score) or -random (random); 0 for positional priorities
+  std::int64_t major;  // t (token_major, score, random) or j (choice_major)
+  std::int64_t minor;  // j or t
   friend bool operator<(const priority_key& a, const priority_key& b) {
     return std::tie(a.neg_value, a.major, a.minor) < std::tie(b.neg_value, b.major, b.minor);
   }
 };
 
 inline float random_priority(const routing_config& cfg, std::int64_t t, std::int32_t e) {
-  const auto r = rng::draw(cfg.dispatch.random_seed, cfg.dispatch.random_offset,
-                           rng::stream_random_priority,
-                           static_cast<std::uint64_t>(t) * cfg.num_experts + e);
+  const auto r =
+      rng::draw(cfg.dispatch.random_seed, cfg.dispatch.random_offset, rng::stream_random_priority,
+                static_cast<std::uint64_t>(t) * cfg.num_experts + e);
   return rng::uniform_open(r.v[0]);
 }
 
 inline priority_key make_key(const routing_config& cfg, std::int64_t t, std::int32_t j,
                              std::int32_t e, float gate) {
   switch (cfg.dispatch.prio) {
-    case priority::token_major: return {0.0f, t, j};
-    case priority::choice_major: return {0.0f, j, t};
-    case priority::score_per_expert: return {-gate, t, j};
-    case priority::random: return {-random_priority(cfg, t, e), t, j};
+    case priority::token_major:
+      return {0.0f, t, j};
+    case priority::choice_major:
+      return {0.0f, j, t};
+    case priority::score_per_expert:
+      return {-gate, t, j};
+    case priority::random:
+      return {-random_priority(cfg, t, e), t, j};
   }
   return {0.0f, t, j};
 }
 
 }  // namespace detail
 
-/// @brief Checks that a gating_output is one `reference::gate` could have produced for `cfg`:
+/// @brief Checks that a gating_output is one `reference::gating` could have produced for `cfg`:
 ///        matching E, k and reroute candidates, every array of its documented length, expert
 ///        ids in [0, E) and finite gates. @return success or an error naming the field.
-[[nodiscard]] inline status validate_gating_output(const routing_config& cfg, const gating_output& g) {
+[[nodiscard]] inline status validate_gating_output(const routing_config& cfg,
+                                                   const gating_output& g) {
   if (auto s = validate(cfg); !s) return s;
   const auto bad = [](status_code c, std::string m) { return status::make(c, std::move(m)); };
   if (g.tokens < 0 || g.tokens > max_tokens)
     return bad(status_code::invalid_shape,
-               moeroute::detail::field_msg("gating_output.tokens", g.tokens, "must be in [0, max_tokens]"));
+               moeroute::detail::field_msg("gating_output.tokens", g.tokens,
+                                           "must be in [0, max_tokens]"));
   if (g.experts != cfg.num_experts)
     return bad(status_code::invalid_argument,
                "gating_output.experts = " + std::to_string(g.experts) +
                    " does not match config num_experts = " + std::to_string(cfg.num_experts));
   if (g.k != cfg.top_k)
-    return bad(status_code::invalid_argument, "gating_output.k = " + std::to_string(g.k) +
-                                                  " does not match config top_k = " +
-                                                  std::to_string(cfg.top_k));
+    return bad(status_code::invalid_argument,
+               "gating_output.k = " + std::to_string(g.k) +
+                   " does not match config top_k = " + std::to_string(cfg.top_k));
   const std::int32_t R = cfg.candidates_per_token() - cfg.top_k;
   if (g.reroute_candidates != R)
     return bad(status_code::invalid_argument,
@@ -139,15 +140,15 @@ inline priority_key make_key(const routing_config& cfg, std::int64_t t, std::int
   }
   for (std::size_t a = 0; a < g.reroute_ids.size(); ++a)
     if (g.reroute_ids[a] < 0 || g.reroute_ids[a] >= g.experts)
-      return bad(status_code::invalid_argument,
-                 "gating_output.reroute_ids[" + std::to_string(a) + "] = " +
-                     std::to_string(g.reroute_ids[a]) + " is outside [0, num_experts)");
+      return bad(status_code::invalid_argument, "gating_output.reroute_ids[" + std::to_string(a) +
+                                                    "] = " + std::to_string(g.reroute_ids[a]) +
+                                                    " is outside [0, num_experts)");
   return status::success();
 }
 
 /// @brief Capacity assignment for a batch (see docs/concepts.md for the policies).
 /// @param cfg the config the gating ran with
-/// @param g   gating_output from reference::gate
+/// @param g   gating_output from reference::gating
 /// @return dispatch_output. Every valid assignment is kept, rerouted or dropped; assignments of
 ///         padding tokens are masked: kept + rerouted + dropped + masked = T * k.
 /// @note Slots are granted per expert in priority order (ties: lower token index, then lower
@@ -293,7 +294,8 @@ inline dispatch_output dispatch(const routing_config& cfg, const gating_output& 
       // assignment index order is token order (a = t * k + j, one slot per token here)
       std::sort(idx.begin(), idx.end(), [&](std::size_t a, std::size_t b) { return h[a] < h[b]; });
       new_slot[e].resize(h.size());
-      for (std::size_t r = 0; r < idx.size(); ++r) new_slot[e][idx[r]] = static_cast<std::int32_t>(r);
+      for (std::size_t r = 0; r < idx.size(); ++r)
+        new_slot[e][idx[r]] = static_cast<std::int32_t>(r);
     }
     // every assignment maps old slot -> new slot (shared slots follow their holder)
     for (std::int64_t a = 0; a < T * k; ++a)
@@ -322,3 +324,4 @@ inline dispatch_output dispatch(const routing_config& cfg, const gating_output& 
 }
 
 }  // namespace moeroute::reference
+MOEROUTE_PRECISE_FP_END

@@ -17,6 +17,7 @@
 #include <moeroute/rng.hpp>
 #include <moeroute/status.hpp>
 
+MOEROUTE_PRECISE_FP_BEGIN
 namespace moeroute::reference {
 
 /// @brief Everything the gating stage produces for a batch.
@@ -33,14 +34,14 @@ struct gating_output {
   std::vector<float> logsumexp;           ///< [T] logsumexp of the (sanitised) logits
   std::vector<std::uint8_t> valid;        ///< [T] 1 = real token, 0 = padding
   std::int64_t valid_tokens = 0;
-  std::int64_t nonfinite_logits = 0;      ///< NaN / Inf inputs seen (sanitised, see docs)
+  std::int64_t nonfinite_logits = 0;  ///< NaN / Inf inputs seen (sanitised, see docs)
   // Aux-loss inputs over the valid tokens (sequence s covers tokens [s*L, (s+1)*L)).
-  std::vector<double> aux_score_sum;      ///< [E] sum_t P[t, e]
-  std::vector<std::int64_t> aux_count;    ///< [E] f counts (top-1 or all k, routed or fresh)
-  std::int64_t sequences = 0;             ///< S = T / loss.sequence_length (0 if not set)
-  std::vector<double> seq_score_sum;      ///< [S, E]
-  std::vector<std::int64_t> seq_count;    ///< [S, E]
-  std::vector<std::int64_t> seq_tokens;   ///< [S] valid tokens per sequence
+  std::vector<double> aux_score_sum;     ///< [E] sum_t P[t, e]
+  std::vector<std::int64_t> aux_count;   ///< [E] f counts (top-1 or all k, routed or fresh)
+  std::int64_t sequences = 0;            ///< S = T / loss.sequence_length (0 if not set)
+  std::vector<double> seq_score_sum;     ///< [S, E]
+  std::vector<std::int64_t> seq_count;   ///< [S, E]
+  std::vector<std::int64_t> seq_tokens;  ///< [S] valid tokens per sequence
 };
 
 namespace detail {
@@ -53,13 +54,15 @@ inline float sanitize(float x) {
 
 inline float score_one(score_function f, float x) {
   switch (f) {
-    case score_function::sigmoid: return 1.0f / (1.0f + std::exp(-x));
+    case score_function::sigmoid:
+      return 1.0f / (1.0f + std::exp(-x));
     case score_function::sqrt_softplus: {
       // log1p(exp(x)) without overflow: x + log1p(exp(-x)) for x > 0
       const float sp = x > 0.0f ? x + std::log1p(std::exp(-x)) : std::log1p(std::exp(x));
       return std::sqrt(sp);
     }
-    case score_function::softmax: break;
+    case score_function::softmax:
+      break;
   }
   return x;  // softmax needs the whole row; see softmax_row
 }
@@ -112,9 +115,11 @@ inline void top_n(const std::vector<float>& v, const std::vector<std::uint8_t>& 
   if (auto s = validate_tokens(cfg, tokens); !s) return s;
   const std::int64_t E = cfg.num_experts;
   if (static_cast<std::int64_t>(logits_size) != tokens * E)
-    return status::make(status_code::invalid_shape,
-                        "logits has " + std::to_string(logits_size) + " elements, expected tokens * "
-                        "num_experts = " + std::to_string(tokens) + " * " + std::to_string(E));
+    return status::make(status_code::invalid_shape, "logits has " + std::to_string(logits_size) +
+                                                        " elements, expected tokens * "
+                                                        "num_experts = " +
+                                                        std::to_string(tokens) + " * " +
+                                                        std::to_string(E));
   if (cfg.gating.expert_bias) {
     if (static_cast<std::int64_t>(bias.size()) != E)
       return status::make(status_code::invalid_argument,
@@ -146,12 +151,13 @@ inline void top_n(const std::vector<float>& v, const std::vector<std::uint8_t>& 
 /// @note Ties go to the lower expert index (and, for groups, the lower group index).
 ///       NaN logits count as -FLT_MAX, +-Inf as +-FLT_MAX (docs/numerics.md, "Non-finite").
 template <class In>
-gating_output gate(const routing_config& cfg, std::span<const In> logits, std::int64_t tokens,
-                   std::span<const float> bias = {}, std::span<const std::uint8_t> valid = {}) {
+gating_output gating(const routing_config& cfg, std::span<const In> logits, std::int64_t tokens,
+                     std::span<const float> bias = {}, std::span<const std::uint8_t> valid = {}) {
   throw_if_error(validate_gating_inputs(cfg, tokens, logits.size(), bias, valid));
   const std::int32_t E = cfg.num_experts, k = cfg.top_k;
   const auto& g = cfg.gating;
-  const bool softmax_after = g.score == score_function::softmax && g.stage == softmax_stage::after_topk;
+  const bool softmax_after =
+      g.score == score_function::softmax && g.stage == softmax_stage::after_topk;
   const bool noise = cfg.noise_active();
   const std::int32_t R = cfg.candidates_per_token() - k;
 
@@ -298,10 +304,11 @@ gating_output gate(const routing_config& cfg, std::span<const In> logits, std::i
 }
 
 /// Convenience overload for std::vector / contiguous ranges of float.
-inline gating_output gate(const routing_config& cfg, const std::vector<float>& logits,
-                          std::int64_t tokens, std::span<const float> bias = {},
-                          std::span<const std::uint8_t> valid = {}) {
-  return gate<float>(cfg, std::span<const float>(logits), tokens, bias, valid);
+inline gating_output gating(const routing_config& cfg, const std::vector<float>& logits,
+                            std::int64_t tokens, std::span<const float> bias = {},
+                            std::span<const std::uint8_t> valid = {}) {
+  return gating<float>(cfg, std::span<const float>(logits), tokens, bias, valid);
 }
 
 }  // namespace moeroute::reference
+MOEROUTE_PRECISE_FP_END

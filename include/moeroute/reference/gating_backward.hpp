@@ -20,7 +20,9 @@
 #include <moeroute/reference/losses.hpp>
 #include <moeroute/rng.hpp>
 #include <moeroute/status.hpp>
+#include <moeroute/types.hpp>
 
+MOEROUTE_PRECISE_FP_BEGIN
 namespace moeroute::reference {
 
 /// Read-only span whose element type is not deduced: `std::vector<float>` converts to it and the
@@ -117,8 +119,8 @@ void check_logit_grad_shapes(const routing_config& cfg, const gating_output& g,
 /// Backward of the aux-loss score P[t, :] for one token: given dL/dP (gp, [E]), adds dL/dx.
 ///   softmax:  P = softmax(x),            dx_e = P_e (gp_e - sum_i gp_i P_i)
 ///   others:   P = s / (sum s + 1e-20),   dx_e = s'(x_e) (gp_e - sum_i gp_i P_i) / (sum s + 1e-20)
-inline void aux_p_backward_row(score_function f, const std::vector<double>& x,
-                               const double* gp, std::vector<double>& p, std::vector<double>& s,
+inline void aux_p_backward_row(score_function f, const std::vector<double>& x, const double* gp,
+                               std::vector<double>& p, std::vector<double>& s,
                                std::vector<double>& grad) {
   const std::int32_t E = static_cast<std::int32_t>(x.size());
   if (f == score_function::softmax) {
@@ -142,7 +144,8 @@ inline void aux_p_backward_row(score_function f, const std::vector<double>& x,
 
 }  // namespace detail
 
-/// @brief Gating backward: gradient of sum_a d_weight[a] * weight[a] with respect to the logits,
+/// @brief Routing backward (the first term of gating_backward): the gradient of
+///        sum_a d_weight[a] * weight[a] with respect to the logits,
 ///        where weight is the combine weight `dispatch_output::weight` (renormalised after drop
 ///        and scaled, when the config says so). ADDS into d_logits (zero it first).
 /// @tparam F float or double: the element type of logits, d_weight and d_logits. Every
@@ -165,18 +168,21 @@ inline void aux_p_backward_row(score_function f, const std::vector<double>& x,
 ///       S < FLT_EPSILON the divisor is a constant (as torch.clamp's gradient).
 ///       Throws moeroute::error on a shape mismatch. No synchronisation (CPU, plain loops).
 template <class F = float>
-void gating_backward(const routing_config& cfg, grad_cspan<F> logits, const gating_output& g,
-                     const dispatch_output& dsp, grad_cspan<F> d_weight, grad_span<F> d_logits) {
+void routing_backward(const routing_config& cfg, grad_cspan<F> logits, const gating_output& g,
+                      const dispatch_output& dsp, grad_cspan<F> d_weight, grad_span<F> d_logits) {
   detail::check_logit_grad_shapes<F>(cfg, g, logits, d_logits);
   const std::int64_t T = g.tokens;
   const std::int32_t E = g.experts, k = g.k;
   detail::grad_check_size("d_weight", d_weight.size(), T * k);
   if (dsp.tokens != T || dsp.k != k)
-    throw error(status::make(status_code::invalid_argument, "dispatch_output does not match gating_output"));
+    throw error(status::make(status_code::invalid_argument,
+                             "dispatch_output does not match gating_output"));
   detail::grad_check_size("dispatch_output fates", dsp.fates.size(), T * k);
   const auto& gc = cfg.gating;
-  const bool softmax_after = gc.score == score_function::softmax && gc.stage == softmax_stage::after_topk;
-  const bool noisy_gates = cfg.noise_active() && gc.noise.target == noise_target::selection_and_gates;
+  const bool softmax_after =
+      gc.score == score_function::softmax && gc.stage == softmax_stage::after_topk;
+  const bool noisy_gates =
+      cfg.noise_active() && gc.noise.target == noise_target::selection_and_gates;
   const bool after_drop = gc.renorm == renormalize::after_drop;
   const bool before_drop = gc.renorm == renormalize::before_drop && !softmax_after;
   const double sf = gc.scaling_factor, eps = gc.renorm_epsilon;
@@ -226,7 +232,8 @@ void gating_backward(const routing_config& cfg, grad_cspan<F> logits, const gati
         for (std::int32_t j = 0; j < k; ++j) sum += h[j];
         denom = sum + eps;
       }
-      for (std::int32_t j = 0; j < k; ++j) gpre[j] = before_drop ? (denom > 0.0 ? h[j] / denom : 0.0) : h[j];
+      for (std::int32_t j = 0; j < k; ++j)
+        gpre[j] = before_drop ? (denom > 0.0 ? h[j] / denom : 0.0) : h[j];
     }
     for (std::int32_t j = 0; j < k; ++j) gates[j] = after_drop ? gpre[j] : sf * gpre[j];
 
@@ -290,7 +297,7 @@ void aux_loss_backward_from_sums(const routing_config& cfg, grad_cspan<F> logits
   detail::grad_check_size("counts", counts.size(), E);
   if (tokens <= 0 || d_loss == 0.0) return;
   const double Tn = static_cast<double>(tokens);
-  const double c = d_loss * cfg.loss.aux_coefficient * aux_scale_value(cfg) / (Tn * Tn);
+  const double c = d_loss * cfg.loss.aux_coefficient * aux_loss_scale(cfg) / (Tn * Tn);
   std::vector<double> gp(E), x(E), p(E), s(E), grad(E);
   std::vector<std::uint8_t> finite(E);
   for (std::int32_t e = 0; e < E; ++e) gp[e] = c * static_cast<double>(counts[e]);
@@ -316,21 +323,24 @@ void aux_loss_backward(const routing_config& cfg, grad_cspan<F> logits, const ga
 ///        (L_s^2 * S_used), L_s its valid tokens, S_used the sequences with any. ADDS.
 template <class F = float>
 void sequence_aux_loss_backward(const routing_config& cfg, grad_cspan<F> logits,
-                                const gating_output& g, grad_span<F> d_logits, double d_loss = 1.0) {
+                                const gating_output& g, grad_span<F> d_logits,
+                                double d_loss = 1.0) {
   detail::check_logit_grad_shapes<F>(cfg, g, logits, d_logits);
   const std::int32_t E = g.experts;
   const std::int64_t L = cfg.loss.sequence_length;
   if (g.sequences == 0 || L <= 0 || d_loss == 0.0) return;
   if (g.sequences * L != g.tokens)
-    throw error(status::make(status_code::invalid_argument,
-                             "gating_output sequences = " + std::to_string(g.sequences) +
-                                 " does not match config loss.sequence_length = " + std::to_string(L)));
+    throw error(
+        status::make(status_code::invalid_argument,
+                     "gating_output sequences = " + std::to_string(g.sequences) +
+                         " does not match config loss.sequence_length = " + std::to_string(L)));
   detail::grad_check_size("gating_output seq_tokens", g.seq_tokens.size(), g.sequences);
   detail::grad_check_size("gating_output seq_count", g.seq_count.size(), g.sequences * E);
   std::int64_t used = 0;
   for (std::int64_t q = 0; q < g.sequences; ++q) used += g.seq_tokens[q] > 0 ? 1 : 0;
   if (used == 0) return;
-  const double base = d_loss * cfg.loss.aux_coefficient * aux_scale_value(cfg) / static_cast<double>(used);
+  const double base =
+      d_loss * cfg.loss.aux_coefficient * aux_loss_scale(cfg) / static_cast<double>(used);
   std::vector<double> gp(E), x(E), p(E), s(E), grad(E);
   std::vector<std::uint8_t> finite(E);
   for (std::int64_t t = 0; t < g.tokens; ++t) {
@@ -370,39 +380,42 @@ void z_loss_backward(const routing_config& cfg, grad_cspan<F> logits, const gati
   }
 }
 
-/// Multipliers dL/d(term) of the terms accumulate_logit_grads adds (the loss coefficients in
-/// the config apply on top, as in the forward values).
-struct logit_grad_weights {
-  double routing = 1.0;       ///< multiplies d_weight
-  double aux = 1.0;           ///< dL / d aux_loss().value
-  double sequence_aux = 1.0;  ///< dL / d sequence_aux_loss(); used when loss.sequence_length > 0
-  double z = 1.0;             ///< dL / d z_loss().value
-};
-
-/// @brief One call for the router's whole gradient: adds, in this order, the routing gradient
-///        (gating_backward of d_weight; skipped when d_weight is empty), the batch aux-loss
-///        gradient, the sequence aux-loss gradient (when loss.sequence_length > 0) and the
-///        z-loss gradient into d_logits [T, E]. A term whose weight or coefficient is 0 is
-///        skipped. Deterministic: per token, terms are added in that fixed order.
+/// @brief The loss terms of the router gradient: adds, in this order, the batch aux-loss
+///        gradient, the sequence aux-loss gradient (when loss.sequence_length > 0) and the z-loss
+///        gradient into d_logits [T, E], each scaled by its weight in `w` (w.routing is not
+///        used here). A term whose weight or loss coefficient is 0 is skipped.
 template <class F = float>
-void accumulate_logit_grads(const routing_config& cfg, grad_cspan<F> logits, const gating_output& g,
-                            const dispatch_output& dsp, grad_cspan<F> d_weight,
-                            grad_span<F> d_logits, const logit_grad_weights& w = {}) {
+void losses_backward(const routing_config& cfg, grad_cspan<F> logits, const gating_output& g,
+                     grad_span<F> d_logits, const gating_backward_weights& w = {}) {
+  detail::check_logit_grad_shapes<F>(cfg, g, logits, d_logits);
+  if (w.aux != 0.0 && cfg.loss.aux_coefficient != 0.0f)
+    aux_loss_backward<F>(cfg, logits, g, d_logits, w.aux);
+  if (w.sequence_aux != 0.0 && cfg.loss.sequence_length > 0 && cfg.loss.aux_coefficient != 0.0f)
+    sequence_aux_loss_backward<F>(cfg, logits, g, d_logits, w.sequence_aux);
+  if (w.z != 0.0 && cfg.loss.z_coefficient != 0.0f)
+    z_loss_backward<F>(cfg, logits, g, d_logits, w.z);
+}
+
+/// @brief The router's whole gradient, the op cuda::gating_backward computes: adds, in this
+///        order, the routing gradient (routing_backward of w.routing * d_weight; skipped when
+///        d_weight is empty or w.routing is 0) and the loss terms (losses_backward) into
+///        d_logits [T, E]. Deterministic: every element receives its terms in that fixed order.
+/// @tparam F float or double (logits, d_weight and d_logits); intermediates in double.
+template <class F = float>
+void gating_backward(const routing_config& cfg, grad_cspan<F> logits, const gating_output& g,
+                     const dispatch_output& dsp, grad_cspan<F> d_weight, grad_span<F> d_logits,
+                     const gating_backward_weights& w = {}) {
   if (!d_weight.empty() && w.routing != 0.0) {
     if (w.routing == 1.0) {
-      gating_backward<F>(cfg, logits, g, dsp, d_weight, d_logits);
+      routing_backward<F>(cfg, logits, g, dsp, d_weight, d_logits);
     } else {
       std::vector<F> scaled(d_weight.begin(), d_weight.end());
       for (auto& v : scaled) v = static_cast<F>(v * w.routing);
-      gating_backward<F>(cfg, logits, g, dsp, scaled, d_logits);
+      routing_backward<F>(cfg, logits, g, dsp, scaled, d_logits);
     }
-  } else {
-    detail::check_logit_grad_shapes<F>(cfg, g, logits, d_logits);
   }
-  if (w.aux != 0.0 && cfg.loss.aux_coefficient != 0.0f) aux_loss_backward<F>(cfg, logits, g, d_logits, w.aux);
-  if (w.sequence_aux != 0.0 && cfg.loss.sequence_length > 0 && cfg.loss.aux_coefficient != 0.0f)
-    sequence_aux_loss_backward<F>(cfg, logits, g, d_logits, w.sequence_aux);
-  if (w.z != 0.0 && cfg.loss.z_coefficient != 0.0f) z_loss_backward<F>(cfg, logits, g, d_logits, w.z);
+  losses_backward<F>(cfg, logits, g, d_logits, w);
 }
 
 }  // namespace moeroute::reference
+MOEROUTE_PRECISE_FP_END

@@ -13,21 +13,26 @@
 #include <vector>
 
 #include <moeroute/capacity.hpp>
+#include <moeroute/config.hpp>
 #include <moeroute/reference/dispatch.hpp>
 #include <moeroute/status.hpp>
+#include <moeroute/types.hpp>
 
 namespace moeroute::reference {
 
-struct expert_layout {
+/// @brief An expert-buffer layout: which token each row holds and which row each assignment
+///        uses (the owning twin of moeroute::layout_result).
+struct layout_output {
+  layout_kind kind = layout_kind::padded;
   std::int32_t total_experts = 0;
   std::int64_t num_rows = 0;
-  std::int64_t block_size = 1;              ///< compact: segment alignment; padded: 1
-  std::vector<std::int64_t> offsets;        ///< [total_experts + 1] first row of each expert
-  std::vector<std::int64_t> rows_used;      ///< [total_experts] rows holding a token
-  std::vector<std::int32_t> row_token;      ///< [num_rows] token of each row, -1 = padding
-  std::vector<std::int64_t> assignment_row; ///< [T, k] row of each assignment, -1 = none
-  std::vector<std::int32_t> block_expert;   ///< [num_rows / block_size] expert of each block
-                                            ///< (compact only; empty for padded)
+  std::int64_t block_size = 1;               ///< compact: segment alignment; padded: 1
+  std::vector<std::int64_t> offsets;         ///< [total_experts + 1] first row of each expert
+  std::vector<std::int64_t> rows_used;       ///< [total_experts] rows holding a token
+  std::vector<std::int32_t> row_token;       ///< [num_rows] token of each row, -1 = padding
+  std::vector<std::int64_t> assignment_row;  ///< [T, k] row of each assignment, -1 = none
+  std::vector<std::int32_t> block_expert;    ///< [num_rows / block_size] expert of each block
+                                             ///< (compact only; empty for padded)
   [[nodiscard]] std::int64_t padding_rows() const noexcept {
     std::int64_t used = 0;
     for (auto u : rows_used) used += u;
@@ -41,10 +46,11 @@ inline void check_dispatch_output(const dispatch_output& dsp) {
   const auto bad = [](status_code c, const std::string& m) { throw error(status::make(c, m)); };
   if (dsp.tokens < 0 || dsp.tokens > max_tokens || dsp.k < 1 || dsp.experts < 1 ||
       dsp.total_experts < dsp.experts || dsp.total_experts > dsp.experts + 1)
-    bad(status_code::invalid_shape,
-        "dispatch_output: tokens = " + std::to_string(dsp.tokens) + ", k = " + std::to_string(dsp.k) +
-            ", experts = " + std::to_string(dsp.experts) + ", total_experts = " +
-            std::to_string(dsp.total_experts) + " are not the extents of a dispatch");
+    bad(status_code::invalid_shape, "dispatch_output: tokens = " + std::to_string(dsp.tokens) +
+                                        ", k = " + std::to_string(dsp.k) +
+                                        ", experts = " + std::to_string(dsp.experts) +
+                                        ", total_experts = " + std::to_string(dsp.total_experts) +
+                                        " are not the extents of a dispatch");
   const std::int64_t n = dsp.tokens * dsp.k;
   const auto sized = [&](const char* what, std::size_t got, std::int64_t want) {
     if (static_cast<std::int64_t>(got) != want)
@@ -59,11 +65,12 @@ inline void check_dispatch_output(const dispatch_output& dsp) {
   sized("load", dsp.load.size(), dsp.total_experts);
   for (std::int32_t e = 0; e < dsp.total_experts; ++e)
     if (dsp.load[e] < 0 || dsp.load[e] > dsp.tokens)
-      bad(status_code::invalid_argument, "dispatch_output.load[" + std::to_string(e) + "] = " +
-                                             std::to_string(dsp.load[e]) + " is outside [0, tokens]");
+      bad(status_code::invalid_argument, "dispatch_output.load[" + std::to_string(e) +
+                                             "] = " + std::to_string(dsp.load[e]) +
+                                             " is outside [0, tokens]");
 }
 
-inline void fill_rows(const dispatch_output& dsp, expert_layout& L) {
+inline void fill_rows(const dispatch_output& dsp, layout_output& L) {
   L.row_token.assign(L.num_rows, -1);
   L.assignment_row.assign(dsp.tokens * dsp.k, -1);
   for (std::int64_t a = 0; a < dsp.tokens * dsp.k; ++a) {
@@ -81,52 +88,63 @@ inline void fill_rows(const dispatch_output& dsp, expert_layout& L) {
 }
 }  // namespace detail
 
-/// @brief Padded layout [E, C, d] (+ a dedicated fallback segment of its capacity, or of its
-///        load when unbounded). Needs a bounded capacity.
-inline expert_layout padded_layout(const dispatch_output& dsp) {
+/// @brief The padded or compact layout of a dispatch.
+///        padded: expert e owns rows [e*C, (e+1)*C) (a dedicated fallback expert gets a segment
+///        of its capacity, or of its load when unbounded); needs a bounded capacity.
+///        compact: packed segments, each rounded up to a multiple of block_size (the layout a
+///        grouped GEMM over tiles of block_size rows wants).
+/// @param cfg        the config the dispatch ran with
+/// @param dsp        reference::dispatch's output
+/// @param kind       layout_kind::padded or layout_kind::compact
+/// @param block_size compact: segment alignment, >= 1; padded: must be 1
+/// @return the layout; throws moeroute::error naming the bad argument.
+inline layout_output layout(const routing_config& cfg, const dispatch_output& dsp, layout_kind kind,
+                            std::int64_t block_size = 1) {
+  throw_if_error(validate(cfg));
+  const auto fail = [](status_code c, const std::string& m) { throw error(status::make(c, m)); };
+  if (dsp.k != cfg.top_k || dsp.experts != cfg.num_experts ||
+      dsp.total_experts != cfg.total_experts())
+    fail(status_code::invalid_argument,
+         "dispatch_output (k = " + std::to_string(dsp.k) +
+             ", experts = " + std::to_string(dsp.experts) +
+             ") does not match config (top_k = " + std::to_string(cfg.top_k) +
+             ", num_experts = " + std::to_string(cfg.num_experts) + ")");
+  if (block_size < 1 || block_size > max_tokens)
+    fail(status_code::invalid_argument,
+         "block_size = " + std::to_string(block_size) + ": must be in [1, max_tokens]");
+  if (kind == layout_kind::padded && block_size != 1)
+    fail(status_code::invalid_argument,
+         "block_size = " + std::to_string(block_size) + ": the padded layout takes 1");
+  if (kind != layout_kind::padded && kind != layout_kind::compact)
+    fail(status_code::invalid_argument, "kind: not a layout_kind");
   detail::check_dispatch_output(dsp);
-  if (dsp.capacity < 0)
-    throw error(status::make(status_code::unsupported,
-                             "padded layout needs a bounded capacity; capacity_mode::unbounded "
-                             "works with compact_layout only (or use capacity_mode::max_load)"));
-  expert_layout L;
-  L.total_experts = dsp.total_experts;
-  L.offsets.assign(dsp.total_experts + 1, 0);
-  for (std::int32_t e = 0; e < dsp.total_experts; ++e) {
-    const std::int64_t seg =
-        e < dsp.experts ? dsp.capacity
-                        : (dsp.fallback_capacity < 0 ? dsp.load[e] : dsp.fallback_capacity);
-    L.offsets[e + 1] = L.offsets[e] + seg;
-  }
-  L.num_rows = L.offsets.back();
-  L.rows_used = dsp.load;
-  detail::fill_rows(dsp, L);
-  return L;
-}
-
-/// @brief Compact expert-sorted layout; each segment padded to a multiple of block_size.
-inline expert_layout compact_layout(const dispatch_output& dsp, std::int64_t block_size = 1) {
-  if (block_size < 1)
-    throw error(status::make(status_code::invalid_argument,
-                             "block_size = " + std::to_string(block_size) + ": must be >= 1"));
-  if (block_size > max_tokens)
-    throw error(status::make(status_code::invalid_argument,
-                             "block_size = " + std::to_string(block_size) + ": exceeds max_tokens"));
-  detail::check_dispatch_output(dsp);
-  expert_layout L;
+  if (kind == layout_kind::padded && dsp.capacity < 0)
+    fail(status_code::unsupported,
+         "padded layout needs a bounded capacity; capacity_mode::unbounded works with the compact "
+         "layout only (or use capacity_mode::max_load)");
+  layout_output L;
+  L.kind = kind;
   L.total_experts = dsp.total_experts;
   L.block_size = block_size;
   L.offsets.assign(dsp.total_experts + 1, 0);
   for (std::int32_t e = 0; e < dsp.total_experts; ++e) {
-    const std::int64_t seg = (dsp.load[e] + block_size - 1) / block_size * block_size;
+    std::int64_t seg = 0;
+    if (kind == layout_kind::compact) {
+      seg = (dsp.load[e] + block_size - 1) / block_size * block_size;
+    } else {
+      seg = e < dsp.experts ? dsp.capacity
+                            : (dsp.fallback_capacity < 0 ? dsp.load[e] : dsp.fallback_capacity);
+    }
     L.offsets[e + 1] = L.offsets[e] + seg;
   }
   L.num_rows = L.offsets.back();
   L.rows_used = dsp.load;
-  L.block_expert.assign(L.num_rows / block_size, 0);
-  for (std::int32_t e = 0; e < dsp.total_experts; ++e)
-    for (std::int64_t b = L.offsets[e] / block_size; b < L.offsets[e + 1] / block_size; ++b)
-      L.block_expert[b] = e;
+  if (kind == layout_kind::compact) {
+    L.block_expert.assign(L.num_rows / block_size, 0);
+    for (std::int32_t e = 0; e < dsp.total_experts; ++e)
+      for (std::int64_t b = L.offsets[e] / block_size; b < L.offsets[e + 1] / block_size; ++b)
+        L.block_expert[b] = e;
+  }
   detail::fill_rows(dsp, L);
   return L;
 }

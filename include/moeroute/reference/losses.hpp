@@ -11,10 +11,8 @@
 #include <moeroute/config.hpp>
 #include <moeroute/reference/gating.hpp>
 
+MOEROUTE_PRECISE_FP_BEGIN
 namespace moeroute::reference {
-
-/// @brief The scale s in  aux = coefficient * s * sum_i f_i * P_i (moeroute::aux_loss_scale).
-[[nodiscard]] inline double aux_scale_value(const routing_config& cfg) { return aux_loss_scale(cfg); }
 
 namespace detail {
 /// The losses read the gating_output's per-expert and per-token sums: they must belong to cfg.
@@ -30,7 +28,8 @@ inline void check_loss_inputs(const routing_config& cfg, const gating_output& g)
   if (T < 0 || S < 0 || g.valid_tokens < 0 || g.valid_tokens > T)
     fail(status_code::invalid_shape, "gating_output: tokens = " + std::to_string(T) +
                                          ", valid_tokens = " + std::to_string(g.valid_tokens) +
-                                         ", sequences = " + std::to_string(S) + " are inconsistent");
+                                         ", sequences = " + std::to_string(S) +
+                                         " are inconsistent");
   const auto sized = [&](const char* what, std::size_t got, std::int64_t want) {
     if (static_cast<std::int64_t>(got) != want)
       fail(status_code::invalid_shape, std::string("gating_output.") + what + " has " +
@@ -48,25 +47,26 @@ inline void check_loss_inputs(const routing_config& cfg, const gating_output& g)
 }  // namespace detail
 
 struct aux_loss_result {
-  double value = 0.0;                  ///< coefficient * scale * sum_i (count_i/T) (P_sum_i/T)
-  double scale = 0.0;                  ///< the s above (without the coefficient)
-  std::int64_t tokens = 0;             ///< valid tokens T
-  std::vector<double> score_sum;       ///< [E] sum_t P[t, i]
-  std::vector<std::int64_t> counts;    ///< [E] count_i
+  double value = 0.0;                ///< coefficient * scale * sum_i (count_i/T) (P_sum_i/T)
+  double scale = 0.0;                ///< the s above (without the coefficient)
+  std::int64_t tokens = 0;           ///< valid tokens T
+  std::vector<double> score_sum;     ///< [E] sum_t P[t, i]
+  std::vector<std::int64_t> counts;  ///< [E] count_i
 };
 
 /// @brief Batch-level aux loss from a gating_output. Zero valid tokens give 0.
 [[nodiscard]] inline aux_loss_result aux_loss(const routing_config& cfg, const gating_output& g) {
   detail::check_loss_inputs(cfg, g);
   aux_loss_result r;
-  r.scale = aux_scale_value(cfg);
+  r.scale = aux_loss_scale(cfg);
   r.tokens = g.valid_tokens;
   r.score_sum = g.aux_score_sum;
   r.counts = g.aux_count;
   if (g.valid_tokens == 0) return r;
   double s = 0.0;
   const double T = static_cast<double>(g.valid_tokens);
-  for (std::int32_t e = 0; e < g.experts; ++e) s += (static_cast<double>(g.aux_count[e]) / T) * (g.aux_score_sum[e] / T);
+  for (std::int32_t e = 0; e < g.experts; ++e)
+    s += (static_cast<double>(g.aux_count[e]) / T) * (g.aux_score_sum[e] / T);
   r.value = cfg.loss.aux_coefficient * r.scale * s;
   return r;
 }
@@ -82,16 +82,18 @@ struct aux_loss_result {
   if (score_sum.size() != E || counts.size() != E)
     throw error(status::make(status_code::invalid_shape,
                              "score_sum has " + std::to_string(score_sum.size()) + " and counts " +
-                                 std::to_string(counts.size()) + " elements, expected num_experts = " +
-                                 std::to_string(E) + " each"));
+                                 std::to_string(counts.size()) +
+                                 " elements, expected num_experts = " + std::to_string(E) +
+                                 " each"));
   if (tokens < 0)
     throw error(status::make(status_code::invalid_shape,
                              moeroute::detail::field_msg("tokens", tokens, "must be >= 0")));
   if (tokens == 0) return 0.0;
   double s = 0.0;
   const double T = static_cast<double>(tokens);
-  for (std::size_t e = 0; e < score_sum.size(); ++e) s += (static_cast<double>(counts[e]) / T) * (score_sum[e] / T);
-  return cfg.loss.aux_coefficient * aux_scale_value(cfg) * s;
+  for (std::size_t e = 0; e < score_sum.size(); ++e)
+    s += (static_cast<double>(counts[e]) / T) * (score_sum[e] / T);
+  return cfg.loss.aux_coefficient * aux_loss_scale(cfg) * s;
 }
 
 /// @brief Sequence-level aux loss: the mean over sequences of each sequence's aux loss (its f
@@ -100,7 +102,7 @@ struct aux_loss_result {
 [[nodiscard]] inline double sequence_aux_loss(const routing_config& cfg, const gating_output& g) {
   detail::check_loss_inputs(cfg, g);
   if (g.sequences == 0) return 0.0;
-  const double scale = aux_scale_value(cfg);
+  const double scale = aux_loss_scale(cfg);
   double total = 0.0;
   std::int64_t used = 0;
   for (std::int64_t s = 0; s < g.sequences; ++s) {
@@ -108,7 +110,8 @@ struct aux_loss_result {
     if (L == 0) continue;
     double acc = 0.0;
     for (std::int32_t e = 0; e < g.experts; ++e)
-      acc += (static_cast<double>(g.seq_count[s * g.experts + e]) / L) * (g.seq_score_sum[s * g.experts + e] / L);
+      acc += (static_cast<double>(g.seq_count[s * g.experts + e]) / L) *
+             (g.seq_score_sum[s * g.experts + e] / L);
     total += scale * acc;
     ++used;
   }
@@ -135,4 +138,17 @@ struct z_loss_result {
   return r;
 }
 
+/// @brief All three losses of one gating: the op the CUDA backend's `losses` computes.
+struct loss_output {
+  aux_loss_result aux;        ///< batch-level aux loss and its sums
+  double sequence_aux = 0.0;  ///< sequence-level aux loss (0 when loss.sequence_length is 0)
+  z_loss_result z;            ///< router z-loss and its sum
+};
+
+/// @brief aux_loss, sequence_aux_loss and z_loss of a gating_output in one call.
+[[nodiscard]] inline loss_output losses(const routing_config& cfg, const gating_output& g) {
+  return {aux_loss(cfg, g), sequence_aux_loss(cfg, g), z_loss(cfg, g)};
+}
+
 }  // namespace moeroute::reference
+MOEROUTE_PRECISE_FP_END

@@ -13,18 +13,18 @@ namespace moeroute::reference {
 struct routing_stats {
   std::int64_t assignments = 0;  ///< T * k
   std::int64_t kept = 0, rerouted = 0, dropped = 0, masked = 0;
-  double drop_rate = 0.0;               ///< dropped / (assignments - masked)
+  double drop_rate = 0.0;                 ///< dropped / (assignments - masked)
   std::int64_t fully_dropped_tokens = 0;  ///< valid tokens with nothing kept or rerouted
-  std::int64_t rows = 0;                ///< rows of the layout the stats were taken on
-  std::int64_t empty_rows = 0;          ///< rows no token holds (padding)
-  double padding_waste = 0.0;           ///< empty_rows / rows
-  std::int64_t max_load = 0;            ///< largest number of requests an expert received
-  double mean_load = 0.0;               ///< mean requests per routed expert
-  std::int32_t dead_experts = 0;        ///< routed experts no valid assignment chose
+  std::int64_t rows = 0;                  ///< rows of the layout the stats were taken on
+  std::int64_t empty_rows = 0;            ///< rows no token holds (padding)
+  double padding_waste = 0.0;             ///< empty_rows / rows
+  std::int64_t max_load = 0;              ///< largest number of requests an expert received
+  double mean_load = 0.0;                 ///< mean requests per routed expert
+  std::int32_t dead_experts = 0;          ///< routed experts no valid assignment chose
 };
 
 /// @brief Statistics of one routing on one layout.
-[[nodiscard]] inline routing_stats compute_stats(const dispatch_output& d, const expert_layout& L) {
+[[nodiscard]] inline routing_stats compute_stats(const dispatch_output& d, const layout_output& L) {
   routing_stats s;
   s.assignments = d.assignments();
   s.kept = d.total_kept;
@@ -44,7 +44,8 @@ struct routing_stats {
   }
   s.rows = L.num_rows;
   s.empty_rows = L.padding_rows();
-  s.padding_waste = s.rows > 0 ? static_cast<double>(s.empty_rows) / static_cast<double>(s.rows) : 0.0;
+  s.padding_waste =
+      s.rows > 0 ? static_cast<double>(s.empty_rows) / static_cast<double>(s.rows) : 0.0;
   std::int64_t total = 0;
   for (std::int32_t e = 0; e < d.experts; ++e) {
     s.max_load = std::max(s.max_load, d.requested[e]);

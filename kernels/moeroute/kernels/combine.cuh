@@ -6,27 +6,28 @@
 
 #include <cstdint>
 
-#include <moeroute/kernels/permute_element.cuh>
+#include <moeroute/kernels/element.cuh>
+#include <moeroute/types.hpp>
 
 namespace moeroute::kernels {
 
+/// One block per token (grid-stride), threads over V-element chunks of the row. With
+/// `residual`, a valid token with no row gets x[t] (copied).
 template <class T, int V>
-__global__ void combine_kernel(const T* __restrict__ d_expert_out,          // [rows, d]
-                               const std::int64_t* __restrict__ d_assignment_row,  // [T, k]
-                               const float* __restrict__ d_weight,           // [T, k]
-                               const std::uint8_t* __restrict__ d_fate,      // [T, k] (residual)
-                               const T* __restrict__ d_x,                    // [T, d] (residual)
+__global__ void combine_kernel(const T* __restrict__ d_expert_out,      // [rows, d]
+                               const const_layout_result layout,        // assignment_row [T, k]
+                               const const_dispatch_result dispatched,  // weight, fate [T, k]
+                               const T* __restrict__ d_x,               // [T, d] (residual)
                                std::int64_t tokens, std::int32_t k, std::int64_t hidden,
-                               bool residual,
-                               T* __restrict__ d_y) {                        // [T, d]
+                               bool residual, T* __restrict__ d_y) {  // [T, d]
   using vec = element_vec<T, V>;
-  constexpr std::uint8_t fate_masked = 3;
+  const std::int64_t* assignment_row = layout.d_assignment_row;
   const std::int64_t chunks = hidden / V;
   for (std::int64_t t = blockIdx.x; t < tokens; t += gridDim.x) {
     bool any = false;
-    for (std::int32_t j = 0; j < k; ++j) any = any || d_assignment_row[t * k + j] >= 0;
+    for (std::int32_t j = 0; j < k; ++j) any = any || assignment_row[t * k + j] >= 0;
     vec* y = reinterpret_cast<vec*>(d_y + t * hidden);
-    if (residual && !any && d_fate[t * k] != fate_masked) {
+    if (residual && !any && dispatched.d_fate[t * k] != fate::masked) {
       const vec* x = reinterpret_cast<const vec*>(d_x + t * hidden);
       for (std::int64_t c = threadIdx.x; c < chunks; c += blockDim.x) y[c] = x[c];
       continue;
@@ -36,12 +37,13 @@ __global__ void combine_kernel(const T* __restrict__ d_expert_out,          // [
 #pragma unroll
       for (int i = 0; i < V; ++i) acc[i] = 0.0f;
       for (std::int32_t j = 0; j < k; ++j) {
-        const std::int64_t row = d_assignment_row[t * k + j];
+        const std::int64_t row = assignment_row[t * k + j];
         if (row < 0) continue;
-        const float w = d_weight[t * k + j];
+        const float w = dispatched.d_weight[t * k + j];
         const vec o = reinterpret_cast<const vec*>(d_expert_out + row * hidden)[c];
 #pragma unroll
-        for (int i = 0; i < V; ++i) acc[i] = __fadd_rn(acc[i], __fmul_rn(w, element_to_float(o.v[i])));
+        for (int i = 0; i < V; ++i)
+          acc[i] = __fadd_rn(acc[i], __fmul_rn(w, element_to_float(o.v[i])));
       }
       vec out;
 #pragma unroll

@@ -7,7 +7,7 @@
 
 #include <cub/block/block_scan.cuh>
 
-#include <moeroute/cuda/dispatch_workspace.hpp>
+#include <moeroute/types.hpp>
 
 namespace moeroute::kernels {
 
@@ -16,26 +16,22 @@ namespace moeroute::kernels {
 /// rounded up to block_size. Writes offsets [ET + 1], rows_used [ET] and *num_rows.
 template <int Threads>
 __global__ void __launch_bounds__(Threads)
-layout_offsets_kernel(bool compact, std::int64_t block_size, std::int32_t experts,
-                      std::int32_t total_experts,
-                      const std::int64_t* __restrict__ d_load,                   // [ET]
-                      const cuda::dispatch_totals* __restrict__ d_totals,        // [1]
-                      std::int64_t* __restrict__ d_offsets,                      // [ET + 1]
-                      std::int64_t* __restrict__ d_rows_used,                    // [ET] or null
-                      std::int64_t* __restrict__ d_num_rows) {                   // [1]
+    layout_offsets_kernel(bool compact, std::int64_t block_size, std::int32_t experts,
+                          std::int32_t total_experts, const const_dispatch_result in,
+                          const layout_result out) {
   using scan = cub::BlockScan<std::int64_t, Threads>;
   __shared__ typename scan::TempStorage tmp;
   __shared__ std::int64_t s_carry;
   if (threadIdx.x == 0) s_carry = 0;
   __syncthreads();
-  const std::int64_t C = d_totals->capacity;
-  const std::int64_t fb = d_totals->fallback_capacity;
+  const std::int64_t C = in.d_totals->capacity;
+  const std::int64_t fb = in.d_totals->fallback_capacity;
   for (std::int32_t base = 0; base < total_experts; base += Threads) {
     const std::int32_t e = base + static_cast<std::int32_t>(threadIdx.x);
     std::int64_t seg = 0;
     if (e < total_experts) {
-      const std::int64_t load = d_load[e];
-      if (d_rows_used) d_rows_used[e] = load;
+      const std::int64_t load = in.d_load[e];
+      if (out.d_rows_used) out.d_rows_used[e] = load;
       if (compact) {
         seg = (load + block_size - 1) / block_size * block_size;
       } else {
@@ -45,23 +41,24 @@ layout_offsets_kernel(bool compact, std::int64_t block_size, std::int32_t expert
     std::int64_t offset = 0, total = 0;
     scan(tmp).ExclusiveSum(seg, offset, total);
     const std::int64_t carry = s_carry;
-    if (e < total_experts) d_offsets[e] = carry + offset;
+    if (e < total_experts) out.d_offsets[e] = carry + offset;
     __syncthreads();  // everyone has read s_carry and tmp
     if (threadIdx.x == 0) s_carry = carry + total;
     __syncthreads();
   }
   if (threadIdx.x == 0) {
-    d_offsets[total_experts] = s_carry;
-    *d_num_rows = s_carry;
+    out.d_offsets[total_experts] = s_carry;
+    *out.d_num_rows = s_carry;
   }
 }
 
 /// row_token[r] = -1 for every row of the caller's buffer.
 template <int Threads>
 __global__ void __launch_bounds__(Threads)
-layout_clear_rows_kernel(std::int64_t max_rows, std::int32_t* __restrict__ d_row_token) {
+    layout_clear_rows_kernel(std::int64_t max_rows, std::int32_t* __restrict__ d_row_token) {
   const std::int64_t stride = static_cast<std::int64_t>(gridDim.x) * blockDim.x;
-  for (std::int64_t r = static_cast<std::int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; r < max_rows; r += stride)
+  for (std::int64_t r = static_cast<std::int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
+       r < max_rows; r += stride)
     d_row_token[r] = -1;
 }
 
@@ -69,35 +66,31 @@ layout_clear_rows_kernel(std::int64_t max_rows, std::int32_t* __restrict__ d_row
 /// slots write the same row with the same token, so the result does not depend on order.
 template <int Threads>
 __global__ void __launch_bounds__(Threads)
-layout_rows_kernel(std::int64_t n, std::int32_t k,
-                                   const std::int32_t* __restrict__ d_expert,  // [T, k]
-                                   const std::int32_t* __restrict__ d_slot,    // [T, k]
-                                   const std::int64_t* __restrict__ d_offsets,  // [ET + 1]
-                                   std::int64_t* __restrict__ d_assignment_row,  // [T, k]
-                                   std::int32_t* __restrict__ d_row_token) {    // [max_rows]
+    layout_rows_kernel(std::int64_t n, std::int32_t k, const const_dispatch_result in,
+                       const layout_result out) {
   const std::int64_t stride = static_cast<std::int64_t>(gridDim.x) * blockDim.x;
-  for (std::int64_t a = static_cast<std::int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; a < n; a += stride) {
-    const std::int32_t e = d_expert[a];
+  for (std::int64_t a = static_cast<std::int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; a < n;
+       a += stride) {
+    const std::int32_t e = in.d_expert[a];
     std::int64_t row = -1;
     if (e >= 0) {
-      row = d_offsets[e] + d_slot[a];
-      d_row_token[row] = static_cast<std::int32_t>(a / k);
+      row = out.d_offsets[e] + in.d_slot[a];
+      out.d_row_token[row] = static_cast<std::int32_t>(a / k);
     }
-    d_assignment_row[a] = row;
+    out.d_assignment_row[a] = row;
   }
 }
 
 /// block_expert[b] = expert whose segment holds row b * block_size; -1 past num_rows.
 template <int Threads>
 __global__ void __launch_bounds__(Threads)
-layout_block_expert_kernel(std::int64_t num_blocks, std::int64_t block_size,
-                                           std::int32_t total_experts,
-                                           const std::int64_t* __restrict__ d_offsets,  // [ET + 1]
-                                           const std::int64_t* __restrict__ d_num_rows,
-                                           std::int32_t* __restrict__ d_block_expert) {  // [num_blocks]
-  const std::int64_t rows = *d_num_rows;
+    layout_block_expert_kernel(std::int64_t num_blocks, std::int64_t block_size,
+                               std::int32_t total_experts, const layout_result out) {
+  const std::int64_t rows = *out.d_num_rows;
+  const std::int64_t* d_offsets = out.d_offsets;
   const std::int64_t stride = static_cast<std::int64_t>(gridDim.x) * blockDim.x;
-  for (std::int64_t b = static_cast<std::int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; b < num_blocks; b += stride) {
+  for (std::int64_t b = static_cast<std::int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
+       b < num_blocks; b += stride) {
     const std::int64_t x = b * block_size;
     std::int32_t e = -1;
     if (x < rows) {
@@ -113,7 +106,7 @@ layout_block_expert_kernel(std::int64_t num_blocks, std::int64_t block_size,
       }
       e = lo - 1;
     }
-    d_block_expert[b] = e;
+    out.d_block_expert[b] = e;
   }
 }
 

@@ -7,16 +7,12 @@
 
 #include <cstdint>
 
+#include <moeroute/types.hpp>
+
 namespace moeroute::kernels {
 
 struct loss_kernel_args {
-  const double* aux_score_sum = nullptr;       // [E]
-  const std::int64_t* aux_count = nullptr;     // [E]
-  const std::int64_t* valid_tokens = nullptr;  // [1]
-  const double* z_sum_squares = nullptr;       // [1]
-  const double* seq_score_sum = nullptr;       // [S, E] or null
-  const std::int64_t* seq_count = nullptr;     // [S, E]
-  const std::int64_t* seq_tokens = nullptr;    // [S]
+  const_gating_sums sums{};  // the gating's sums; seq_* only when sequences > 0
   std::int64_t sequences = 0;
   std::int32_t experts = 0;
   double aux_coefficient = 0.0, aux_scale = 0.0, z_coefficient = 0.0;
@@ -33,32 +29,33 @@ __global__ void __launch_bounds__(Threads) loss_kernel(const loss_kernel_args a)
   const int tid = static_cast<int>(threadIdx.x);
   const int E = a.experts;
   if (tid == 0) {
-    const std::int64_t n = *a.valid_tokens;
+    const std::int64_t n = *a.sums.d_valid_tokens;
     const double T = static_cast<double>(n);
     if (a.aux_loss != nullptr) {
       double s = 0.0;
       if (n > 0)
         for (int e = 0; e < E; ++e)
-          s = __dadd_rn(s, __dmul_rn(__ddiv_rn(static_cast<double>(a.aux_count[e]), T),
-                                     __ddiv_rn(a.aux_score_sum[e], T)));
+          s = __dadd_rn(s, __dmul_rn(__ddiv_rn(static_cast<double>(a.sums.d_aux_count[e]), T),
+                                     __ddiv_rn(a.sums.d_aux_score_sum[e], T)));
       *a.aux_loss = n > 0 ? __dmul_rn(__dmul_rn(a.aux_coefficient, a.aux_scale), s) : 0.0;
     }
     if (a.z_loss != nullptr)
-      *a.z_loss = n > 0 ? __ddiv_rn(__dmul_rn(a.z_coefficient, *a.z_sum_squares), T) : 0.0;
+      *a.z_loss = n > 0 ? __ddiv_rn(__dmul_rn(a.z_coefficient, *a.sums.d_z_sum_squares), T) : 0.0;
   }
   if (a.sequence_aux_loss == nullptr) return;
   // each thread: its sequences in order; then a fixed tree over the threads
   double total = 0.0;
   long long used = 0;
-  if (a.seq_score_sum != nullptr) {
+  if (a.sequences > 0) {
     for (std::int64_t s = tid; s < a.sequences; s += Threads) {
-      const std::int64_t n = a.seq_tokens[s];
+      const std::int64_t n = a.sums.d_seq_tokens[s];
       if (n == 0) continue;
       const double L = static_cast<double>(n);
       double acc = 0.0;
       for (int e = 0; e < E; ++e)
-        acc = __dadd_rn(acc, __dmul_rn(__ddiv_rn(static_cast<double>(a.seq_count[s * E + e]), L),
-                                       __ddiv_rn(a.seq_score_sum[s * E + e], L)));
+        acc = __dadd_rn(acc,
+                        __dmul_rn(__ddiv_rn(static_cast<double>(a.sums.d_seq_count[s * E + e]), L),
+                                  __ddiv_rn(a.sums.d_seq_score_sum[s * E + e], L)));
       total = __dadd_rn(total, __dmul_rn(a.aux_scale, acc));
       ++used;
     }
@@ -74,10 +71,9 @@ __global__ void __launch_bounds__(Threads) loss_kernel(const loss_kernel_args a)
     __syncthreads();
   }
   if (tid == 0)
-    *a.sequence_aux_loss =
-        s_used[0] > 0 ? __ddiv_rn(__dmul_rn(a.aux_coefficient, s_total[0]),
-                                  static_cast<double>(s_used[0]))
-                      : 0.0;
+    *a.sequence_aux_loss = s_used[0] > 0 ? __ddiv_rn(__dmul_rn(a.aux_coefficient, s_total[0]),
+                                                     static_cast<double>(s_used[0]))
+                                         : 0.0;
 }
 
 }  // namespace moeroute::kernels

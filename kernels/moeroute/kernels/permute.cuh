@@ -5,23 +5,24 @@
 
 #include <cstdint>
 
-#include <moeroute/kernels/permute_element.cuh>
+#include <moeroute/kernels/element.cuh>
+#include <moeroute/types.hpp>
 
 namespace moeroute::kernels {
 
-/// V = elements per access: vec16_elems<T> (16-byte path) or 1 (scalar path).
+/// V = elements per access: vec16_elems<T> (16-byte path) or 1 (scalar path). Rows from
+/// *d_num_rows (when given) to `rows` are not touched.
 template <class T, int V>
-__global__ void permute_kernel(const T* __restrict__ d_x,                 // [T, d]
-                               std::int64_t hidden,
-                               const std::int32_t* __restrict__ d_row_token,  // [rows]
+__global__ void permute_kernel(const T* __restrict__ d_x,  // [T, d]
+                               std::int64_t hidden, const const_layout_result layout,
                                std::int64_t rows,
-                               const std::int64_t* __restrict__ d_num_rows,   // [1] or null
-                               T* __restrict__ d_out) {                      // [rows, d]
+                               T* __restrict__ d_out) {  // [rows, d]
   using vec = element_vec<T, V>;
+  const std::int64_t* d_num_rows = layout.d_num_rows;
   const std::int64_t used = d_num_rows ? (*d_num_rows < rows ? *d_num_rows : rows) : rows;
   const std::int64_t chunks = hidden / V;
   for (std::int64_t r = blockIdx.x; r < used; r += gridDim.x) {
-    const std::int32_t t = d_row_token[r];
+    const std::int32_t t = layout.d_row_token[r];
     vec* out = reinterpret_cast<vec*>(d_out + r * hidden);
     if (t < 0) {
       vec z;

@@ -1,20 +1,21 @@
 // SPDX-License-Identifier: Apache-2.0
-// Warp building blocks for the gating kernels: reductions over a group of Width lanes (8, 16
-// or 32; every lane of the warp takes part, so groups of one warp never diverge around a
-// shuffle) and the (value, index) arg-max used k times for a top-k.
+// Warp collectives of the gating kernels: reductions over a group of Width lanes (8, 16 or 32;
+// every lane of the warp takes part, so groups of one warp never diverge around a shuffle), the
+// layout of a row held in registers, and the top-k of such a row.
 //
 // Every reduction is a fixed xor butterfly, so each lane of a group ends with the same bits and
-// a rerun gives the same bits. Ties in the arg-max go to the lower index.
+// a rerun gives the same bits. Ties in the arg-max (and so in the top-k) go to the lower index.
 #pragma once
 
 #include <cstdint>
+#include <type_traits>
 
 namespace moeroute::kernels::warp {
 
 inline constexpr unsigned full_mask = 0xffffffffu;
 
-/// Sentinel index of "no candidate": loses against every real (value, index) pair, because
-/// real values are finite (>= -FLT_MAX) and the sentinel value is -inf.
+/// Sentinel index of "no candidate": loses against every real (value, index) pair, because a
+/// lane without a candidate offers (-inf, no_index) and a real index is always lower.
 inline constexpr std::int32_t no_index = 0x7fffffff;
 
 /// @brief Strict order of the top-k: larger value first, then lower index.
@@ -29,24 +30,18 @@ __device__ __forceinline__ float group_max(float v) {
   return v;
 }
 
-template <int Width>
-__device__ __forceinline__ double group_sum(double v) {
+/// Sum over the group; T = int, float (each add rounded on its own) or double.
+template <int Width, class T>
+__device__ __forceinline__ T group_sum(T v) {
 #pragma unroll
-  for (int o = Width / 2; o > 0; o >>= 1) v += __shfl_xor_sync(full_mask, v, o, Width);
-  return v;
-}
-
-template <int Width>
-__device__ __forceinline__ float group_sum(float v) {
-#pragma unroll
-  for (int o = Width / 2; o > 0; o >>= 1) v = __fadd_rn(v, __shfl_xor_sync(full_mask, v, o, Width));
-  return v;
-}
-
-template <int Width>
-__device__ __forceinline__ int group_sum(int v) {
-#pragma unroll
-  for (int o = Width / 2; o > 0; o >>= 1) v += __shfl_xor_sync(full_mask, v, o, Width);
+  for (int o = Width / 2; o > 0; o >>= 1) {
+    const T other = __shfl_xor_sync(full_mask, v, o, Width);
+    if constexpr (std::is_same_v<T, float>) {
+      v = __fadd_rn(v, other);
+    } else {
+      v += other;
+    }
+  }
   return v;
 }
 
@@ -65,7 +60,7 @@ __device__ __forceinline__ void group_argmax(float& v, std::int32_t& i) {
   }
 }
 
-/// @brief Per-lane bit set over Slots register slots (one word for up to 32 slots).
+/// @brief Per-lane bit set over Slots register slots (one word per 32 slots).
 template <int Slots>
 struct slot_mask {
   static constexpr int words = (Slots + 31) / 32;
@@ -77,5 +72,92 @@ struct slot_mask {
   __device__ __forceinline__ bool test(int s) const { return (w[s >> 5] >> (s & 31)) & 1u; }
   __device__ __forceinline__ void set(int s) { w[s >> 5] |= 1u << (s & 31); }
 };
+
+/// @brief arr[slot] for a slot known only at run time: a select chain over registers when the
+///        array lives in registers, a plain (local-memory) read when Indexed.
+template <int Slots, bool Indexed, class T>
+__device__ __forceinline__ T slot_get(const T (&arr)[Slots], int slot) {
+  if constexpr (Indexed) {
+    return arr[slot];
+  } else {
+    T v = arr[0];
+#pragma unroll
+    for (int s = 1; s < Slots; ++s)
+      if (s == slot) v = arr[s];
+    return v;
+  }
+}
+
+/// @brief arr[slot] = v for a slot known only at run time (see slot_get).
+template <int Slots, bool Indexed, class T>
+__device__ __forceinline__ void slot_set(T (&arr)[Slots], int slot, T v) {
+  if constexpr (Indexed) {
+    arr[slot] = v;
+  } else {
+#pragma unroll
+    for (int s = 0; s < Slots; ++s)
+      if (s == slot) arr[s] = v;
+  }
+}
+
+/// @brief A row of values spread over a group of Lanes threads: lane l holds, in slot s, the
+///        element index(l, s) = (s / Vec) * Lanes * Vec + l * Vec + s % Vec (Vec consecutive
+///        elements per lane, so a row is read with 16-byte loads). Slots ascend in index.
+template <int Lanes, int Vec>
+struct register_row {
+  static __device__ __forceinline__ int index(int lane, int s) {
+    return (s / Vec) * (Lanes * Vec) + lane * Vec + (s % Vec);
+  }
+  static __device__ __forceinline__ int owner_lane(int i) { return (i / Vec) % Lanes; }
+  static __device__ __forceinline__ int owner_slot(int i) {
+    return (i / (Lanes * Vec)) * Vec + (i % Vec);
+  }
+};
+
+/// @brief The top-n of a row held in registers, best first: n rounds of a group arg-max, each
+///        round's winner then taken out on the lane that holds it. Only the slots s < ns with
+///        eligible(s) take part. On every lane of the group, visit(j, value, index) sees the
+///        j-th best (j = 0 .. n-1), in order; with fewer eligible elements than n the rest are
+///        (-inf, no_index).
+/// @tparam Row     register_row<Lanes, Vec> (index of a slot)
+/// @tparam Indexed the row lives in local memory (runtime slot count ns), see slot_get
+template <class Row, int Lanes, int Slots, bool Indexed, class Eligible, class Visit>
+__device__ __forceinline__ void topk(const float (&v)[Slots], int ns, int n, Eligible&& eligible,
+                                     Visit&& visit) {
+  [[maybe_unused]] constexpr int Unroll = Indexed ? 1 : Slots;  // read by #pragma unroll
+  const int lane = static_cast<int>(threadIdx.x) % Lanes;
+  slot_mask<Slots> taken;
+  taken.clear();
+  // this lane's best remaining candidate: slots ascend in index, so a strict > keeps the lower
+  // index among equal values
+  float lane_value;
+  std::int32_t lane_index;
+  int lane_slot;
+  const auto lane_best = [&] {
+    lane_value = -INFINITY;
+    lane_index = no_index;
+    lane_slot = -1;
+#pragma unroll Unroll
+    for (int s = 0; s < Slots; ++s) {
+      if (s >= ns) break;
+      if (!taken.test(s) && eligible(s) && (lane_index == no_index || v[s] > lane_value)) {
+        lane_value = v[s];
+        lane_index = Row::index(lane, s);
+        lane_slot = s;
+      }
+    }
+  };
+  lane_best();
+  for (int j = 0; j < n; ++j) {
+    float best_value = lane_value;
+    std::int32_t best_index = lane_index;
+    group_argmax<Lanes>(best_value, best_index);
+    if (best_index != no_index && best_index == lane_index) {  // this lane held the winner
+      taken.set(lane_slot);
+      lane_best();
+    }
+    visit(j, best_value, best_index);
+  }
+}
 
 }  // namespace moeroute::kernels::warp

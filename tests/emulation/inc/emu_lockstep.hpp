@@ -5,7 +5,7 @@
 //   __syncthreads          waits until every live thread of the block has arrived;
 //   __shfl_sync / _xor     a warp-wide exchange: write, barrier over the warp, read, barrier.
 // A fiber runs until it reaches a barrier, then yields to the scheduler, which resumes the
-// fibers round-robin (in reverse thread order when emu_reverse is set). A pass in which no
+// fibers round-robin (in reverse thread order when reverse is set). A pass in which no
 // fiber advances while some still wait is a deadlock (a barrier some threads never reach, or a
 // full-mask shuffle after lanes exited) and aborts with a message.
 //
@@ -15,7 +15,6 @@
 
 #include <ucontext.h>
 
-#include <cmath>
 #include <cstdint>
 #include <cstdio>
 #include <cstdlib>
@@ -23,30 +22,7 @@
 #include <functional>
 #include <vector>
 
-#include <emu_shim.hpp>
-
-#undef __shared__
-#define __shared__ static
-#ifndef __noinline__
-#define __noinline__ __attribute__((noinline))
-#endif
-
-// The device intrinsics the gating, loss and backward kernels use, as host functions that round
-// the same way (IEEE round-to-nearest, no contraction: the build uses -ffp-contract=off).
-using std::isfinite;
-using std::isinf;
-using std::isnan;
-inline float __uint_as_float(unsigned u) { float f; std::memcpy(&f, &u, 4); return f; }
-inline float __fsub_rn(float a, float b) { return a - b; }
-inline float __fsqrt_rn(float a) { return std::sqrt(a); }
-inline float __frcp_rn(float a) { return 1.0f / a; }
-inline double __dadd_rn(double a, double b) { return a + b; }
-inline double __dsub_rn(double a, double b) { return a - b; }
-inline double __dmul_rn(double a, double b) { return a * b; }
-inline double __ddiv_rn(double a, double b) { return a / b; }
-template <class T> T __ldg(const T* p) { return *p; }
-inline int atomicAdd(int* p, int v) { const int o = *p; *p += v; return o; }
-inline long long atomicAdd(long long* p, long long v) { const long long o = *p; *p += v; return o; }
+// Uses the built-in variables emu_cuda.hpp defines (threadIdx, blockIdx, blockDim, gridDim).
 
 namespace emu::ls {
 
@@ -69,13 +45,16 @@ struct scheduler {
   std::vector<std::uint64_t> mailbox;  // two words per thread: shuffle source values
   std::vector<unsigned char> dynamic_smem;
   // per warp: lanes arrived at warp barrier n (slot n % 2), and the last barrier all passed
-  struct warp_state { unsigned arrived[2] = {0, 0}; std::int64_t complete = 0; };
+  struct warp_state {
+    unsigned arrived[2] = {0, 0};
+    std::int64_t complete = 0;
+  };
   std::vector<warp_state> warps;
 };
 inline scheduler sched;
-// run_lockstep.sh runs each driver a second time with EMU_REVERSE=1: threads and blocks are
-// then scheduled in reverse order, which exposes results that depend on execution order.
-inline const bool reverse_from_environment = (emu_reverse = std::getenv("EMU_REVERSE") != nullptr);
+// With EMU_REVERSE set (ctest's cuda_tests_emulated_reverse), threads and blocks are scheduled
+// in reverse order, which exposes results that depend on execution order.
+inline const bool reverse = std::getenv("EMU_REVERSE") != nullptr;
 
 inline fiber& self() { return sched.fibers[sched.current]; }
 
@@ -206,20 +185,30 @@ T exchange(T v, unsigned src_thread) {
   return r;
 }
 
-/// Set by the emulated cudaStreamBeginCapture (emu_runtime.hpp): launches are recorded here
-/// instead of run, and replayed by cudaGraphLaunch.
+/// Set by the emulated cudaStreamBeginCapture (emu_runtime.hpp): work is recorded here instead
+/// of run, and replayed by cudaGraphLaunch.
 inline std::vector<std::function<void()>>* capture = nullptr;
+
+/// Runs `work` now, or records it while a stream capture is open.
+inline void enqueue(std::function<void()> work) {
+  if (capture != nullptr) {
+    capture->push_back(std::move(work));
+  } else {
+    work();
+  }
+}
 
 /// Runs `grid` blocks of `block` fibers each; `smem` bytes of dynamic shared memory per block,
 /// filled with 0xCD so that reading it before writing shows up as garbage.
-inline void run_blocks(unsigned grid, unsigned block, std::size_t smem, const std::function<void()>& body) {
+inline void run_blocks(unsigned grid, unsigned block, std::size_t smem,
+                       const std::function<void()>& body) {
   blockDim.x = block;
   gridDim.x = grid;
   sched.body = &body;
   constexpr std::size_t stack_bytes = 256 * 1024;
   static std::vector<std::vector<char>> stacks;
   for (unsigned bi = 0; bi < grid; ++bi) {
-    blockIdx.x = emu_reverse ? grid - 1 - bi : bi;
+    blockIdx.x = reverse ? grid - 1 - bi : bi;
     sched.fibers.assign(block, fiber{});
     sched.mailbox.assign(2 * std::size_t{block}, 0);
     sched.dynamic_smem.assign(smem + 16, 0xCD);
@@ -235,7 +224,7 @@ inline void run_blocks(unsigned grid, unsigned block, std::size_t smem, const st
     while (live > 0) {
       const std::uint64_t before = sched.events;
       for (unsigned i = 0; i < block; ++i) {
-        const unsigned t = emu_reverse ? block - 1 - i : i;
+        const unsigned t = reverse ? block - 1 - i : i;
         fiber& f = sched.fibers[t];
         if (f.done) continue;
         sched.current = t;
@@ -255,23 +244,8 @@ inline void run_blocks(unsigned grid, unsigned block, std::size_t smem, const st
   sched.fibers.clear();
 }
 
-/// A kernel launch: run now, or recorded while a stream capture is open. `body` holds the kernel
-/// arguments by value (transform.py writes [=]), as a CUDA launch copies its parameters.
-inline void launch(unsigned grid, unsigned block, std::size_t smem, std::function<void()> body) {
-  if (capture != nullptr) {
-    capture->push_back([=] { run_blocks(grid, block, smem, body); });
-    return;
-  }
-  run_blocks(grid, block, smem, body);
-}
-
-inline void* dynamic_shared() { return sched.dynamic_smem.data(); }
-
-}  // namespace emu::ls
-
-#undef __syncthreads
-inline void emu_syncthreads() {
-  using namespace emu::ls;
+/// __syncthreads: waits until every live thread of the block has arrived.
+inline void block_barrier() {
   fiber& me = self();
   const std::int64_t n = ++me.block_arrivals;
   ++sched.events;
@@ -285,24 +259,5 @@ inline void emu_syncthreads() {
     me.waiting_at = nullptr;
   }
 }
-#define __syncthreads() emu_syncthreads()
 
-template <class T>
-T __shfl_sync(unsigned, T v, int src_lane, int width = 32) {
-  const unsigned t = emu::ls::sched.current;
-  const unsigned lane = t % 32;
-  const unsigned src = lane / width * width + static_cast<unsigned>(src_lane) % width;
-  return emu::ls::exchange(v, t / 32 * 32 + src);
-}
-
-template <class T>
-T __shfl_xor_sync(unsigned, T v, int lane_mask, int width = 32) {
-  const unsigned t = emu::ls::sched.current;
-  const unsigned lane = t % 32;
-  unsigned src = lane ^ static_cast<unsigned>(lane_mask);
-  // CUDA: a source in a later group of `width` lanes returns the caller's own value
-  if (src / width > lane / width) src = lane;
-  return emu::ls::exchange(v, t / 32 * 32 + src);
-}
-
-inline void __syncwarp(unsigned = 0xffffffffu) { emu::ls::warp_barrier("__syncwarp"); }
+}  // namespace emu::ls

@@ -11,9 +11,11 @@
 #include <string>
 #include <vector>
 
+#include <moeroute/config.hpp>
 #include <moeroute/reference/dispatch.hpp>
 #include <moeroute/status.hpp>
 
+MOEROUTE_PRECISE_FP_BEGIN
 namespace moeroute::reference {
 
 /// @brief Per-expert load counts summed over the micro-batches of one optimiser step.
@@ -32,9 +34,10 @@ class expert_load_accumulator {
   /// @return true if added, false if micro_batch_id was already added (nothing changes).
   bool add(std::span<const std::int64_t> counts, std::int64_t micro_batch_id) {
     if (counts.size() != counts_.size())
-      throw error(status::make(status_code::invalid_shape,
-                               "counts has " + std::to_string(counts.size()) +
-                                   " elements, expected experts = " + std::to_string(counts_.size())));
+      throw error(
+          status::make(status_code::invalid_shape,
+                       "counts has " + std::to_string(counts.size()) +
+                           " elements, expected experts = " + std::to_string(counts_.size())));
     if (std::find(seen_.begin(), seen_.end(), micro_batch_id) != seen_.end()) return false;
     seen_.push_back(micro_batch_id);
     for (std::size_t e = 0; e < counts_.size(); ++e) counts_[e] += counts[e];
@@ -62,24 +65,21 @@ class expert_load_accumulator {
   std::vector<std::int64_t> seen_;
 };
 
-struct expert_bias_update_config {
-  float rate = 1e-3f;     ///< gamma, the bias update speed (DeepSeek-V3: 0.001)
-  bool recenter = false;  ///< subtract the mean bias afterwards (keeps sum(bias) = 0)
-};
-
 /// @brief bias[e] += rate * sign(mean(load) - load[e]) (sign(0) = 0), then, with recenter,
-///        bias -= mean(bias). Means are computed in double; all-zero loads change nothing.
+///        bias -= mean(bias); rate and recenter are cfg.gating.bias_update. Means are computed in
+///        double; all-zero loads change nothing.
+/// @param cfg  the routing config (validated; bias and load have cfg.num_experts entries)
 /// @param bias [E] updated in place; load [E] counts (e.g. expert_load_accumulator::counts()).
-inline void update_expert_bias(std::span<float> bias, std::span<const std::int64_t> load,
-                               const expert_bias_update_config& c = {}) {
-  if (bias.size() != load.size())
-    throw error(status::make(status_code::invalid_shape,
-                             "bias has " + std::to_string(bias.size()) + " elements, load has " +
-                                 std::to_string(load.size())));
-  if (!std::isfinite(c.rate) || c.rate < 0.0f)
-    throw error(status::make(status_code::invalid_argument,
-                             "rate = " + std::to_string(c.rate) + ": must be finite and >= 0"));
-  if (bias.empty()) return;
+inline void expert_bias_update(const routing_config& cfg, std::span<float> bias,
+                               std::span<const std::int64_t> load) {
+  throw_if_error(validate(cfg));
+  const auto E = static_cast<std::size_t>(cfg.num_experts);
+  if (bias.size() != E || load.size() != E)
+    throw error(status::make(
+        status_code::invalid_shape,
+        "bias has " + std::to_string(bias.size()) + " and load " + std::to_string(load.size()) +
+            " elements, expected num_experts = " + std::to_string(E) + " each"));
+  const bias_update_config& c = cfg.gating.bias_update;
   double total = 0.0;
   for (auto v : load) total += static_cast<double>(v);
   const double mean = total / static_cast<double>(load.size());
@@ -97,3 +97,4 @@ inline void update_expert_bias(std::span<float> bias, std::span<const std::int64
 }
 
 }  // namespace moeroute::reference
+MOEROUTE_PRECISE_FP_END

@@ -1,0 +1,42 @@
+# The tree is formatted by .clang-format: runs clang-format --dry-run on every C++ / CUDA source
+# git tracks (or, outside a git checkout, every one under include/, kernels/, tests/, bench/,
+# examples/) and fails, listing the files and the first diagnostics, on any drift.
+#   cmake -DCLANG_FORMAT=clang-format -DSOURCE_DIR=. -P cmake/format_check.cmake
+set(patterns *.hpp *.cpp *.cuh *.cu)
+find_program(GIT git)
+set(files)
+if(GIT AND EXISTS ${SOURCE_DIR}/.git)
+  execute_process(COMMAND ${GIT} ls-files -- ${patterns} WORKING_DIRECTORY ${SOURCE_DIR}
+                  OUTPUT_VARIABLE listed RESULT_VARIABLE rc OUTPUT_STRIP_TRAILING_WHITESPACE)
+  if(rc EQUAL 0)
+    string(REPLACE "\n" ";" files "${listed}")
+  endif()
+endif()
+if(NOT files)
+  foreach(dir include kernels tests bench examples)
+    foreach(p IN LISTS patterns)
+      file(GLOB_RECURSE found RELATIVE ${SOURCE_DIR} ${SOURCE_DIR}/${dir}/${p})
+      list(APPEND files ${found})
+    endforeach()
+  endforeach()
+endif()
+list(LENGTH files n)
+if(n EQUAL 0)
+  message(FATAL_ERROR "format check: no source files found under ${SOURCE_DIR}")
+endif()
+execute_process(COMMAND ${CLANG_FORMAT} --dry-run --Werror --style=file ${files}
+                WORKING_DIRECTORY ${SOURCE_DIR} RESULT_VARIABLE rc ERROR_VARIABLE err OUTPUT_QUIET)
+if(NOT rc EQUAL 0)
+  string(REGEX MATCHALL "[^\n]*: error:[^\n]*" lines "${err}")
+  list(LENGTH lines nlines)
+  set(shown)
+  foreach(l IN LISTS lines)
+    string(REGEX REPLACE ":[0-9]+:[0-9]+: error:.*" "" f "${l}")
+    list(APPEND shown ${f})
+  endforeach()
+  list(REMOVE_DUPLICATES shown)
+  string(REPLACE ";" "\n  " shown "${shown}")
+  message(FATAL_ERROR "format check: clang-format would change these files (run "
+                      "`clang-format -i` on them):\n  ${shown}")
+endif()
+message(STATUS "format check: ${n} files formatted")

@@ -1,0 +1,47 @@
+// SPDX-License-Identifier: Apache-2.0
+// Launcher: the expert-bias update of aux-loss-free balancing on the GPU (the CUDA twin of
+// reference::expert_bias_update).
+#pragma once
+
+#include <cstdint>
+#include <string>
+
+#include <cuda_runtime.h>
+
+#include <moeroute/config.hpp>
+#include <moeroute/cuda/launch.cuh>
+#include <moeroute/kernels/expert_bias_update.cuh>
+#include <moeroute/status.hpp>
+
+namespace moeroute::cuda {
+
+/// @brief The bias and the loads of cuda::expert_bias_update (E = cfg.num_experts).
+struct expert_bias_update_params {
+  float* d_bias = nullptr;               ///< [E] f32, updated in place
+  const std::int64_t* d_load = nullptr;  ///< [E] int64 loads summed over the step's micro-batches
+};
+
+/// @brief Checks config and pointers; names the first bad field.
+[[nodiscard]] inline status validate(const routing_config& cfg,
+                                     const expert_bias_update_params& p) {
+  if (auto s = validate(cfg); !s) return s;
+  if (!p.d_bias) return status::make(status_code::invalid_argument, "d_bias is null");
+  if (!p.d_load) return status::make(status_code::invalid_argument, "d_load is null");
+  return status::success();
+}
+
+/// @brief bias += rate * sign(mean load - load), then optionally bias -= mean(bias), with rate
+///        and recenter from cfg.gating.bias_update; the same arithmetic as
+///        reference::expert_bias_update (bitwise). Loads accumulate on the device by adding each
+///        micro-batch's dispatch counts (requested) once per micro-batch.
+/// @note Asynchronous, one thread (E <= 8192), no allocation, no synchronisation.
+[[nodiscard]] inline status expert_bias_update(const routing_config& cfg,
+                                               const expert_bias_update_params& p,
+                                               cudaStream_t stream = nullptr) {
+  if (auto s = validate(cfg, p); !s) return s;
+  return launch("expert_bias_update_kernel", kernels::expert_bias_update_kernel<>, {1, 1, 0},
+                stream, p.d_bias, p.d_load, cfg.num_experts, cfg.gating.bias_update.rate,
+                cfg.gating.bias_update.recenter);
+}
+
+}  // namespace moeroute::cuda

@@ -1,0 +1,71 @@
+// SPDX-License-Identifier: Apache-2.0
+// How the CUDA dispatch stage uses its caller-owned workspace: the scratch arrays its kernels
+// share, carved by one sequence of calls that also sizes the workspace, so size and layout
+// cannot disagree. Plain C++ with no CUDA header: the size query of cuda/dispatch_workspace.hpp
+// and the kernels of kernels/dispatch.cuh both include it.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+
+#include <moeroute/workspace.hpp>
+
+namespace moeroute {
+
+/// Smallest b with 2^b > v (bits needed to hold the value v); at least 1.
+[[nodiscard]] constexpr int bits_for_value(std::uint64_t v) noexcept {
+  int b = 1;
+  while (b < 64 && (v >> b) != 0) ++b;
+  return b;
+}
+
+/// Conservative bound on the temporary storage CUB's DeviceRadixSort (DoubleBuffer form,
+/// 64-bit keys, 32-bit values) and DeviceScan need for n items. CUB itself can only be asked on
+/// the device side; the launcher asks it at launch time and returns workspace_too_small if it
+/// ever wanted more than this (the CUDA tests check that it never does).
+[[nodiscard]] constexpr std::size_t cub_temp_bound(std::size_t n) noexcept {
+  return (std::size_t{1} << 20) + 8 * n;
+}
+
+/// @brief The dispatch kernels' scratch arrays (n = T * k assignments).
+struct dispatch_scratch {
+  std::uint32_t* d_key32 = nullptr;     ///< [n] priority key of each assignment
+  std::uint64_t* d_keys_a = nullptr;    ///< [n] radix-sort key double buffer
+  std::uint64_t* d_keys_b = nullptr;    ///< [n]
+  std::int32_t* d_vals_a = nullptr;     ///< [n] radix-sort value double buffer
+  std::int32_t* d_vals_b = nullptr;     ///< [n]
+  std::int32_t* d_pending = nullptr;    ///< [n] assignments in global reroute order (dropped first)
+  std::int32_t* d_pos = nullptr;        ///< [n] position of a dropped assignment in pending, or -1
+  std::int32_t* d_flags = nullptr;      ///< [n] fallback competitor flags, scanned in place
+  std::uint8_t* d_holder = nullptr;     ///< [n] 1 = the assignment holds its slot (not a share)
+  std::int32_t* d_per_token = nullptr;  ///< [T] first pending assignment / next candidate
+  std::int32_t* d_seg = nullptr;        ///< [total_experts + 2] segment starts in a sorted array
+  std::int64_t* d_num_pending = nullptr;  ///< [1] dropped assignments after the first grant
+  void* d_cub = nullptr;                  ///< CUB temporary storage
+  std::size_t cub_bytes = 0;
+};
+
+/// @brief Carves (base = the caller's buffer) or sizes (a sizing carver) the dispatch scratch.
+[[nodiscard]] inline dispatch_scratch carve_dispatch_scratch(workspace_carver& w,
+                                                             std::int64_t tokens, std::int32_t k,
+                                                             std::int32_t total_experts) noexcept {
+  const auto n = static_cast<std::size_t>(tokens * k);
+  dispatch_scratch p;
+  p.d_key32 = w.take<std::uint32_t>(n);
+  p.d_keys_a = w.take<std::uint64_t>(n);
+  p.d_keys_b = w.take<std::uint64_t>(n);
+  p.d_vals_a = w.take<std::int32_t>(n);
+  p.d_vals_b = w.take<std::int32_t>(n);
+  p.d_pending = w.take<std::int32_t>(n);
+  p.d_pos = w.take<std::int32_t>(n);
+  p.d_flags = w.take<std::int32_t>(n);
+  p.d_holder = w.take<std::uint8_t>(n);
+  p.d_per_token = w.take<std::int32_t>(static_cast<std::size_t>(tokens));
+  p.d_seg = w.take<std::int32_t>(static_cast<std::size_t>(total_experts) + 2);
+  p.d_num_pending = w.take<std::int64_t>(1);
+  p.cub_bytes = cub_temp_bound(n);
+  p.d_cub = w.take<std::byte>(p.cub_bytes);
+  return p;
+}
+
+}  // namespace moeroute

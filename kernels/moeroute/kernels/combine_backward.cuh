@@ -1,0 +1,99 @@
+// SPDX-License-Identifier: Apache-2.0
+// Backward of combine (d expert outputs, d combine weights, the residual pass-through) and of
+// permute (d x from d expert-buffer rows). Deterministic: no atomics; every sum runs in a fixed
+// order (a token's assignments in rank order, or a fixed butterfly over a warp).
+#pragma once
+
+#include <cstdint>
+
+#include <moeroute/kernels/element.cuh>
+#include <moeroute/types.hpp>
+
+namespace moeroute::kernels {
+
+/// d expert_out[r, c] = sum over the assignments j of row r's token that hold r, in rank order,
+/// of w[t, j] * dy[t, c] (fp32, each multiply and add rounded on its own). Block-stride rows.
+template <class T>
+__global__ void combine_backward_rows_kernel(
+    const T* __restrict__ dy,                         // [T, d]
+    const std::int32_t* __restrict__ row_token,       // [rows]
+    const std::int64_t* __restrict__ assignment_row,  // [T, k]
+    const float* __restrict__ weight,                 // [T, k]
+    std::int64_t rows, std::int32_t k, std::int64_t hidden,
+    T* __restrict__ d_expert_out) {  // [rows, d]
+  for (std::int64_t r = blockIdx.x; r < rows; r += gridDim.x) {
+    const std::int32_t t = row_token[r];
+    for (std::int64_t c = threadIdx.x; c < hidden; c += blockDim.x) {
+      float acc = 0.0f;
+      if (t >= 0) {
+        const float g = element_to_float(dy[static_cast<std::int64_t>(t) * hidden + c]);
+        for (std::int32_t j = 0; j < k; ++j)
+          if (assignment_row[static_cast<std::int64_t>(t) * k + j] == r)
+            acc = __fadd_rn(acc, __fmul_rn(weight[static_cast<std::int64_t>(t) * k + j], g));
+      }
+      d_expert_out[r * hidden + c] = element_from_float<T>(acc);
+    }
+  }
+}
+
+/// One block per token: warp w computes d weight of assignments j = w, w + warps, ... (lane
+/// partial sums over columns lane, lane + 32, ..., then a fixed butterfly); the whole block
+/// writes the residual pass-through d x (dy for a valid token with nothing kept, else 0).
+template <class T>
+__global__ void combine_backward_tokens_kernel(
+    const T* __restrict__ dy,                         // [T, d]
+    const T* __restrict__ expert_out,                 // [rows, d]
+    const std::int64_t* __restrict__ assignment_row,  // [T, k]
+    const fate* __restrict__ fates,                   // [T, k]
+    std::int64_t tokens, std::int32_t k, std::int64_t hidden, bool residual,
+    float* __restrict__ d_weight,  // [T, k]
+    T* __restrict__ d_x) {         // [T, d] or null
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, warps = blockDim.x >> 5;
+  for (std::int64_t t = blockIdx.x; t < tokens; t += gridDim.x) {
+    bool any = false;
+    for (std::int32_t j = 0; j < k; ++j) any = any || assignment_row[t * k + j] >= 0;
+    for (std::int32_t j = warp; j < k; j += warps) {
+      const std::int64_t row = assignment_row[t * k + j];
+      const bool live = row >= 0 && holds_row(fates[t * k + j]);
+      float acc = 0.0f;
+      if (live)
+        for (std::int64_t c = lane; c < hidden; c += 32)
+          acc = __fadd_rn(acc, __fmul_rn(element_to_float(dy[t * hidden + c]),
+                                         element_to_float(expert_out[row * hidden + c])));
+#pragma unroll
+      for (int off = 16; off > 0; off >>= 1)
+        acc = __fadd_rn(acc, __shfl_xor_sync(0xffffffffu, acc, off));
+      if (lane == 0) d_weight[t * k + j] = acc;
+    }
+    if (d_x != nullptr) {
+      const bool pass = residual && !any && k > 0 && fates[t * k] != fate::masked;
+      for (std::int64_t c = threadIdx.x; c < hidden; c += blockDim.x)
+        d_x[t * hidden + c] = pass ? dy[t * hidden + c] : element_zero<T>();
+    }
+  }
+}
+
+/// d x[t, c] = (accumulate ? d x[t, c] : 0) + sum of d buf[row, c] over the distinct rows of
+/// token t in rank order (fp32, each add rounded on its own): equal to reference::permute_backward.
+template <class T>
+__global__ void permute_backward_kernel(const T* __restrict__ d_buf,  // [rows, d]
+                                        const std::int64_t* __restrict__ assignment_row,  // [T, k]
+                                        std::int64_t tokens, std::int32_t k, std::int64_t hidden,
+                                        bool accumulate, T* __restrict__ d_x) {  // [T, d]
+  for (std::int64_t t = blockIdx.x; t < tokens; t += gridDim.x) {
+    const std::int64_t* rows = assignment_row + t * k;
+    for (std::int64_t c = threadIdx.x; c < hidden; c += blockDim.x) {
+      float acc = accumulate ? element_to_float(d_x[t * hidden + c]) : 0.0f;
+      for (std::int32_t j = 0; j < k; ++j) {
+        const std::int64_t row = rows[j];
+        if (row < 0) continue;
+        bool seen = false;
+        for (std::int32_t i = 0; i < j; ++i) seen = seen || rows[i] == row;
+        if (!seen) acc = __fadd_rn(acc, element_to_float(d_buf[row * hidden + c]));
+      }
+      d_x[t * hidden + c] = element_from_float<T>(acc);
+    }
+  }
+}
+
+}  // namespace moeroute::kernels

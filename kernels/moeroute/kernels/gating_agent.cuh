@@ -1,0 +1,309 @@
+// SPDX-License-Identifier: Apache-2.0
+// The per-token step of the gating kernel: one group of Lanes threads routes one token with its
+// row of logits in registers (warp::register_row), in the order of reference::gating:
+//   1. load, sanitise, logsumexp of the clean logits      4. group limit
+//   2. noise                                              5. top-(k + R), best first
+//   3. gate scores and selection values (+ bias)          6. gates, written out
+//   7. the aux-loss inputs: P of the token, and which experts it counts for
+// The kernel (gating.cuh) owns the chunk loop and the block's accumulators; this file owns the
+// arithmetic, which rounds exactly as the reference does (gating_math.cuh).
+#pragma once
+
+#include <cfloat>
+#include <cstdint>
+
+#include <moeroute/gating_plan.hpp>
+#include <moeroute/kernels/element.cuh>
+#include <moeroute/kernels/gating_math.cuh>
+#include <moeroute/kernels/gating_semantics.cuh>
+#include <moeroute/kernels/warp_topk.cuh>
+#include <moeroute/rng.hpp>
+#include <moeroute/types.hpp>
+
+namespace moeroute::kernels {
+
+/// Everything the gating kernel reads and writes.
+template <class Element>
+struct gating_kernel_args {
+  const Element* logits = nullptr;      ///< [T, E]
+  const float* bias = nullptr;          ///< [E] or null
+  const std::uint8_t* valid = nullptr;  ///< [T] or null (all valid)
+  std::int64_t tokens = 0;
+  gating_result out{};     ///< ids, gates, reroute_ids, logsumexp (the sums: the reduce kernel)
+  gating_partials part{};  ///< [chunks, ...] this kernel's per-chunk sums
+  gating_semantics sem{};
+  gating_plan plan{};
+  std::int32_t slots = 0;     ///< slots a lane uses (the generic kernel; <= its Slots)
+  bool vector_loads = false;  ///< rows are 16-byte aligned: read them 16 bytes at a time
+};
+
+/// @brief Elements per lane read at once: 16 bytes when Slots elements fill them.
+template <class Element, int Slots>
+inline constexpr int gating_vec = (Slots * sizeof(Element) >= 16)
+                                      ? static_cast<int>(16 / sizeof(Element))
+                                      : 1;
+
+/// @brief One token group's registers and the steps that fill them.
+/// @tparam Generic the row lives in local memory, slot count known at run time (E > 512)
+template <class Element, int Lanes, int Slots, bool Generic>
+struct gating_agent {
+  static constexpr int Vec = gating_vec<Element, Slots>;
+  static constexpr int Unroll = Generic ? 1 : Slots;
+  using row_layout = warp::register_row<Lanes, Vec>;
+  using group_layout = warp::register_row<Lanes, 1>;  // group g at lane g % Lanes, slot g / Lanes
+
+  const gating_kernel_args<Element>& a;
+  const gating_semantics& sem;
+  const int lane;
+  const int ns;  // slots in use
+  const int E;
+
+  float x[Slots];     // clean, sanitised logits
+  float sel[Slots];   // selection values; after the top-k: the aux P
+  float gsrc[Slots];  // gate scores (or the gate logits for softmax after top-k)
+  float rv[Slots];    // rank j at lane j % Lanes, slot j / Lanes: gate; first: group scores
+  int ri[Slots];      // rank j: expert id; first: chosen-group flags
+  warp::slot_mask<Slots> allowed;
+
+  __device__ __forceinline__ gating_agent(const gating_kernel_args<Element>& args, int lane_)
+      : a(args),
+        sem(args.sem),
+        lane(lane_),
+        ns(Generic ? args.slots : Slots),
+        E(args.sem.experts) {}
+
+  __device__ __forceinline__ int expert(int s) const { return row_layout::index(lane, s); }
+
+  /// f(s) for every slot in use, unrolled when the row lives in registers.
+  template <class F>
+  __device__ __forceinline__ void for_slots(F&& f) const {
+#pragma unroll Unroll
+    for (int s = 0; s < Slots; ++s) {
+      if (s >= ns) break;
+      f(s);
+    }
+  }
+
+  // --- 1. load, sanitise, logsumexp -----------------------------------------------------------
+
+  /// Reads row t into x (out-of-range slots -FLT_MAX); returns the NaN/Inf count of the group.
+  __device__ __forceinline__ int load_row(std::int64_t t) {
+    const Element* row = a.logits + t * E;
+    int nonfinite = 0;
+#pragma unroll Unroll
+    for (int s0 = 0; s0 < Slots; s0 += Vec) {
+      if (s0 >= ns) break;
+      const int e0 = expert(s0);
+      float raw[Vec];
+      if (Vec > 1 && a.vector_loads && e0 + Vec <= E) {
+        load_elements<Element, Vec>(row + e0, raw);
+      } else {
+#pragma unroll
+        for (int i = 0; i < Vec; ++i) raw[i] = e0 + i < E ? load_element(row + e0 + i) : -FLT_MAX;
+      }
+#pragma unroll
+      for (int i = 0; i < Vec; ++i) {
+        if (e0 + i < E && !isfinite(raw[i])) ++nonfinite;
+        x[s0 + i] = gating_math::sanitize(raw[i]);
+      }
+    }
+    return warp::group_sum<Lanes>(nonfinite);
+  }
+
+  /// logsumexp of x, the max in float, the sum of exp in double (as the reference).
+  __device__ __forceinline__ float logsumexp() const {
+    float m = -FLT_MAX;
+    for_slots([&](int s) { m = fmaxf(m, x[s]); });  // out-of-range slots hold -FLT_MAX
+    m = warp::group_max<Lanes>(m);
+    double se = 0.0;
+    for_slots([&](int s) {
+      if (expert(s) < E) se += exp(static_cast<double>(x[s]) - static_cast<double>(m));
+    });
+    se = warp::group_sum<Lanes>(se);
+    return static_cast<float>(static_cast<double>(m) + log(se));
+  }
+
+  /// softmax over the in-range slots of v, in place (max-subtracted, sum in double).
+  __device__ __forceinline__ void softmax(float (&v)[Slots]) const {
+    float m = -FLT_MAX;
+    for_slots([&](int s) {
+      if (expert(s) < E) m = fmaxf(m, v[s]);
+    });
+    m = warp::group_max<Lanes>(m);
+    double sum = 0.0;
+    for_slots([&](int s) {
+      if (expert(s) < E) {
+        v[s] = gating_math::exp_f(__fsub_rn(v[s], m));
+        sum += static_cast<double>(v[s]);
+      } else {
+        v[s] = 0.0f;
+      }
+    });
+    sum = warp::group_sum<Lanes>(sum);
+    for_slots([&](int s) { v[s] = static_cast<float>(static_cast<double>(v[s]) / sum); });
+  }
+
+  /// The score function over the row, in place.
+  __device__ __forceinline__ void scores(float (&v)[Slots]) const {
+    if (sem.score == score_function::softmax) {
+      softmax(v);
+    } else {
+      for_slots([&](int s) { v[s] = gating_math::score_one(sem.score, v[s]); });
+    }
+  }
+
+  // --- 2 and 3. noise, gate scores, selection values ------------------------------------------
+
+  __device__ __forceinline__ void noise_and_scores(std::int64_t t) {
+    for_slots([&](int s) {
+      sel[s] = x[s];
+      const int e = expert(s);
+      if (sem.noise && e < E) {
+        const auto r = rng::draw(sem.noise_seed, sem.noise_offset, rng::stream_gating_noise,
+                                 static_cast<std::uint64_t>(t) * static_cast<std::uint64_t>(E) +
+                                     static_cast<std::uint64_t>(e));
+        const float z = sem.gaussian ? rng::normal(r.v[0], r.v[1]) : rng::gumbel(r.v[0]);
+        sel[s] = gating_math::sanitize(__fadd_rn(x[s], __fmul_rn(sem.noise_scale, z)));
+      }
+      gsrc[s] = sem.noisy_gates ? sel[s] : x[s];
+    });
+    if (!sem.softmax_after) scores(gsrc);
+    if (sem.select_scores) {
+      if (sem.noise && !sem.noisy_gates) {
+        scores(sel);
+      } else {
+        for_slots([&](int s) { sel[s] = gsrc[s]; });
+      }
+    }
+    allowed.clear();
+    for_slots([&](int s) {
+      const int e = expert(s);
+      if (e < E) {
+        if (a.bias != nullptr) sel[s] = gating_math::sanitize(__fadd_rn(sel[s], __ldg(a.bias + e)));
+        if (sem.groups <= 1) allowed.set(s);
+      }
+    });
+  }
+
+  // --- 4. group limit ---------------------------------------------------------------------------
+
+  /// Group score = sum (double, descending) of its top group_take selection values; the
+  /// group_topk best groups' experts become allowed.
+  __device__ __forceinline__ void group_limit() {
+    for (int g = 0; g < sem.groups; ++g) {
+      double gsum = 0.0;
+      warp::topk<row_layout, Lanes, Slots, Generic>(
+          sel, ns, sem.group_take,
+          [&](int s) {
+            const int e = expert(s);
+            return e < E && e / sem.per_group == g;
+          },
+          [&](int, float value, int) { gsum += static_cast<double>(value); });
+      if (g % Lanes == lane)
+        warp::slot_set<Slots, Generic>(rv, g / Lanes, static_cast<float>(gsum));
+    }
+    // group scores may be +-inf (a double sum beyond the float range): the top-k tests the
+    // index, not the value, to tell a candidate from none
+    warp::topk<group_layout, Lanes, Slots, Generic>(
+        rv, ns, sem.group_topk, [&](int s) { return s * Lanes + lane < sem.groups; },
+        [&](int, float, int group) {
+          for_slots([&](int s) {
+            const int e = expert(s);
+            if (e < E && e / sem.per_group == group) allowed.set(s);
+          });
+        });
+  }
+
+  // --- 5 and 6. top-(k + R) and the gates ------------------------------------------------------
+
+  /// Ranks k + R experts; rank j < k goes to (ri, rv) of lane j % Lanes (the expert and its gate
+  /// source value), ranks >= k to the reroute candidates of token t. Then the gates.
+  __device__ __forceinline__ void select_and_gate(std::int64_t t, bool active) {
+    float gate_sum = 0.0f;  // in rank order, as the reference
+    float chosen_max = -FLT_MAX;
+    warp::topk<row_layout, Lanes, Slots, Generic>(
+        sel, ns, sem.k + sem.reroute, [&](int s) { return allowed.test(s); },
+        [&](int j, float, int best) {
+          const float mine = warp::slot_get<Slots, Generic>(gsrc, row_layout::owner_slot(best));
+          const float gv = __shfl_sync(warp::full_mask, mine, row_layout::owner_lane(best), Lanes);
+          if (j < sem.k) {
+            if (j % Lanes == lane) {
+              warp::slot_set<Slots, Generic>(ri, j / Lanes, best);
+              warp::slot_set<Slots, Generic>(rv, j / Lanes, gv);
+            }
+            gate_sum = __fadd_rn(gate_sum, gv);
+            chosen_max = fmaxf(chosen_max, gv);
+          } else if (active && lane == 0) {
+            a.out.d_reroute_ids[t * sem.reroute + (j - sem.k)] = best;
+          }
+        });
+    if (sem.softmax_after) {
+      for_slots([&](int s) {
+        if (s * Lanes + lane < sem.k) rv[s] = gating_math::exp_f(__fsub_rn(rv[s], chosen_max));
+      });
+      double sum = 0.0;  // rank order, as the reference's softmax_row
+      for (int s = 0; s < ns && s * Lanes < sem.k; ++s) {
+        const float mine = warp::slot_get<Slots, Generic>(rv, s);
+        for (int l = 0; l < Lanes && s * Lanes + l < sem.k; ++l)
+          sum += static_cast<double>(__shfl_sync(warp::full_mask, mine, l, Lanes));
+      }
+      for_slots([&](int s) {
+        if (s * Lanes + lane < sem.k) rv[s] = static_cast<float>(static_cast<double>(rv[s]) / sum);
+      });
+    } else if (sem.before_drop) {
+      const float denom = __fadd_rn(gate_sum, sem.renorm_epsilon);
+      for_slots([&](int s) { rv[s] = denom > 0.0f ? __fdiv_rn(rv[s], denom) : 0.0f; });
+    }
+    if (!sem.after_drop) for_slots([&](int s) { rv[s] = __fmul_rn(rv[s], sem.scaling); });
+  }
+
+  /// Writes token t's ids, gates and logsumexp.
+  __device__ __forceinline__ void write(std::int64_t t, float lse) const {
+    for_slots([&](int s) {
+      const int j = s * Lanes + lane;
+      if (j < sem.k) {
+        a.out.d_ids[t * sem.k + j] = ri[s];
+        a.out.d_gates[t * sem.k + j] = rv[s];
+      }
+    });
+    if (lane == 0) a.out.d_logsumexp[t] = lse;
+  }
+
+  // --- 7. aux-loss inputs ---------------------------------------------------------------------
+
+  /// sel := P, the softmax of the clean logits or the normalised clean scores.
+  __device__ __forceinline__ void aux_scores() {
+    const bool gsrc_is_clean_scores = !sem.noisy_gates && !sem.softmax_after;
+    for_slots([&](int s) { sel[s] = gsrc_is_clean_scores ? gsrc[s] : x[s]; });
+    if (sem.score == score_function::softmax) {
+      if (!gsrc_is_clean_scores) softmax(sel);
+      return;
+    }
+    float ssum = 0.0f;
+    for_slots([&](int s) {
+      if (!gsrc_is_clean_scores) sel[s] = gating_math::score_one(sem.score, sel[s]);
+      if (expert(s) < E) ssum = __fadd_rn(ssum, sel[s]);
+    });
+    const float denom = __fadd_rn(warp::group_sum<Lanes>(ssum), 1e-20f);
+    for_slots([&](int s) { sel[s] = __fdiv_rn(sel[s], denom); });
+  }
+
+  /// count(e) for each expert the token counts for in the aux loss: its routed top-1 or top-k,
+  /// or a fresh top-`counted` of P over every expert (no bias, no group limit).
+  template <class Count>
+  __device__ __forceinline__ void aux_counts(bool counts_here, Count&& count) const {
+    if (sem.fresh_counts) {
+      warp::topk<row_layout, Lanes, Slots, Generic>(
+          sel, ns, sem.counted, [&](int s) { return expert(s) < E; },
+          [&](int, float, int best) {
+            if (counts_here && lane == 0) count(best);
+          });
+    } else if (counts_here) {
+      for_slots([&](int s) {
+        if (s * Lanes + lane < sem.counted) count(ri[s]);
+      });
+    }
+  }
+};
+
+}  // namespace moeroute::kernels

@@ -1,0 +1,254 @@
+// SPDX-License-Identifier: Apache-2.0
+// The router-logit gradient (cuda::gating_backward): the routing term (d combine weight through
+// the gates) and the aux, sequence-aux and z-loss terms, fused in one pass over each row.
+// Deterministic: no atomics; one thread per token, every sum in a fixed order, in double.
+// Formulas: docs/numerics.md ("Gradients"); semantics: reference::gating_backward.
+#pragma once
+
+#include <cfloat>
+#include <cstdint>
+
+#include <moeroute/config.hpp>
+#include <moeroute/kernels/element.cuh>
+#include <moeroute/kernels/gating_semantics.cuh>
+#include <moeroute/rng.hpp>
+#include <moeroute/types.hpp>
+
+namespace moeroute::kernels {
+
+namespace bwd {
+
+__device__ inline double sanitize(double x) {
+  if (x != x) return -static_cast<double>(FLT_MAX);
+  return x < -static_cast<double>(FLT_MAX)
+             ? -static_cast<double>(FLT_MAX)
+             : (x > static_cast<double>(FLT_MAX) ? static_cast<double>(FLT_MAX) : x);
+}
+__device__ inline bool finite(double x) { return x == x && x <= DBL_MAX && x >= -DBL_MAX; }
+__device__ inline double sigmoid(double x) { return 1.0 / (1.0 + exp(-x)); }
+__device__ inline double score(score_function f, double x) {
+  if (f == score_function::sigmoid) return sigmoid(x);
+  const double sp = x > 0.0 ? x + log1p(exp(-x)) : log1p(exp(x));
+  return sqrt(sp);
+}
+__device__ inline double score_deriv(score_function f, double x, double s) {
+  if (f == score_function::sigmoid) return s * (1.0 - s);
+  return s > 0.0 ? sigmoid(x) / (2.0 * s) : 0.0;
+}
+
+}  // namespace bwd
+
+/// Everything the fused logit-gradient kernel reads; see cuda::gating_backward_params.
+template <class Element>
+struct gating_backward_args {
+  const Element* logits = nullptr;  // [T, E]
+  std::int64_t tokens = 0;
+  const std::uint8_t* valid = nullptr;  // [T] or null
+  const_gating_result gated{};          // d_ids [T, k]; sums: aux_count, valid_tokens, seq_*
+  const fate* fates = nullptr;          // [T, k]
+  const float* grad_weight = nullptr;   // [T, k] or null: no routing term
+  gating_semantics sem{};
+  std::int64_t sequences = 0, seq_len = 0;  // S, L (0: no sequence term)
+  // term weights (already multiplied by the loss coefficients and scales, except 1/T^2, 1/T);
+  // 0 = no such term
+  double routing_weight = 1.0, aux_weight = 0.0, seq_weight = 0.0, z_weight = 0.0;
+  bool accumulate = true;
+  float* grad_logits = nullptr;  // [T, E]
+};
+
+template <class Element>
+__device__ inline double load_logit(const gating_backward_args<Element>& a, std::int64_t t,
+                                    std::int32_t e) {
+  return static_cast<double>(element_to_float(a.logits[t * a.sem.experts + e]));
+}
+
+/// One thread per token; per element the routing, aux, sequence-aux and z terms, each computed
+/// in double, rounded to float and added in that order (the order of reference::gating_backward).
+template <class Element>
+__global__ void gating_backward_kernel(const gating_backward_args<Element> a) {
+  const gating_semantics& sem = a.sem;
+  const std::int32_t E = sem.experts, k = sem.k;
+  const std::int64_t* d_valid_tokens = a.gated.sums.d_valid_tokens;
+  const std::int64_t* aux_count = a.aux_weight != 0.0 ? a.gated.sums.d_aux_count : nullptr;
+  const std::int64_t Tvalid = d_valid_tokens ? *d_valid_tokens : a.tokens;
+  for (std::int64_t t = static_cast<std::int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
+       t < a.tokens; t += static_cast<std::int64_t>(gridDim.x) * blockDim.x) {
+    float* out = a.grad_logits + t * E;
+    const bool valid = a.valid == nullptr || a.valid[t] != 0;
+    if (!valid || Tvalid == 0) {
+      if (!a.accumulate)
+        for (std::int32_t e = 0; e < E; ++e) out[e] = 0.0f;
+      continue;
+    }
+    const std::int32_t* ids = a.gated.d_ids + t * k;
+    // gate logits (noisy with selection_and_gates), recomputed on the fly
+    auto xg = [&](std::int32_t e) {
+      double x = bwd::sanitize(load_logit<Element>(a, t, e));
+      if (sem.noisy_gates) {
+        const auto r = rng::draw(sem.noise_seed, sem.noise_offset, rng::stream_gating_noise,
+                                 static_cast<std::uint64_t>(t) * E + e);
+        const float z = sem.gaussian ? rng::normal(r.v[0], r.v[1]) : rng::gumbel(r.v[0]);
+        x = bwd::sanitize(x + static_cast<double>(sem.noise_scale) * z);
+      }
+      return x;
+    };
+    auto alive = [&](std::int32_t j) { return holds_row(a.fates[t * k + j]); };
+    // ---- routing term: scalars of the per-token chain (docs/numerics.md, "Gradients")
+    const bool routing = a.grad_weight != nullptr && a.routing_weight != 0.0;
+    double gm = -static_cast<double>(FLT_MAX), gsum = 0.0;  // softmax stats of the gate logits
+    double denom = 1.0, S = 0.0, dot_w = 0.0, dot2 = 0.0;
+    auto s_of = [&](std::int32_t e) {  // score of expert e (not for softmax_after)
+      return sem.score == score_function::softmax ? exp(xg(e) - gm) / gsum
+                                                  : bwd::score(sem.score, xg(e));
+    };
+    auto h_of = [&](std::int32_t j) {  // raw gate of choice j (softmax_after: p_j over the chosen)
+      return sem.softmax_after ? exp(xg(ids[j]) - gm) / gsum : s_of(ids[j]);
+    };
+    auto dw_of = [&](std::int32_t j) {
+      if (!alive(j)) return 0.0;
+      const float gw = a.grad_weight[t * k + j];
+      // as the reference: a non-unit weight scales d weight in float first
+      return a.routing_weight == 1.0
+                 ? static_cast<double>(gw)
+                 : static_cast<double>(static_cast<float>(a.routing_weight * gw));
+    };
+    auto gpre_of = [&](std::int32_t j) {
+      const double h = h_of(j);
+      return sem.before_drop ? (denom > 0.0 ? h / denom : 0.0) : h;
+    };
+    auto gates_of = [&](std::int32_t j) {
+      return sem.after_drop ? gpre_of(j) : static_cast<double>(sem.scaling) * gpre_of(j);
+    };
+    bool any = false;
+    if (routing) {
+      for (std::int32_t j = 0; j < k; ++j) any = any || dw_of(j) != 0.0;
+    }
+    if (any) {
+      if (sem.softmax_after) {
+        for (std::int32_t j = 0; j < k; ++j) gm = fmax(gm, xg(ids[j]));
+        for (std::int32_t j = 0; j < k; ++j) gsum += exp(xg(ids[j]) - gm);
+      } else if (sem.score == score_function::softmax) {
+        for (std::int32_t e = 0; e < E; ++e) gm = fmax(gm, xg(e));
+        for (std::int32_t e = 0; e < E; ++e) gsum += exp(xg(e) - gm);
+      }
+      if (sem.before_drop) {
+        double sum = 0.0;
+        for (std::int32_t j = 0; j < k; ++j) sum += h_of(j);
+        denom = sum + static_cast<double>(sem.renorm_epsilon);
+      }
+      if (sem.after_drop) {
+        for (std::int32_t j = 0; j < k; ++j)
+          if (alive(j)) {
+            const double g = gates_of(j);
+            S += g;
+            dot_w += dw_of(j) * g;
+          }
+      }
+    }
+    const double D = S > static_cast<double>(FLT_EPSILON) ? S : static_cast<double>(FLT_EPSILON);
+    const bool clamped = S < static_cast<double>(FLT_EPSILON);
+    auto dgpre_of = [&](std::int32_t j) {
+      if (sem.after_drop)
+        return alive(j) ? static_cast<double>(sem.scaling) *
+                              (dw_of(j) / D - (clamped ? 0.0 : dot_w / (D * D)))
+                        : 0.0;
+      return static_cast<double>(sem.scaling) * dw_of(j);
+    };
+    auto dh_of = [&](std::int32_t j) {  // before-drop backward (dot2 = sum dgpre h)
+      if (!sem.before_drop) return dgpre_of(j);
+      return denom > 0.0 ? dgpre_of(j) / denom - dot2 / (denom * denom) : 0.0;
+    };
+    double dot3 = 0.0;  // softmax_after: sum dgpre p; softmax over all: sum dh s
+    if (any) {
+      if (sem.softmax_after) {
+        for (std::int32_t j = 0; j < k; ++j) dot3 += dgpre_of(j) * h_of(j);
+      } else {
+        if (sem.before_drop)
+          for (std::int32_t j = 0; j < k; ++j) dot2 += dgpre_of(j) * h_of(j);
+        if (sem.score == score_function::softmax)
+          for (std::int32_t j = 0; j < k; ++j) dot3 += dh_of(j) * h_of(j);
+      }
+    }
+    // ---- aux and z terms: softmax / normalised scores of the clean logits
+    const bool aux = aux_count != nullptr;
+    const bool zl = a.z_weight != 0.0;
+    // sequence aux: dL/dP[t, e] = seq_weight / used * count[q, e] / L_q^2, q = t / L
+    bool seq = a.gated.sums.d_seq_count != nullptr && a.seq_weight != 0.0 && a.seq_len > 0;
+    double seq_base = 0.0, seq_L2 = 1.0, dot_seq = 0.0;
+    const std::int64_t q = seq ? t / a.seq_len : 0;
+    if (seq) {
+      std::int64_t used = 0;
+      for (std::int64_t i = 0; i < a.sequences; ++i)
+        used += a.gated.sums.d_seq_tokens[i] > 0 ? 1 : 0;
+      const double Ls = static_cast<double>(a.gated.sums.d_seq_tokens[q]);
+      seq = used > 0 && Ls > 0.0;
+      seq_base = seq ? a.seq_weight / static_cast<double>(used) : 0.0;
+      seq_L2 = Ls * Ls;
+    }
+    auto gp_seq = [&](std::int32_t e) {
+      return seq_base * static_cast<double>(a.gated.sums.d_seq_count[q * E + e]) / seq_L2;
+    };
+    double cm = -static_cast<double>(FLT_MAX), cse = 0.0, ssum = 0.0, dot_aux = 0.0;
+    const double Tn = static_cast<double>(Tvalid);
+    const double c_aux = a.aux_weight / (Tn * Tn), c_z = a.z_weight * 2.0 / Tn;
+    auto clean = [&](std::int32_t e) { return bwd::sanitize(load_logit<Element>(a, t, e)); };
+    if (aux || seq || zl) {
+      for (std::int32_t e = 0; e < E; ++e) cm = fmax(cm, clean(e));
+      for (std::int32_t e = 0; e < E; ++e) cse += exp(clean(e) - cm);
+    }
+    if ((aux || seq) && sem.score != score_function::softmax)
+      for (std::int32_t e = 0; e < E; ++e) ssum += bwd::score(sem.score, clean(e));
+    auto P_of = [&](std::int32_t e) {
+      return sem.score == score_function::softmax
+                 ? exp(clean(e) - cm) / cse
+                 : bwd::score(sem.score, clean(e)) / (ssum + 1e-20);
+    };
+    if (aux)
+      for (std::int32_t e = 0; e < E; ++e)
+        dot_aux += c_aux * static_cast<double>(aux_count[e]) * P_of(e);
+    if (seq)
+      for (std::int32_t e = 0; e < E; ++e) dot_seq += gp_seq(e) * P_of(e);
+    // backward of P for a given dL/dP (gp) and sum_i gp_i P_i (dot)
+    auto p_backward = [&](std::int32_t e, double gp, double dot) {
+      const double x = clean(e);
+      if (sem.score == score_function::softmax) return (exp(x - cm) / cse) * (gp - dot);
+      const double sc = bwd::score(sem.score, x);
+      return bwd::score_deriv(sem.score, x, sc) * (gp - dot) / (ssum + 1e-20);
+    };
+    const double lse = cm + log(cse);
+    // ---- one pass over the row
+    for (std::int32_t e = 0; e < E; ++e) {
+      const double raw = load_logit<Element>(a, t, e);
+      float v = a.accumulate ? out[e] : 0.0f;
+      if (bwd::finite(raw)) {
+        if (any) {
+          double r = 0.0;
+          if (sem.softmax_after) {
+            for (std::int32_t j = 0; j < k; ++j)
+              if (ids[j] == e) r += h_of(j) * (dgpre_of(j) - dot3);
+          } else {
+            if (sem.score == score_function::softmax) r = -s_of(e) * dot3;
+            for (std::int32_t j = 0; j < k; ++j) {
+              if (ids[j] != e) continue;
+              if (sem.score == score_function::softmax) {
+                r += s_of(e) * dh_of(j);
+              } else {
+                const double x = xg(e);
+                r += dh_of(j) * bwd::score_deriv(sem.score, x, bwd::score(sem.score, x));
+              }
+            }
+          }
+          v = __fadd_rn(v, static_cast<float>(r));
+        }
+        if (aux)
+          v = __fadd_rn(v, static_cast<float>(
+                               p_backward(e, c_aux * static_cast<double>(aux_count[e]), dot_aux)));
+        if (seq) v = __fadd_rn(v, static_cast<float>(p_backward(e, gp_seq(e), dot_seq)));
+        if (zl) v = __fadd_rn(v, static_cast<float>(c_z * lse * (exp(clean(e) - cm) / cse)));
+      }
+      out[e] = v;
+    }
+  }
+}
+
+}  // namespace moeroute::kernels
