@@ -6,6 +6,7 @@
 #include <cmath>
 #include <cstdint>
 #include <cstring>
+#include <type_traits>
 
 #include <moeroute/macros.hpp>
 
@@ -89,6 +90,22 @@ enum class dtype : std::uint8_t { f32, f16, bf16 };
   const std::uint32_t exp = (ua >> 23) - 112u;
   const std::uint32_t man = (ua >> 13) & 0x3FFu;
   return half_bits{static_cast<std::uint16_t>(sign | (exp << 10) | man)};
+}
+
+/// Round-to-nearest-even float -> T (float, half_bits or bf16_bits): the one conversion the
+/// reference, the tests and the tools store a storage type with.
+template <class T>
+[[nodiscard]] T from_float(float f) noexcept {
+  static_assert(
+      std::is_same_v<T, float> || std::is_same_v<T, half_bits> || std::is_same_v<T, bf16_bits>,
+      "T must be float, half_bits or bf16_bits");
+  if constexpr (std::is_same_v<T, half_bits>) {
+    return to_half(f);
+  } else if constexpr (std::is_same_v<T, bf16_bits>) {
+    return to_bf16(f);
+  } else {
+    return f;
+  }
 }
 
 }  // namespace moeroute

@@ -14,22 +14,45 @@
 
 namespace moeroute::presets {
 
+namespace detail {
+
+/// The choices every preset states: the shape, what top-k selects from, how the gates are
+/// renormalised, and how the aux loss counts and scales.
+inline routing_config preset_base(std::int32_t experts, std::int32_t k, select_from select,
+                                  renormalize renorm, aux_counts counts, aux_scale scale) {
+  routing_config c;
+  c.num_experts = experts;
+  c.top_k = k;
+  c.gating.select = select;
+  c.gating.renorm = renorm;
+  c.loss.counts = counts;
+  c.loss.scale = scale;
+  return c;
+}
+
+/// A capacity-bounded peer: C = ceil(factor * T * k / E), at least min_capacity, slots
+/// granted in `prio` order.
+inline routing_config bounded(routing_config c, double factor, std::int64_t min_capacity,
+                              priority prio) {
+  c.capacity.factor = factor;
+  c.capacity.min_capacity = min_capacity;
+  c.dispatch.prio = prio;
+  return c;
+}
+
+}  // namespace detail
+
 /// A plain token-loop router (the golden cases named `seed_*` are its outputs): softmax, top-k
 /// on the probabilities, renormalise before drop, C = int(factor * T / E) (no k), tokens in
 /// order, dropped tokens pass through (residual), aux loss E * sum f P over the top-1 choice.
 inline routing_config seed_reference(std::int32_t experts, std::int32_t k, double factor = 1.25) {
-  routing_config c;
-  c.num_experts = experts;
-  c.top_k = k;
-  c.gating.select = select_from::scores;
-  c.gating.renorm = renormalize::before_drop;
-  c.capacity.factor = factor;
+  routing_config c =
+      detail::bounded(detail::preset_base(experts, k, select_from::scores, renormalize::before_drop,
+                                          aux_counts::top1, aux_scale::e_times_sum),
+                      factor, 0, priority::token_major);
   c.capacity.includes_k = false;
   c.capacity.rounding = capacity_rounding::floor;
-  c.dispatch.prio = priority::token_major;
   c.dispatch.dropped = drop_policy::residual;
-  c.loss.counts = aux_counts::top1;
-  c.loss.scale = aux_scale::e_times_sum;
   return c;
 }
 
@@ -37,17 +60,10 @@ inline routing_config seed_reference(std::int32_t experts, std::int32_t k, doubl
 /// renormalise after drop, f from the top-1 choice, min capacity 4.
 inline routing_config deepspeed_top2(std::int32_t experts, double factor = 1.0,
                                      std::int64_t min_capacity = 4) {
-  routing_config c;
-  c.num_experts = experts;
-  c.top_k = 2;
-  c.gating.select = select_from::scores;
-  c.gating.renorm = renormalize::after_drop;
-  c.capacity.factor = factor;
-  c.capacity.min_capacity = min_capacity;
-  c.dispatch.prio = priority::choice_major;
-  c.loss.counts = aux_counts::top1;
-  c.loss.scale = aux_scale::e_times_sum;
-  return c;
+  return detail::bounded(
+      detail::preset_base(experts, 2, select_from::scores, renormalize::after_drop,
+                          aux_counts::top1, aux_scale::e_times_sum),
+      factor, min_capacity, priority::choice_major);
 }
 
 /// GShard top-2 as in the paper and Tutel: the same routing as deepspeed_top2.
@@ -60,34 +76,21 @@ inline routing_config gshard_top2(std::int32_t experts, double factor = 1.0,
 /// drop, f over all k choices, E/k scaling.
 inline routing_config deepspeed_topk(std::int32_t experts, std::int32_t k, double factor = 1.0,
                                      std::int64_t min_capacity = 4) {
-  routing_config c;
-  c.num_experts = experts;
-  c.top_k = k;
-  c.gating.select = select_from::logits;
-  c.gating.renorm = renormalize::after_drop;
-  c.capacity.factor = factor;
-  c.capacity.min_capacity = min_capacity;
-  c.dispatch.prio = priority::token_major;
-  c.loss.counts = aux_counts::all_k;
-  c.loss.scale = aux_scale::e_over_k_sum;
-  return c;
+  return detail::bounded(
+      detail::preset_base(experts, k, select_from::logits, renormalize::after_drop,
+                          aux_counts::all_k, aux_scale::e_over_k_sum),
+      factor, min_capacity, priority::token_major);
 }
 
 /// Switch Transformer top-1: softmax gate (no renormalisation), capacity factor 1.25 by
 /// default, residual pass-through of dropped tokens, f from the top-1 choice.
 inline routing_config switch_top1(std::int32_t experts, double factor = 1.25,
                                   std::int64_t min_capacity = 4) {
-  routing_config c;
-  c.num_experts = experts;
-  c.top_k = 1;
-  c.gating.select = select_from::logits;
-  c.gating.renorm = renormalize::none;
-  c.capacity.factor = factor;
-  c.capacity.min_capacity = min_capacity;
-  c.dispatch.prio = priority::token_major;
+  routing_config c =
+      detail::bounded(detail::preset_base(experts, 1, select_from::logits, renormalize::none,
+                                          aux_counts::top1, aux_scale::e_times_sum),
+                      factor, min_capacity, priority::token_major);
   c.dispatch.dropped = drop_policy::residual;
-  c.loss.counts = aux_counts::top1;
-  c.loss.scale = aux_scale::e_times_sum;
   return c;
 }
 
@@ -146,15 +149,10 @@ inline routing_config megatron(std::int32_t experts, std::int32_t k,
 /// Mixtral 8x7B: top-2 on logits, softmax over the two chosen, dropless; HuggingFace's
 /// load_balancing_loss_func (f over all k, E * sum f P, so k at perfect balance).
 inline routing_config mixtral(std::int32_t experts = 8, std::int32_t k = 2) {
-  routing_config c;
-  c.num_experts = experts;
-  c.top_k = k;
-  c.gating.select = select_from::logits;
+  routing_config c = detail::preset_base(experts, k, select_from::logits, renormalize::before_drop,
+                                         aux_counts::all_k, aux_scale::e_times_sum);
   c.gating.stage = softmax_stage::after_topk;
-  c.gating.renorm = renormalize::before_drop;
   c.capacity.mode = capacity_mode::unbounded;
-  c.loss.counts = aux_counts::all_k;
-  c.loss.scale = aux_scale::e_times_sum;
   c.loss.aux_coefficient = 0.02f;
   c.loss.z_coefficient = 0.001f;
   return c;
@@ -165,19 +163,14 @@ inline routing_config mixtral(std::int32_t experts = 8, std::int32_t k = 2) {
 /// dropless; a small sequence-level aux loss.
 inline routing_config deepseek_v3(std::int32_t experts = 256, std::int32_t k = 8,
                                   std::int32_t groups = 8, std::int32_t group_topk = 4) {
-  routing_config c;
-  c.num_experts = experts;
-  c.top_k = k;
+  routing_config c = detail::preset_base(experts, k, select_from::scores, renormalize::before_drop,
+                                         aux_counts::all_k, aux_scale::e_over_k_sum);
   c.gating.score = score_function::sigmoid;
-  c.gating.select = select_from::scores;
-  c.gating.renorm = renormalize::before_drop;
   c.gating.renorm_epsilon = 1e-20f;
   c.gating.scaling_factor = 2.5f;
   c.gating.expert_bias = true;
   c.gating.group_limit = {groups, group_topk};
   c.capacity.mode = capacity_mode::unbounded;
-  c.loss.counts = aux_counts::all_k;
-  c.loss.scale = aux_scale::e_over_k_sum;
   c.loss.aux_coefficient = 1e-4f;
   return c;
 }
@@ -186,14 +179,11 @@ inline routing_config deepseek_v3(std::int32_t experts = 256, std::int32_t k = 8
 /// (norm_topk_prob: Qwen3 true, Qwen1.5 false), dropless, HuggingFace aux loss.
 inline routing_config qwen_moe(std::int32_t experts = 128, std::int32_t k = 8,
                                bool norm_topk_prob = true) {
-  routing_config c;
-  c.num_experts = experts;
-  c.top_k = k;
-  c.gating.select = select_from::scores;
-  c.gating.renorm = norm_topk_prob ? renormalize::before_drop : renormalize::none;
+  routing_config c =
+      detail::preset_base(experts, k, select_from::scores,
+                          norm_topk_prob ? renormalize::before_drop : renormalize::none,
+                          aux_counts::all_k, aux_scale::e_times_sum);
   c.capacity.mode = capacity_mode::unbounded;
-  c.loss.counts = aux_counts::all_k;
-  c.loss.scale = aux_scale::e_times_sum;
   c.loss.aux_coefficient = 0.001f;
   return c;
 }

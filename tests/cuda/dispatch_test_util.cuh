@@ -21,6 +21,7 @@
 
 #include <moeroute/cuda/dispatch.cuh>
 #include <moeroute/cuda/layout.cuh>
+#include <moeroute/kernels/element.cuh>
 #include <moeroute/reference.hpp>
 
 #include <moeroute/cuda/device_buffer.cuh>
@@ -169,49 +170,44 @@ inline void require_bitwise(const host_dispatch& a, const host_dispatch& b) {
   REQUIRE(std::memcmp(&a.totals, &b.totals, sizeof a.totals) == 0);
 }
 
+/// One routing case: the config of a spec, the reference gating of T random tokens (seeded) and
+/// its reference dispatch, and the GPU dispatch set up on the same gating (not yet run).
+struct routed_case {
+  routing_config cfg;
+  reference::gating_output gating;
+  reference::dispatch_output want;
+  gpu_dispatch gpu;
+
+  routed_case(std::int64_t T, std::int32_t E, std::int32_t k, const case_spec& s,
+              std::uint64_t seed)
+      : cfg(make_config(E, k, s)),
+        gating(make_gating(cfg, T, seed, s.masked)),
+        want(reference::dispatch(cfg, gating)),
+        gpu(cfg, gating, s.masked) {}
+};
+
 /// One case end to end: reference gating -> both dispatches -> compare.
 inline void check_dispatch_case(std::int64_t T, std::int32_t E, std::int32_t k, const case_spec& s,
                                 std::uint64_t seed) {
-  const auto cfg = make_config(E, k, s);
   INFO(describe(s, T, E, k));
-  const auto g = make_gating(cfg, T, seed, s.masked);
-  const auto ref = reference::dispatch(cfg, g);
-  gpu_dispatch gpu(cfg, g, s.masked);
-  const auto st = gpu.run();
+  routed_case c(T, E, k, s, seed);
+  const auto st = c.gpu.run();
   INFO(st.message);
   REQUIRE(st.ok());
   if (T == 0) return;
-  require_matches(gpu.download(), ref);
+  require_matches(c.gpu.download(), c.want);
 }
 
 /// The host storage type the reference uses for a device element type.
 template <class Dev>
-struct host_of;
-template <>
-struct host_of<float> {
-  using type = float;
-};
-template <>
-struct host_of<__half> {
-  using type = half_bits;
-};
-template <>
-struct host_of<__nv_bfloat16> {
-  using type = bf16_bits;
-};
-template <class Dev>
-using host_t = typename host_of<Dev>::type;
-
-inline float host_from_float(float f, float*) { return f; }
-inline half_bits host_from_float(float f, half_bits*) { return to_half(f); }
-inline bf16_bits host_from_float(float f, bf16_bits*) { return to_bf16(f); }
+using host_t = kernels::host_element_t<Dev>;
 
 /// Random host values of the reference's element type.
 template <class H>
 std::vector<H> random_host(std::size_t n, std::uint64_t seed, float lo = -2.0f, float hi = 2.0f) {
   lcg r(seed);
   std::vector<H> v(n);
-  for (auto& x : v) x = host_from_float(r.uniform(lo, hi), static_cast<H*>(nullptr));
+  for (auto& x : v) x = from_float<H>(r.uniform(lo, hi));
   return v;
 }
 

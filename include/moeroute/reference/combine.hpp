@@ -17,21 +17,6 @@ MOEROUTE_PRECISE_FP_BEGIN
 namespace moeroute::reference {
 
 namespace detail {
-template <class T>
-T from_float(float f);
-template <>
-inline float from_float<float>(float f) {
-  return f;
-}
-template <>
-inline half_bits from_float<half_bits>(float f) {
-  return to_half(f);
-}
-template <>
-inline bf16_bits from_float<bf16_bits>(float f) {
-  return to_bf16(f);
-}
-
 /// rows * d, or -1 when that product overflows (no buffer has that many elements).
 inline std::int64_t elements(std::int64_t rows, std::int64_t d) {
   std::int64_t n = 0;
@@ -126,7 +111,7 @@ void combine(const routing_config& cfg, const dispatch_output& dsp, const layout
     if (residual && !any && dsp.fates[t * k] != fate::masked) {
       for (std::int64_t c = 0; c < d; ++c) y[t * d + c] = x[t * d + c];
     } else {
-      for (std::int64_t c = 0; c < d; ++c) y[t * d + c] = detail::from_float<T>(acc[c]);
+      for (std::int64_t c = 0; c < d; ++c) y[t * d + c] = from_float<T>(acc[c]);
     }
   }
 }

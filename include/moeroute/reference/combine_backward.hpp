@@ -45,9 +45,15 @@ T store_acc(grad_acc_t<T> v) {
 }
 inline bool survives(fate f) { return f == fate::kept || f == fate::rerouted; }
 
-/// Throws unless d is a hidden size and the layout's rows and tokens fit dsp (sizes and ranges).
-inline void check_layout_shapes(const dispatch_output& dsp, const layout_output& L,
-                                std::int64_t d) {
+/// Throws unless cfg is valid and matches dsp's k, d is a hidden size, and the layout's rows
+/// and tokens fit dsp (sizes and ranges): what both backward passes read before they start.
+inline void check_backward_inputs(const routing_config& cfg, const dispatch_output& dsp,
+                                  const layout_output& L, std::int64_t d) {
+  throw_if_error(validate(cfg));
+  if (dsp.k != cfg.top_k)
+    throw error(status::make(status_code::invalid_argument,
+                             "dispatch_output k = " + std::to_string(dsp.k) +
+                                 " does not match config top_k = " + std::to_string(cfg.top_k)));
   throw_if_error(validate_hidden(d));
   if (dsp.tokens < 0 || dsp.k < 0 || L.num_rows < 0)
     throw error(status::make(status_code::invalid_shape,
@@ -93,12 +99,7 @@ void combine_backward(const routing_config& cfg, const dispatch_output& dsp, con
   using A = grad_acc_t<T>;
   const std::int64_t Tn = dsp.tokens;
   const std::int32_t k = dsp.k;
-  throw_if_error(validate(cfg));
-  detail::check_layout_shapes(dsp, L, d);
-  if (k != cfg.top_k)
-    throw error(status::make(status_code::invalid_argument,
-                             "dispatch_output k = " + std::to_string(k) +
-                                 " does not match config top_k = " + std::to_string(cfg.top_k)));
+  detail::check_backward_inputs(cfg, dsp, L, d);
   detail::grad_check_size("dispatch_output weight", dsp.weight.size(), Tn * k);
   detail::grad_check_size("dispatch_output fates", dsp.fates.size(), Tn * k);
   detail::grad_check_size("expert_out", expert_out.size(), L.num_rows * d);
@@ -158,12 +159,7 @@ void permute_backward(const routing_config& cfg, const dispatch_output& dsp, con
   using A = grad_acc_t<T>;
   const std::int64_t Tn = dsp.tokens;
   const std::int32_t k = dsp.k;
-  throw_if_error(validate(cfg));
-  detail::check_layout_shapes(dsp, L, d);
-  if (k != cfg.top_k)
-    throw error(status::make(status_code::invalid_argument,
-                             "dispatch_output k = " + std::to_string(k) +
-                                 " does not match config top_k = " + std::to_string(cfg.top_k)));
+  detail::check_backward_inputs(cfg, dsp, L, d);
   detail::grad_check_size("d_buf", d_buf.size(), L.num_rows * d);
   detail::grad_check_size("d_x", d_x.size(), Tn * d);
   detail::grad_check_size("layout assignment_row", L.assignment_row.size(), Tn * k);

@@ -281,6 +281,26 @@ void routing_backward(const routing_config& cfg, grad_cspan<F> logits, const gat
   }
 }
 
+namespace detail {
+/// The loop both aux backward passes share: for every valid token t, fill_gp(t, gp) writes the
+/// [E] dL/dP of token t and the row's dL/dx (through the score function) is added to d_logits.
+template <class F, class FillGp>
+void add_aux_p_backward(const routing_config& cfg, grad_cspan<F> logits, const gating_output& g,
+                        grad_span<F> d_logits, FillGp fill_gp) {
+  const std::int32_t E = g.experts;
+  std::vector<double> gp(E), x(E), p(E), s(E), grad(E);
+  std::vector<std::uint8_t> finite(E);
+  for (std::int64_t t = 0; t < g.tokens; ++t) {
+    if (!g.valid[t]) continue;
+    fill_gp(t, gp.data());
+    load_row<F>(logits, t, E, x, finite);
+    std::fill(grad.begin(), grad.end(), 0.0);
+    aux_p_backward_row(cfg.gating.score, x, gp.data(), p, s, grad);
+    add_row<F>(d_logits, t, E, grad, finite);
+  }
+}
+}  // namespace detail
+
 /// @brief Aux-loss backward for a loss over a global batch whose counts and token total are
 ///        given (e.g. all-reduced over the ranks that share the batch; see docs/numerics.md):
 ///        adds d_loss * d aux / d x for this shard's logits, where
@@ -298,16 +318,9 @@ void aux_loss_backward_from_sums(const routing_config& cfg, grad_cspan<F> logits
   if (tokens <= 0 || d_loss == 0.0) return;
   const double Tn = static_cast<double>(tokens);
   const double c = d_loss * cfg.loss.aux_coefficient * aux_loss_scale(cfg) / (Tn * Tn);
-  std::vector<double> gp(E), x(E), p(E), s(E), grad(E);
-  std::vector<std::uint8_t> finite(E);
-  for (std::int32_t e = 0; e < E; ++e) gp[e] = c * static_cast<double>(counts[e]);
-  for (std::int64_t t = 0; t < g.tokens; ++t) {
-    if (!g.valid[t]) continue;
-    detail::load_row<F>(logits, t, E, x, finite);
-    std::fill(grad.begin(), grad.end(), 0.0);
-    detail::aux_p_backward_row(cfg.gating.score, x, gp.data(), p, s, grad);
-    detail::add_row<F>(d_logits, t, E, grad, finite);
-  }
+  detail::add_aux_p_backward<F>(cfg, logits, g, d_logits, [&](std::int64_t, double* gp) {
+    for (std::int32_t e = 0; e < E; ++e) gp[e] = c * static_cast<double>(counts[e]);
+  });
 }
 
 /// @brief Batch-level aux-loss backward (the loss of reference::aux_loss): adds d_loss * d aux/dx.
@@ -341,19 +354,12 @@ void sequence_aux_loss_backward(const routing_config& cfg, grad_cspan<F> logits,
   if (used == 0) return;
   const double base =
       d_loss * cfg.loss.aux_coefficient * aux_loss_scale(cfg) / static_cast<double>(used);
-  std::vector<double> gp(E), x(E), p(E), s(E), grad(E);
-  std::vector<std::uint8_t> finite(E);
-  for (std::int64_t t = 0; t < g.tokens; ++t) {
-    if (!g.valid[t]) continue;
+  detail::add_aux_p_backward<F>(cfg, logits, g, d_logits, [&](std::int64_t t, double* gp) {
     const std::int64_t q = t / L;
     const double Ls = static_cast<double>(g.seq_tokens[q]);
     for (std::int32_t e = 0; e < E; ++e)
       gp[e] = base * static_cast<double>(g.seq_count[q * E + e]) / (Ls * Ls);
-    detail::load_row<F>(logits, t, E, x, finite);
-    std::fill(grad.begin(), grad.end(), 0.0);
-    detail::aux_p_backward_row(cfg.gating.score, x, gp.data(), p, s, grad);
-    detail::add_row<F>(d_logits, t, E, grad, finite);
-  }
+  });
 }
 
 /// @brief Router z-loss backward: adds d_loss * coefficient * 2 * lse_t * softmax(x_t) / T_valid

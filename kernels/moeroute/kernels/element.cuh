@@ -23,19 +23,15 @@ inline constexpr bool is_routed_element_v =
 /// writes fp16 / bf16 as moeroute::half_bits / bf16_bits (moeroute/dtype.hpp), the same bits
 /// as __half / __nv_bfloat16, so one buffer serves both.
 template <class T>
-struct device_element {
-  using type = T;
-};
-template <>
-struct device_element<half_bits> {
-  using type = __half;
-};
-template <>
-struct device_element<bf16_bits> {
-  using type = __nv_bfloat16;
-};
+using device_element_t =
+    std::conditional_t<std::is_same_v<T, half_bits>, __half,
+                       std::conditional_t<std::is_same_v<T, bf16_bits>, __nv_bfloat16, T>>;
+
+/// The host storage type with the bits of a device element type (device_element_t inverted).
 template <class T>
-using device_element_t = typename device_element<T>::type;
+using host_element_t =
+    std::conditional_t<std::is_same_v<T, __half>, half_bits,
+                       std::conditional_t<std::is_same_v<T, __nv_bfloat16>, bf16_bits, T>>;
 
 template <class T>
 __device__ inline float element_to_float(T x) {
