@@ -10,6 +10,7 @@
 
 #include <moeroute/config.hpp>
 #include <moeroute/cuda/launch.cuh>
+#include <moeroute/cuda/validate_params.hpp>
 #include <moeroute/kernels/combine.cuh>
 #include <moeroute/kernels/element.cuh>
 #include <moeroute/types.hpp>
@@ -36,25 +37,23 @@ template <class Element>
 [[nodiscard]] status validate(const routing_config& cfg, const combine_params<Element>& p) {
   static_assert(kernels::is_routed_element_v<Element>,
                 "Element must be float, __half or __nv_bfloat16");
-  auto bad = [](status_code c, std::string m) { return status::make(c, std::move(m)); };
-  if (auto s = validate(cfg); !s) return s;
-  if (auto s = validate_tokens(cfg, p.tokens); !s) return s;
-  if (auto s = validate_hidden(p.hidden); !s) return s;
-  if (p.rows < 0)
-    return bad(status_code::invalid_shape, "rows = " + std::to_string(p.rows) + ": must be >= 0");
+  if (auto s = detail::validate_extents(cfg, p.tokens, p.rows, p.hidden); !s) return s;
   if (p.tokens == 0 || p.hidden == 0) return status::success();
-  auto null = [&](const char* what, const char* when) {
-    return bad(status_code::invalid_argument, std::string(what) + " is null " + when);
-  };
-  if (p.rows > 0 && !p.d_expert_out) return null("d_expert_out", "with rows > 0");
-  if (!p.layout.d_assignment_row) return null("layout.d_assignment_row", "with tokens > 0");
-  if (!p.dispatched.d_weight) return null("dispatched.d_weight", "with tokens > 0");
-  if (!p.d_y) return null("d_y", "with tokens > 0");
-  if (cfg.dispatch.dropped == drop_policy::residual) {
-    if (!p.dispatched.d_fate) return null("dispatched.d_fate", "with the residual policy");
-    if (!p.d_x) return null("d_x", "with the residual policy");
-  }
-  return status::success();
+  if (p.rows > 0)
+    if (auto s = detail::require_pointers("with rows > 0",
+                                          detail::required(p.d_expert_out, "d_expert_out"));
+        !s)
+      return s;
+  if (auto s = detail::require_pointers(
+          "with tokens > 0", detail::required(p.layout.d_assignment_row, "layout.d_assignment_row"),
+          detail::required(p.dispatched.d_weight, "dispatched.d_weight"),
+          detail::required(p.d_y, "d_y"));
+      !s)
+    return s;
+  if (cfg.dispatch.dropped != drop_policy::residual) return status::success();
+  return detail::require_pointers("with the residual policy",
+                                  detail::required(p.dispatched.d_fate, "dispatched.d_fate"),
+                                  detail::required(p.d_x, "d_x"));
 }
 
 /// @brief y[t] = sum over j = 0..k-1 of weight[t, j] * expert_out[row(t, j)], in fp32, in rank

@@ -10,32 +10,13 @@
 
 #include <moeroute/config.hpp>
 #include <moeroute/cuda/launch.cuh>
+#include <moeroute/cuda/validate_params.hpp>
 #include <moeroute/kernels/combine_backward.cuh>
 #include <moeroute/kernels/element.cuh>
 #include <moeroute/status.hpp>
 #include <moeroute/types.hpp>
 
 namespace moeroute::cuda {
-
-namespace detail {
-/// The extents both backward launchers check: T, rows >= 0, 1 <= d <= max_hidden.
-[[nodiscard]] inline status validate_backward_extents(const routing_config& cfg,
-                                                      std::int64_t tokens, std::int64_t rows,
-                                                      std::int64_t hidden) {
-  if (auto s = validate(cfg); !s) return s;
-  if (auto s = validate_tokens(cfg, tokens); !s) return s;
-  if (rows < 0)
-    return status::make(status_code::invalid_shape,
-                        "rows = " + std::to_string(rows) + ": must be >= 0");
-  if (hidden < 1 || hidden > max_hidden)
-    return status::make(status_code::invalid_shape,
-                        "hidden = " + std::to_string(hidden) + ": must be in [1, 2^20]");
-  return status::success();
-}
-[[nodiscard]] inline status null_argument(const char* what, const char* when) {
-  return status::make(status_code::invalid_argument, std::string(what) + " is null " + when);
-}
-}  // namespace detail
 
 /// @brief Inputs and outputs of cuda::combine_backward. Element = float, __half or __nv_bfloat16.
 template <class Element>
@@ -60,23 +41,26 @@ template <class Element>
                               const combine_backward_params<Element>& p) {
   static_assert(kernels::is_routed_element_v<Element>,
                 "Element must be float, __half or __nv_bfloat16");
-  if (auto s = detail::validate_backward_extents(cfg, p.tokens, p.rows, p.hidden); !s) return s;
-  if (p.rows > 0) {
-    if (!p.d_expert_out) return detail::null_argument("d_expert_out", "with rows > 0");
-    if (!p.layout.d_row_token) return detail::null_argument("layout.d_row_token", "with rows > 0");
-    if (!p.d_grad_expert_out) return detail::null_argument("d_grad_expert_out", "with rows > 0");
-  }
+  if (auto s = detail::validate_extents(cfg, p.tokens, p.rows, p.hidden); !s) return s;
+  // d = 0 leaves the [rows, d] and [T, d] buffers empty; d_grad_weight is still written (0).
+  if (p.rows > 0 && p.hidden > 0)
+    if (auto s = detail::require_pointers(
+            "with rows > 0", detail::required(p.d_expert_out, "d_expert_out"),
+            detail::required(p.layout.d_row_token, "layout.d_row_token"),
+            detail::required(p.d_grad_expert_out, "d_grad_expert_out"));
+        !s)
+      return s;
   // The [T, .] inputs are empty with T = 0; rows may still be E * C > 0 (min_capacity), all of
   // them padding then, and the rows kernel reads nothing but row_token for a padding row.
-  if (p.tokens > 0) {
-    const char* when = "with tokens > 0";
-    if (!p.d_dy) return detail::null_argument("d_dy", when);
-    if (!p.layout.d_assignment_row) return detail::null_argument("layout.d_assignment_row", when);
-    if (!p.dispatched.d_weight) return detail::null_argument("dispatched.d_weight", when);
-    if (!p.dispatched.d_fate) return detail::null_argument("dispatched.d_fate", when);
-    if (!p.d_grad_weight) return detail::null_argument("d_grad_weight", when);
-  }
-  return status::success();
+  if (p.tokens == 0) return status::success();
+  if (p.hidden > 0)
+    if (auto s = detail::require_pointers("with tokens > 0", detail::required(p.d_dy, "d_dy")); !s)
+      return s;
+  return detail::require_pointers(
+      "with tokens > 0", detail::required(p.layout.d_assignment_row, "layout.d_assignment_row"),
+      detail::required(p.dispatched.d_weight, "dispatched.d_weight"),
+      detail::required(p.dispatched.d_fate, "dispatched.d_fate"),
+      detail::required(p.d_grad_weight, "d_grad_weight"));
 }
 
 /// @brief Combine backward: d expert_out (bitwise equal to reference::combine_backward: fp32,
@@ -89,7 +73,7 @@ template <class Element>
                                       const combine_backward_params<Element>& p,
                                       cudaStream_t stream = nullptr) {
   if (auto s = validate(cfg, p); !s) return s;
-  if (p.rows > 0)
+  if (p.rows > 0 && p.hidden > 0)
     if (auto s = launch("combine_backward_rows_kernel",
                         kernels::combine_backward_rows_kernel<Element>, row_shape(p.rows, p.hidden),
                         stream, p.d_dy, p.layout.d_row_token, p.layout.d_assignment_row,
@@ -124,13 +108,16 @@ template <class Element>
                               const permute_backward_params<Element>& p) {
   static_assert(kernels::is_routed_element_v<Element>,
                 "Element must be float, __half or __nv_bfloat16");
-  if (auto s = detail::validate_backward_extents(cfg, p.tokens, p.rows, p.hidden); !s) return s;
-  if (p.tokens == 0) return status::success();
-  const char* when = "with tokens > 0";
-  if (p.rows > 0 && !p.d_grad_buf) return detail::null_argument("d_grad_buf", "with rows > 0");
-  if (!p.layout.d_assignment_row) return detail::null_argument("layout.d_assignment_row", when);
-  if (!p.d_grad_x) return detail::null_argument("d_grad_x", when);
-  return status::success();
+  if (auto s = detail::validate_extents(cfg, p.tokens, p.rows, p.hidden); !s) return s;
+  if (p.tokens == 0 || p.hidden == 0) return status::success();
+  if (p.rows > 0)
+    if (auto s =
+            detail::require_pointers("with rows > 0", detail::required(p.d_grad_buf, "d_grad_buf"));
+        !s)
+      return s;
+  return detail::require_pointers(
+      "with tokens > 0", detail::required(p.layout.d_assignment_row, "layout.d_assignment_row"),
+      detail::required(p.d_grad_x, "d_grad_x"));
 }
 
 /// @brief Permute backward: d x[t] = sum of d buf over token t's distinct rows in rank order
@@ -141,7 +128,7 @@ template <class Element>
                                       const permute_backward_params<Element>& p,
                                       cudaStream_t stream = nullptr) {
   if (auto s = validate(cfg, p); !s) return s;
-  if (p.tokens == 0) return status::success();
+  if (p.tokens == 0 || p.hidden == 0) return status::success();
   return launch("permute_backward_kernel", kernels::permute_backward_kernel<Element>,
                 row_shape(p.tokens, p.hidden), stream, p.d_grad_buf, p.layout.d_assignment_row,
                 p.tokens, cfg.top_k, p.hidden, p.accumulate, p.d_grad_x);

@@ -17,6 +17,7 @@
 #include <moeroute/config.hpp>
 #include <moeroute/cuda/dispatch_workspace.hpp>
 #include <moeroute/cuda/launch.cuh>
+#include <moeroute/cuda/validate_params.hpp>
 #include <moeroute/dispatch_plan.hpp>
 #include <moeroute/kernels/dispatch.cuh>
 #include <moeroute/types.hpp>
@@ -37,35 +38,30 @@ struct dispatch_params {
 
 /// @brief Checks config, shapes and pointers; names the first bad field.
 [[nodiscard]] inline status validate(const routing_config& cfg, const dispatch_params& p) {
-  if (auto s = validate(cfg); !s) return s;
-  if (auto s = validate_tokens(cfg, p.tokens); !s) return s;
+  if (auto s = detail::validate_extents(cfg, p.tokens); !s) return s;
   const std::int64_t n = p.tokens * cfg.top_k;
   if (n > std::numeric_limits<std::int32_t>::max() - 1)
     return status::make(status_code::unsupported,
                         "tokens * top_k = " + std::to_string(n) +
                             ": cuda::dispatch handles at most 2^31 - 2 assignments");
   if (p.tokens == 0) return status::success();
-  auto null = [](const char* what) {
-    return status::make(status_code::invalid_argument,
-                        std::string(what) + " is null with tokens > 0");
-  };
+  if (cfg.candidates_per_token() > cfg.top_k)
+    if (auto s = detail::require_pointers(
+            "with dispatch.dropped = next_choice (R > 0)",
+            detail::required(p.gated.d_reroute_ids, "gated.d_reroute_ids"));
+        !s)
+      return s;
   const dispatch_result& o = p.out;
-  if (!p.gated.d_ids) return null("gated.d_ids");
-  if (!p.gated.d_gates) return null("gated.d_gates");
-  if (cfg.candidates_per_token() > cfg.top_k && !p.gated.d_reroute_ids)
-    return null("gated.d_reroute_ids (next_choice, R > 0)");
-  if (!o.d_expert) return null("out.d_expert");
-  if (!o.d_slot) return null("out.d_slot");
-  if (!o.d_weight) return null("out.d_weight");
-  if (!o.d_fate) return null("out.d_fate");
-  if (!o.d_requested) return null("out.d_requested");
-  if (!o.d_kept) return null("out.d_kept");
-  if (!o.d_rerouted) return null("out.d_rerouted");
-  if (!o.d_dropped) return null("out.d_dropped");
-  if (!o.d_received) return null("out.d_received");
-  if (!o.d_load) return null("out.d_load");
-  if (!o.d_totals) return null("out.d_totals");
-  return status::success();
+  return detail::require_pointers(
+      "with tokens > 0", detail::required(p.gated.d_ids, "gated.d_ids"),
+      detail::required(p.gated.d_gates, "gated.d_gates"),
+      detail::required(o.d_expert, "out.d_expert"), detail::required(o.d_slot, "out.d_slot"),
+      detail::required(o.d_weight, "out.d_weight"), detail::required(o.d_fate, "out.d_fate"),
+      detail::required(o.d_requested, "out.d_requested"), detail::required(o.d_kept, "out.d_kept"),
+      detail::required(o.d_rerouted, "out.d_rerouted"),
+      detail::required(o.d_dropped, "out.d_dropped"),
+      detail::required(o.d_received, "out.d_received"), detail::required(o.d_load, "out.d_load"),
+      detail::required(o.d_totals, "out.d_totals"));
 }
 
 namespace detail {

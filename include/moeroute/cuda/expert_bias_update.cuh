@@ -10,6 +10,7 @@
 
 #include <moeroute/config.hpp>
 #include <moeroute/cuda/launch.cuh>
+#include <moeroute/cuda/validate_params.hpp>
 #include <moeroute/kernels/expert_bias_update.cuh>
 #include <moeroute/status.hpp>
 
@@ -25,9 +26,8 @@ struct expert_bias_update_params {
 [[nodiscard]] inline status validate(const routing_config& cfg,
                                      const expert_bias_update_params& p) {
   if (auto s = validate(cfg); !s) return s;
-  if (!p.d_bias) return status::make(status_code::invalid_argument, "d_bias is null");
-  if (!p.d_load) return status::make(status_code::invalid_argument, "d_load is null");
-  return status::success();
+  return detail::require_pointers("", detail::required(p.d_bias, "d_bias"),
+                                  detail::required(p.d_load, "d_load"));
 }
 
 /// @brief bias += rate * sign(mean load - load), then optionally bias -= mean(bias), with rate

@@ -13,6 +13,7 @@
 #include <moeroute/config.hpp>
 #include <moeroute/cuda/gating_workspace.hpp>
 #include <moeroute/cuda/launch.cuh>
+#include <moeroute/cuda/validate_params.hpp>
 #include <moeroute/gating_plan.hpp>
 #include <moeroute/kernels/gating.cuh>
 #include <moeroute/kernels/gating_reduce.cuh>
@@ -44,36 +45,38 @@ template <class Element>
 [[nodiscard]] status validate(const routing_config& cfg, const gating_params<Element>& p) {
   static_assert(kernels::is_routed_element_v<Element>,
                 "Element must be float, __half or __nv_bfloat16");
-  if (auto s = validate(cfg); !s) return s;
-  if (auto s = validate_tokens(cfg, p.tokens); !s) return s;
-  auto missing = [](const char* name, const char* when) {
-    return status::make(status_code::invalid_argument, std::string(name) + " is null " + when);
-  };
-  if (cfg.gating.expert_bias && p.tokens > 0 && p.d_bias == nullptr)
-    return missing("d_bias", "with gating.expert_bias = true");
+  if (auto s = detail::validate_extents(cfg, p.tokens); !s) return s;
   if (!cfg.gating.expert_bias && p.d_bias != nullptr)
     return status::make(status_code::invalid_argument,
                         "d_bias given but gating.expert_bias is false");
   if (p.tokens == 0) return status::success();
-  const char* when = "with tokens > 0";
+  if (cfg.gating.expert_bias)
+    if (auto s = detail::require_pointers("with gating.expert_bias = true",
+                                          detail::required(p.d_bias, "d_bias"));
+        !s)
+      return s;
   const gating_result& o = p.out;
-  if (p.d_logits == nullptr) return missing("d_logits", when);
-  if (o.d_ids == nullptr) return missing("out.d_ids", when);
-  if (o.d_gates == nullptr) return missing("out.d_gates", when);
-  if (o.d_logsumexp == nullptr) return missing("out.d_logsumexp", when);
-  if (o.sums.d_aux_score_sum == nullptr) return missing("out.sums.d_aux_score_sum", when);
-  if (o.sums.d_aux_count == nullptr) return missing("out.sums.d_aux_count", when);
-  if (o.sums.d_valid_tokens == nullptr) return missing("out.sums.d_valid_tokens", when);
-  if (o.sums.d_z_sum_squares == nullptr) return missing("out.sums.d_z_sum_squares", when);
-  if (cfg.candidates_per_token() > cfg.top_k && o.d_reroute_ids == nullptr)
-    return missing("out.d_reroute_ids", "with dispatch.dropped = next_choice (R > 0)");
-  if (cfg.loss.sequence_length > 0) {
-    const char* w = "with loss.sequence_length > 0";
-    if (o.sums.d_seq_score_sum == nullptr) return missing("out.sums.d_seq_score_sum", w);
-    if (o.sums.d_seq_count == nullptr) return missing("out.sums.d_seq_count", w);
-    if (o.sums.d_seq_tokens == nullptr) return missing("out.sums.d_seq_tokens", w);
-  }
-  return status::success();
+  if (auto s = detail::require_pointers(
+          "with tokens > 0", detail::required(p.d_logits, "d_logits"),
+          detail::required(o.d_ids, "out.d_ids"), detail::required(o.d_gates, "out.d_gates"),
+          detail::required(o.d_logsumexp, "out.d_logsumexp"),
+          detail::required(o.sums.d_aux_score_sum, "out.sums.d_aux_score_sum"),
+          detail::required(o.sums.d_aux_count, "out.sums.d_aux_count"),
+          detail::required(o.sums.d_valid_tokens, "out.sums.d_valid_tokens"),
+          detail::required(o.sums.d_z_sum_squares, "out.sums.d_z_sum_squares"));
+      !s)
+    return s;
+  if (cfg.candidates_per_token() > cfg.top_k)
+    if (auto s = detail::require_pointers("with dispatch.dropped = next_choice (R > 0)",
+                                          detail::required(o.d_reroute_ids, "out.d_reroute_ids"));
+        !s)
+      return s;
+  if (cfg.loss.sequence_length == 0) return status::success();
+  return detail::require_pointers(
+      "with loss.sequence_length > 0",
+      detail::required(o.sums.d_seq_score_sum, "out.sums.d_seq_score_sum"),
+      detail::required(o.sums.d_seq_count, "out.sums.d_seq_count"),
+      detail::required(o.sums.d_seq_tokens, "out.sums.d_seq_tokens"));
 }
 
 namespace detail {

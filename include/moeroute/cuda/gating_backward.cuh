@@ -11,6 +11,7 @@
 
 #include <moeroute/config.hpp>
 #include <moeroute/cuda/launch.cuh>
+#include <moeroute/cuda/validate_params.hpp>
 #include <moeroute/kernels/element.cuh>
 #include <moeroute/kernels/gating_backward.cuh>
 #include <moeroute/kernels/gating_semantics.cuh>
@@ -46,29 +47,31 @@ template <class Element>
 [[nodiscard]] status validate(const routing_config& cfg, const gating_backward_params<Element>& p) {
   static_assert(kernels::is_routed_element_v<Element>,
                 "Element must be float, __half or __nv_bfloat16");
-  if (auto s = validate(cfg); !s) return s;
-  if (auto s = validate_tokens(cfg, p.tokens); !s) return s;
-  auto missing = [](const char* name, const char* when) {
-    return status::make(status_code::invalid_argument, std::string(name) + " is null " + when);
-  };
+  if (auto s = detail::validate_extents(cfg, p.tokens); !s) return s;
   if (p.tokens == 0) return status::success();
-  const char* when = "with tokens > 0";
-  if (!p.d_logits) return missing("d_logits", when);
-  if (!p.d_grad_logits) return missing("d_grad_logits", when);
-  if (p.d_grad_weight) {
-    if (!p.gated.d_ids) return missing("gated.d_ids", "with d_grad_weight");
-    if (!p.dispatched.d_fate) return missing("dispatched.d_fate", "with d_grad_weight");
-  }
-  if (p.weights.aux != 0.0 && cfg.loss.aux_coefficient != 0.0f && !p.gated.sums.d_aux_count)
-    return missing("gated.sums.d_aux_count",
-                   "with an aux term (weights.aux and loss.aux_coefficient non-zero)");
-  if (cfg.loss.sequence_length > 0 && p.weights.sequence_aux != 0.0 &&
-      cfg.loss.aux_coefficient != 0.0f) {
-    const char* w = "with a sequence-aux term (loss.sequence_length > 0)";
-    if (!p.gated.sums.d_seq_count) return missing("gated.sums.d_seq_count", w);
-    if (!p.gated.sums.d_seq_tokens) return missing("gated.sums.d_seq_tokens", w);
-  }
-  return status::success();
+  if (auto s = detail::require_pointers("with tokens > 0", detail::required(p.d_logits, "d_logits"),
+                                        detail::required(p.d_grad_logits, "d_grad_logits"));
+      !s)
+    return s;
+  if (p.d_grad_weight)
+    if (auto s = detail::require_pointers(
+            "with d_grad_weight", detail::required(p.gated.d_ids, "gated.d_ids"),
+            detail::required(p.dispatched.d_fate, "dispatched.d_fate"));
+        !s)
+      return s;
+  const bool aux = cfg.loss.aux_coefficient != 0.0f;
+  if (aux && p.weights.aux != 0.0)
+    if (auto s = detail::require_pointers(
+            "with an aux term (weights.aux and loss.aux_coefficient non-zero)",
+            detail::required(p.gated.sums.d_aux_count, "gated.sums.d_aux_count"));
+        !s)
+      return s;
+  if (!aux || cfg.loss.sequence_length == 0 || p.weights.sequence_aux == 0.0)
+    return status::success();
+  return detail::require_pointers(
+      "with a sequence-aux term (loss.sequence_length > 0)",
+      detail::required(p.gated.sums.d_seq_count, "gated.sums.d_seq_count"),
+      detail::required(p.gated.sums.d_seq_tokens, "gated.sums.d_seq_tokens"));
 }
 
 /// @brief d logits [T, E] of the routing term (d_grad_weight through the gates: score function,

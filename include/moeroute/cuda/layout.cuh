@@ -11,6 +11,7 @@
 #include <moeroute/config.hpp>
 #include <moeroute/cuda/dispatch_workspace.hpp>
 #include <moeroute/cuda/launch.cuh>
+#include <moeroute/cuda/validate_params.hpp>
 #include <moeroute/kernels/layout.cuh>
 #include <moeroute/types.hpp>
 
@@ -37,8 +38,7 @@ struct layout_params {
 /// @brief Checks shapes and pointers against `cfg`, including that max_rows covers the bound.
 [[nodiscard]] inline status validate(const routing_config& cfg, const layout_params& p) {
   auto bad = [](status_code c, std::string m) { return status::make(c, std::move(m)); };
-  if (auto s = validate(cfg); !s) return s;
-  if (auto s = validate_tokens(cfg, p.tokens); !s) return s;
+  if (auto s = detail::validate_extents(cfg, p.tokens); !s) return s;
   if (p.kind != layout_kind::padded && p.kind != layout_kind::compact)
     return bad(status_code::invalid_argument, "kind: not a layout_kind");
   if (p.block_size < 1)
@@ -56,18 +56,19 @@ struct layout_params {
     return bad(status_code::invalid_shape, "max_rows = " + std::to_string(p.max_rows) +
                                                ": below the layout bound " + std::to_string(bound));
   if (p.tokens == 0) return status::success();
-  auto null = [&](const char* what) {
-    return bad(status_code::invalid_argument, std::string(what) + " is null with tokens > 0");
-  };
-  if (!p.dispatched.d_expert) return null("dispatched.d_expert");
-  if (!p.dispatched.d_slot) return null("dispatched.d_slot");
-  if (!p.dispatched.d_load) return null("dispatched.d_load");
-  if (!p.dispatched.d_totals) return null("dispatched.d_totals");
-  if (!p.out.d_offsets) return null("out.d_offsets");
-  if (p.max_rows > 0 && !p.out.d_row_token) return null("out.d_row_token");
-  if (!p.out.d_assignment_row) return null("out.d_assignment_row");
-  if (!p.out.d_num_rows) return null("out.d_num_rows");
-  return status::success();
+  if (p.max_rows > 0)
+    if (auto s = detail::require_pointers("with max_rows > 0",
+                                          detail::required(p.out.d_row_token, "out.d_row_token"));
+        !s)
+      return s;
+  return detail::require_pointers("with tokens > 0",
+                                  detail::required(p.dispatched.d_expert, "dispatched.d_expert"),
+                                  detail::required(p.dispatched.d_slot, "dispatched.d_slot"),
+                                  detail::required(p.dispatched.d_load, "dispatched.d_load"),
+                                  detail::required(p.dispatched.d_totals, "dispatched.d_totals"),
+                                  detail::required(p.out.d_offsets, "out.d_offsets"),
+                                  detail::required(p.out.d_assignment_row, "out.d_assignment_row"),
+                                  detail::required(p.out.d_num_rows, "out.d_num_rows"));
 }
 
 /// @brief Builds the padded or compact layout from cuda::dispatch's outputs.

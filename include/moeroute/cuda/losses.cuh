@@ -10,6 +10,7 @@
 
 #include <moeroute/config.hpp>
 #include <moeroute/cuda/launch.cuh>
+#include <moeroute/cuda/validate_params.hpp>
 #include <moeroute/kernels/losses.cuh>
 #include <moeroute/status.hpp>
 #include <moeroute/types.hpp>
@@ -30,27 +31,28 @@ struct loss_params {
 
 /// @brief Checks config, shape and pointers of a loss call; names the first bad field.
 [[nodiscard]] inline status validate(const routing_config& cfg, const loss_params& p) {
-  if (auto s = validate(cfg); !s) return s;
-  if (auto s = validate_tokens(cfg, p.tokens); !s) return s;
+  if (auto s = detail::validate_extents(cfg, p.tokens); !s) return s;
   if (p.tokens == 0) return status::success();
-  auto missing = [](const char* name, const char* when) {
-    return status::make(status_code::invalid_argument, std::string(name) + " is null " + when);
-  };
-  if (p.sums.d_valid_tokens == nullptr) return missing("sums.d_valid_tokens", "with tokens > 0");
-  if (p.d_aux_loss != nullptr || p.d_sequence_aux_loss != nullptr) {
-    if (p.sums.d_aux_score_sum == nullptr)
-      return missing("sums.d_aux_score_sum", "with an aux output");
-    if (p.sums.d_aux_count == nullptr) return missing("sums.d_aux_count", "with an aux output");
-  }
-  if (p.d_z_loss != nullptr && p.sums.d_z_sum_squares == nullptr)
-    return missing("sums.d_z_sum_squares", "with d_z_loss");
-  if (p.d_sequence_aux_loss != nullptr && cfg.loss.sequence_length > 0) {
-    const char* w = "with d_sequence_aux_loss and loss.sequence_length > 0";
-    if (p.sums.d_seq_score_sum == nullptr) return missing("sums.d_seq_score_sum", w);
-    if (p.sums.d_seq_count == nullptr) return missing("sums.d_seq_count", w);
-    if (p.sums.d_seq_tokens == nullptr) return missing("sums.d_seq_tokens", w);
-  }
-  return status::success();
+  if (auto s = detail::require_pointers(
+          "with tokens > 0", detail::required(p.sums.d_valid_tokens, "sums.d_valid_tokens"));
+      !s)
+    return s;
+  if (p.d_aux_loss != nullptr || p.d_sequence_aux_loss != nullptr)
+    if (auto s = detail::require_pointers(
+            "with an aux output", detail::required(p.sums.d_aux_score_sum, "sums.d_aux_score_sum"),
+            detail::required(p.sums.d_aux_count, "sums.d_aux_count"));
+        !s)
+      return s;
+  if (p.d_z_loss != nullptr)
+    if (auto s = detail::require_pointers(
+            "with d_z_loss", detail::required(p.sums.d_z_sum_squares, "sums.d_z_sum_squares"));
+        !s)
+      return s;
+  if (p.d_sequence_aux_loss == nullptr || cfg.loss.sequence_length == 0) return status::success();
+  return detail::require_pointers("with d_sequence_aux_loss and loss.sequence_length > 0",
+                                  detail::required(p.sums.d_seq_score_sum, "sums.d_seq_score_sum"),
+                                  detail::required(p.sums.d_seq_count, "sums.d_seq_count"),
+                                  detail::required(p.sums.d_seq_tokens, "sums.d_seq_tokens"));
 }
 
 /// @brief Loss values from the gating sums, into device scalars (double).

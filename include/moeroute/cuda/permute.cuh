@@ -10,6 +10,7 @@
 
 #include <moeroute/config.hpp>
 #include <moeroute/cuda/launch.cuh>
+#include <moeroute/cuda/validate_params.hpp>
 #include <moeroute/kernels/element.cuh>
 #include <moeroute/kernels/permute.cuh>
 #include <moeroute/types.hpp>
@@ -34,18 +35,13 @@ template <class Element>
 [[nodiscard]] status validate(const routing_config& cfg, const permute_params<Element>& p) {
   static_assert(kernels::is_routed_element_v<Element>,
                 "Element must be float, __half or __nv_bfloat16");
-  auto bad = [](status_code c, std::string m) { return status::make(c, std::move(m)); };
-  if (auto s = validate(cfg); !s) return s;
-  if (auto s = validate_tokens(cfg, p.tokens); !s) return s;
-  if (auto s = validate_hidden(p.hidden); !s) return s;
-  if (p.rows < 0)
-    return bad(status_code::invalid_shape, "rows = " + std::to_string(p.rows) + ": must be >= 0");
+  if (auto s = detail::validate_extents(cfg, p.tokens, p.rows, p.hidden); !s) return s;
   if (p.tokens == 0 || p.rows == 0 || p.hidden == 0) return status::success();
-  if (!p.d_x) return bad(status_code::invalid_argument, "d_x is null with tokens > 0");
-  if (!p.layout.d_row_token)
-    return bad(status_code::invalid_argument, "layout.d_row_token is null with rows > 0");
-  if (!p.d_out) return bad(status_code::invalid_argument, "d_out is null with rows > 0");
-  return status::success();
+  if (auto s = detail::require_pointers("with tokens > 0", detail::required(p.d_x, "d_x")); !s)
+    return s;
+  return detail::require_pointers("with rows > 0",
+                                  detail::required(p.layout.d_row_token, "layout.d_row_token"),
+                                  detail::required(p.d_out, "d_out"));
 }
 
 /// @brief out[row] = x[row_token[row]] for rows < *d_num_rows; padding rows (-1) get zeros.
