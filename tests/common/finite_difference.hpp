@@ -20,8 +20,10 @@
 #include <numeric>
 #include <random>
 #include <string>
+#include <string_view>
 #include <vector>
 
+#include <moeroute/config_fields.hpp>
 #include <moeroute/reference.hpp>
 
 namespace moeroute::test {
@@ -306,13 +308,15 @@ inline void require_same_decisions(const routing_config& cfg, const std::vector<
   if (d_out) *d_out = std::move(d);
 }
 
-/// A config that drops nothing and renormalises nothing: the plainest routing of E, k.
-inline routing_config plain(std::int32_t E, std::int32_t k) {
+/// A config that drops nothing and renormalises nothing: the plainest routing of E, k; then
+/// `fields` ("name=value ...", see moeroute/config_fields.hpp) on top.
+inline routing_config plain(std::int32_t E, std::int32_t k, std::string_view fields = {}) {
   routing_config c;
   c.num_experts = E;
   c.top_k = k;
   c.capacity.mode = capacity_mode::unbounded;
   c.dispatch.dropped = drop_policy::zero_weight;
+  throw_if_error(set_fields(c, fields));
   return c;
 }
 

@@ -19,7 +19,6 @@
 #include <fstream>
 #include <limits>
 #include <optional>
-#include <sstream>
 #include <stdexcept>
 #include <string>
 #include <string_view>
@@ -28,6 +27,7 @@
 #include <nlohmann/json.hpp>
 
 #include <moeroute/config.hpp>
+#include <moeroute/config_fields.hpp>
 #include <moeroute/names.hpp>
 #include <moeroute/presets.hpp>
 
@@ -239,53 +239,32 @@ inline routing_config config_from_semantics(const json& sem, std::int32_t expert
   return c;
 }
 
-/// Fields of the preset that disagree with the semantics block ("" when they all agree).
+/// Fields of the preset that disagree with the semantics block ("" when they all agree). Only
+/// what a semantics block states is compared: not noise seeds, fallback or reroute settings;
+/// the capacity bound and slot order only for a factor capacity; the renormalisation epsilon
+/// only where the preset renormalises before drop.
 inline std::string config_diff(const routing_config& p, const routing_config& s) {
-  std::ostringstream d;
-  const auto field = [&](const char* name, auto a, auto b) {
-    if constexpr (named_enum<decltype(a)>) {
-      if (a != b)
-        d << name << ": preset " << to_string(a) << " vs semantics " << to_string(b) << "; ";
-    } else {
-      if (!(a == b))
-        d << name << ": preset " << +static_cast<long double>(a) << " vs semantics "
-          << +static_cast<long double>(b) << "; ";
-    }
+  const bool factor = s.capacity.mode == capacity_mode::factor;
+  const auto compared = [&](std::string_view n) {
+    if (n == "gating.renorm_epsilon") return p.gating.renorm == renormalize::before_drop;
+    if (n == "capacity.eval_factor" || n == "capacity.fixed") return false;
+    if (n == "dispatch.slots" || (n.starts_with("capacity.") && n != "capacity.mode"))
+      return factor;
+    for (std::string_view skip :
+         {"training", "gating.bias_update.", "gating.noise.", "dispatch.fallback.",
+          "dispatch.reroute.", "dispatch.random_", "loss.sequence_length"})
+      if (n.starts_with(skip)) return n == "gating.noise.kind";
+    return true;
   };
-  field("num_experts", p.num_experts, s.num_experts);
-  field("top_k", p.top_k, s.top_k);
-  field("gating.score", p.gating.score, s.gating.score);
-  field("gating.select", p.gating.select, s.gating.select);
-  field("gating.stage", p.gating.stage, s.gating.stage);
-  field("gating.renorm", p.gating.renorm, s.gating.renorm);
-  if (p.gating.renorm == renormalize::before_drop)
-    field("gating.renorm_epsilon", p.gating.renorm_epsilon, s.gating.renorm_epsilon);
-  field("gating.scaling_factor", p.gating.scaling_factor, s.gating.scaling_factor);
-  field("gating.expert_bias", p.gating.expert_bias, s.gating.expert_bias);
-  field("gating.group_limit.groups", p.gating.group_limit.groups, s.gating.group_limit.groups);
-  field("gating.group_limit.group_topk", p.gating.group_limit.group_topk,
-        s.gating.group_limit.group_topk);
-  field("gating.noise.kind", p.gating.noise.kind, s.gating.noise.kind);
-  field("capacity.mode", p.capacity.mode, s.capacity.mode);
-  if (s.capacity.mode == capacity_mode::factor) {
-    field("capacity.factor", p.capacity.factor, s.capacity.factor);
-    field("capacity.includes_k", p.capacity.includes_k, s.capacity.includes_k);
-    field("capacity.rounding", p.capacity.rounding, s.capacity.rounding);
-    field("capacity.min_capacity", p.capacity.min_capacity, s.capacity.min_capacity);
-    field("capacity.no_drop_when_exceeds_tokens", p.capacity.no_drop_when_exceeds_tokens,
-          s.capacity.no_drop_when_exceeds_tokens);
-    field("capacity.clamp_to_tokens", p.capacity.clamp_to_tokens, s.capacity.clamp_to_tokens);
-  }
-  field("dispatch.prio", p.dispatch.prio, s.dispatch.prio);
-  if (s.capacity.mode == capacity_mode::factor)
-    field("dispatch.slots", p.dispatch.slots, s.dispatch.slots);
-  field("dispatch.dropped", p.dispatch.dropped, s.dispatch.dropped);
-  field("loss.counts", p.loss.counts, s.loss.counts);
-  field("loss.count_source", p.loss.count_source, s.loss.count_source);
-  field("loss.scale", p.loss.scale, s.loss.scale);
-  field("loss.aux_coefficient", p.loss.aux_coefficient, s.loss.aux_coefficient);
-  field("loss.z_coefficient", p.loss.z_coefficient, s.loss.z_coefficient);
-  return d.str();
+  std::string d;
+  for_each_field(
+      [&](const char* name, const auto& a, const auto& b) {
+        if (!compared(name) || detail::same_field(a, b)) return;
+        d += std::string(name) + ": preset " + detail::field_text(a) + " vs semantics " +
+             detail::field_text(b) + "; ";
+      },
+      p, s);
+  return d;
 }
 
 /// One golden case, ready to route: its logits, bias and preset.

@@ -2,7 +2,10 @@
 // Capacity rules, hand-worked from the design notes and the peers' formulas.
 #include <catch2/catch.hpp>
 
+#include <string>
+
 #include <moeroute/capacity.hpp>
+#include <moeroute/config_fields.hpp>
 #include <moeroute/presets.hpp>
 
 using namespace moeroute;
@@ -24,26 +27,26 @@ TEST_CASE("capacity: k-aware factor, ceil, min_capacity (DeepSpeed)", "[capacity
   CHECK(expert_capacity(c, 100) == 32);  // ceil(31.25)
 }
 
-TEST_CASE("capacity: fixed, max_load, unbounded, eval factor, clamp", "[capacity]") {
-  routing_config c;
-  c.num_experts = 4;
-  c.top_k = 2;
-  c.capacity.mode = capacity_mode::fixed;
-  c.capacity.fixed = 7;
-  CHECK(expert_capacity(c, 1000) == 7);
-  c.capacity.mode = capacity_mode::max_load;
-  CHECK(expert_capacity(c, 1000, 321) == 321);
-  c.capacity.mode = capacity_mode::unbounded;
-  CHECK(expert_capacity(c, 1000) == unbounded_capacity);
-  c.capacity.mode = capacity_mode::factor;
-  c.capacity.factor = 2.0;
-  c.capacity.eval_factor = 1.0;
-  c.training = true;
-  CHECK(expert_capacity(c, 8) == 8);
-  c.training = false;
-  CHECK(expert_capacity(c, 8) == 4);
-  c.capacity.factor = 100.0;
-  c.training = true;
-  c.capacity.clamp_to_tokens = true;
-  CHECK(expert_capacity(c, 8) == 8);
+TEST_CASE("capacity: fixed, max_load, unbounded, min_capacity, clamp, eval factor", "[capacity]") {
+  struct row {
+    const char* fields;  // on top of E = 8, k = 2
+    std::int64_t tokens, max_load, want;
+  };
+  const row rows[] = {
+      {"capacity.mode=fixed capacity.fixed=7", 1000, 0, 7},
+      {"capacity.mode=max_load", 1000, 321, 321},
+      {"capacity.mode=unbounded", 1000, 0, unbounded_capacity},
+      {"capacity.factor=1 capacity.min_capacity=5", 8, 0, 5},  // ceil(2) -> min 5
+      {"capacity.factor=1 capacity.min_capacity=5 capacity.clamp_to_tokens=true", 3, 0, 3},
+      {"capacity.factor=100 capacity.clamp_to_tokens=true", 8, 0, 8},  // 200 -> T
+      {"capacity.factor=1 capacity.eval_factor=2", 64, 0, 16},         // training: factor
+      {"capacity.factor=1 capacity.eval_factor=2 training=false", 64, 0, 32},
+      {"capacity.factor=1", 0, 0, 0},  // an empty batch: 0 (or the minimum)
+      {"capacity.factor=1 capacity.min_capacity=5", 0, 0, 5},
+  };
+  for (const row& r : rows) {
+    INFO(r.fields << ", T = " << r.tokens);
+    const auto c = parse_config(std::string("num_experts=8 top_k=2 ") + r.fields);
+    CHECK(expert_capacity(c, r.tokens, r.max_load) == r.want);
+  }
 }

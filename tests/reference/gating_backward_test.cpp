@@ -108,26 +108,24 @@ TEST_CASE("backward: gating gradient matches finite differences for every score 
     c.gating.scaling_factor = 0.6f;
     cases.push_back(make_case("softmax over the k chosen, scaling 0.6", c, 6, 15));
   }
-  {
-    auto c = plain(6, 1);
-    c.gating.score = score_function::sigmoid;
-    c.gating.select = select_from::scores;
-    cases.push_back(make_case("sigmoid, top-1, no renorm", c, 8, 16));
-    c.top_k = 3;
-    c.gating.renorm = renormalize::before_drop;
-    c.gating.renorm_epsilon = 1e-20f;
-    cases.push_back(make_case("sigmoid, top-3, renorm before drop (+1e-20)", c, 8, 17));
-  }
-  {
-    auto c = plain(6, 2);
-    c.gating.score = score_function::sqrt_softplus;
-    c.gating.select = select_from::scores;
-    cases.push_back(make_case("sqrt-softplus, top-2, no renorm", c, 8, 18));
-    c.top_k = 3;
-    c.gating.renorm = renormalize::before_drop;
-    c.gating.scaling_factor = 2.0f;
-    cases.push_back(make_case("sqrt-softplus, top-3, renorm before drop, scaling 2", c, 8, 19));
-  }
+  // the per-expert score functions, with and without renormalisation (T = 8)
+  struct per_expert {
+    const char* name;
+    std::int32_t k;
+    const char* fields;  // on top of plain(6, k)
+  };
+  const per_expert scores[] = {
+      {"sigmoid, top-1, no renorm", 1, "gating.score=sigmoid gating.select=scores"},
+      {"sigmoid, top-3, renorm before drop (+1e-20)", 3,
+       "gating.score=sigmoid gating.select=scores gating.renorm=before_drop "
+       "gating.renorm_epsilon=1e-20"},
+      {"sqrt-softplus, top-2, no renorm", 2, "gating.score=sqrt_softplus gating.select=scores"},
+      {"sqrt-softplus, top-3, renorm before drop, scaling 2", 3,
+       "gating.score=sqrt_softplus gating.select=scores gating.renorm=before_drop "
+       "gating.scaling_factor=2"}};
+  std::uint32_t seed = 16;
+  for (const per_expert& e : scores)
+    cases.push_back(make_case(e.name, plain(6, e.k, e.fields), 8, seed++));
   {
     auto c = make_case("DeepSeek-V3 style: sigmoid, bias, groups, renorm, scaling 2.5",
                        presets::deepseek_v3(8, 4, 4, 2), 10, 20);

@@ -4,6 +4,7 @@
 #include <catch2/catch.hpp>
 #include <cmath>
 #include <cstdint>
+#include <moeroute/config_fields.hpp>
 #include <moeroute/reference.hpp>
 #include <vector>
 
@@ -123,24 +124,7 @@ TEST_CASE("hand-worked: capacity examples", "[reference][hand][capacity]") {
   // dropless presets have no capacity
   CHECK(expert_capacity(presets::mixtral(), 1000) == unbounded_capacity);
   CHECK(expert_capacity(presets::megatron(8, 2), 1000) == unbounded_capacity);
-  // min_capacity, clamp, eval factor
-  routing_config c;
-  c.num_experts = 8;
-  c.top_k = 2;
-  c.capacity.factor = 1.0;
-  c.capacity.min_capacity = 5;
-  CHECK(expert_capacity(c, 8) == 5);  // ceil(2) -> 5
-  c.capacity.clamp_to_tokens = true;
-  CHECK(expert_capacity(c, 3) == 3);  // min 5, clamped to T = 3
-  c.capacity.clamp_to_tokens = false;
-  c.capacity.min_capacity = 0;
-  c.capacity.eval_factor = 2.0;
-  c.training = false;
-  CHECK(expert_capacity(c, 64) == 32);
-  c.training = true;
-  CHECK(expert_capacity(c, 64) == 16);
-  // capacity of an empty batch is 0 (or the minimum)
-  CHECK(expert_capacity(c, 0) == 0);
+  // min_capacity, clamp and the eval factor: capacity_test.cpp
 }
 
 TEST_CASE("hand-worked: a uniform router gives aux loss exactly alpha (normalized)",
@@ -184,13 +168,9 @@ TEST_CASE("hand-worked: aux loss and sequence aux loss on four tokens", "[refere
   // p = (1/4, 3/4) for rows [0, ln 3], (3/4, 1/4) for [ln 3, 0]; top-1 follows the larger.
   const float l3 = static_cast<float>(std::log(3.0));
   const std::vector<float> x = {0, l3, l3, 0, 0, l3, 0, l3};
-  routing_config c;
-  c.num_experts = 2;
-  c.top_k = 1;
-  c.loss.counts = aux_counts::top1;
-  c.loss.scale = aux_scale::e_times_sum;
-  c.loss.aux_coefficient = 1.0f;
-  c.capacity.mode = capacity_mode::unbounded;
+  auto c = parse_config(
+      "num_experts=2 top_k=1 capacity.mode=unbounded loss.counts=top1 loss.scale=e_times_sum "
+      "loss.aux_coefficient=1");
   // f = (1/4, 3/4), P = (3/8, 5/8): sum f P = 3/32 + 15/32 = 9/16; E * 9/16 = 9/8
   auto r = reference::route<float>(c, x, 4);
   CHECK_THAT(r.losses.aux.value, WithinRel(1.125, 1e-6));

@@ -5,6 +5,7 @@
 #include <catch2/catch.hpp>
 #include <cstdint>
 #include <limits>
+#include <moeroute/config_fields.hpp>
 #include <moeroute/reference.hpp>
 #include <random>
 #include <string>
@@ -230,13 +231,9 @@ TEST_CASE("invariants: ties go to the lower expert index, then the lower token i
     }
   }
   SECTION("score priority keeps the larger gates regardless of token order") {
-    routing_config c;
-    c.num_experts = 2;
-    c.top_k = 1;
-    c.gating.select = select_from::scores;
-    c.capacity.mode = capacity_mode::fixed;
-    c.capacity.fixed = 2;
-    c.dispatch.prio = priority::score_per_expert;
+    auto c = parse_config(
+        "num_experts=2 top_k=1 gating.select=scores capacity.mode=fixed capacity.fixed=2 "
+        "dispatch.prio=score_per_expert");
     // all choose expert 0 with gates increasing in t: the last two are kept
     const std::vector<float> x = {1, 0, 2, 0, 3, 0, 4, 0};
     auto r = reference::route<float>(c, x, 4);
