@@ -153,7 +153,7 @@ void register_all() {
         time_launch(
             st, f.stream, [&] { return f.p->dispatch(f.stream); }, t * k * (8 + 13) + E * 48, T);
       });
-      reg("cuda_compact_layout_b16", [m, T, k, t](benchmark::State& st) {
+      reg("cuda_layout_compact_b16", [m, T, k, t](benchmark::State& st) {
         auto& f = get_fixture(m, T);
         time_launch(
             st, f.stream, [&] { return f.p->layout(f.stream); },

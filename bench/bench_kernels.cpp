@@ -101,7 +101,7 @@ void register_all() {
           ->MinTime(0.05);
 
       // layouts: read [T,k] expert + slot, write row_token [rows] + assignment_row [T,k]
-      benchmark::RegisterBenchmark(("padded_layout" + sfx).c_str(),
+      benchmark::RegisterBenchmark(("layout_padded" + sfx).c_str(),
                                    [m, T, k](benchmark::State& st) {
                                      const auto p = prepare(m, T, m.capacity_config());
                                      std::int64_t rows = 0;
@@ -115,7 +115,7 @@ void register_all() {
                                    })
           ->Unit(benchmark::kMicrosecond)
           ->MinTime(0.05);
-      benchmark::RegisterBenchmark(("compact_layout_b16" + sfx).c_str(),
+      benchmark::RegisterBenchmark(("layout_compact_b16" + sfx).c_str(),
                                    [m, T, k](benchmark::State& st) {
                                      const auto p = prepare(m, T, m.config());
                                      std::int64_t rows = 0;

@@ -17,6 +17,7 @@
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 
+#include <moeroute/config_fields.hpp>
 #include <moeroute/cuda/combine_backward.cuh>
 #include <moeroute/cuda/device_buffer.cuh>
 #include <moeroute/cuda/expert_bias_update.cuh>
@@ -26,6 +27,7 @@
 #include <moeroute/reference.hpp>
 
 #include "backward_cases.hpp"
+#include "device_forward.cuh"
 
 using namespace moeroute;
 namespace ref = moeroute::reference;
@@ -63,24 +65,6 @@ bool same_bits(const std::vector<T>& a, const std::vector<T>& b) {
          (a.empty() || std::memcmp(a.data(), b.data(), a.size() * sizeof(T)) == 0);
 }
 
-template <class Bits>
-Bits encode(float f) {
-  if constexpr (std::is_same_v<Bits, float>) {
-    return f;
-  } else if constexpr (std::is_same_v<Bits, half_bits>) {
-    return moeroute::to_half(f);
-  } else {
-    return moeroute::to_bf16(f);
-  }
-}
-template <class Bits>
-float decode(Bits b) {
-  if constexpr (std::is_same_v<Bits, float>) {
-    return b;
-  } else {
-    return moeroute::to_float(b);
-  }
-}
 /// The name of an element type, for messages.
 template <class Bits>
 constexpr const char* element_name() {
@@ -123,40 +107,18 @@ std::vector<grid_logit_case> grid_logit_cases() {
       {"DeepSpeed top-k = E = 6, after-drop, drops", presets::deepspeed_topk(6, 6, 0.5, 1)});
   v.push_back(
       {"DeepSeek-V3: sigmoid, groups, bias, scaling 2.5", presets::deepseek_v3(16, 4, 4, 2), true});
-  {
-    routing_config c;
-    c.num_experts = 7;
-    c.top_k = 3;
-    c.gating.score = score_function::sigmoid;
-    c.gating.renorm = renormalize::after_drop;
-    c.gating.scaling_factor = 1.5f;
-    c.capacity.mode = capacity_mode::fixed;
-    c.capacity.fixed = 1;
-    c.dispatch.dropped = drop_policy::fallback;  // dedicated fallback expert E
-    c.dispatch.fallback.capacity = 2;
-    v.push_back({"sigmoid after-drop, dedicated fallback, capacity 1", c});
-  }
-  {
-    routing_config c;
-    c.num_experts = 9;
-    c.top_k = 2;
-    c.gating.score = score_function::sqrt_softplus;
-    c.capacity.factor = 0.5;
-    c.capacity.min_capacity = 1;
-    c.dispatch.dropped = drop_policy::next_choice;
-    c.dispatch.reroute.max_candidates = 3;
-    v.push_back({"sqrt-softplus, no renorm, next-choice reroute", c});
-  }
-  {
-    routing_config c;
-    c.num_experts = 5;
-    c.top_k = 2;
-    c.gating.score = score_function::sqrt_softplus;
-    c.gating.renorm = renormalize::after_drop;
-    c.capacity.mode = capacity_mode::fixed;
-    c.capacity.fixed = 0;  // everything dropped: S = 0, the clamp
-    v.push_back({"sqrt-softplus after-drop, capacity 0", c});
-  }
+  v.push_back({"sigmoid after-drop, dedicated fallback (expert E), capacity 1",
+               parse_config("num_experts=7 top_k=3 gating.score=sigmoid gating.renorm=after_drop "
+                            "gating.scaling_factor=1.5 capacity.mode=fixed capacity.fixed=1 "
+                            "dispatch.dropped=fallback dispatch.fallback.capacity=2")});
+  v.push_back({"sqrt-softplus, no renorm, next-choice reroute",
+               parse_config("num_experts=9 top_k=2 gating.score=sqrt_softplus capacity.factor=0.5 "
+                            "capacity.min_capacity=1 dispatch.dropped=next_choice "
+                            "dispatch.reroute.max_candidates=3")});
+  // everything dropped: S = 0, the clamp
+  v.push_back({"sqrt-softplus after-drop, capacity 0",
+               parse_config("num_experts=5 top_k=2 gating.score=sqrt_softplus "
+                            "gating.renorm=after_drop capacity.mode=fixed capacity.fixed=0")});
   {
     auto c = presets::seed_reference(8, 2, 1.0);
     c.gating.noise.kind = noise_kind::gaussian;
@@ -258,8 +220,8 @@ void check_grid_logit_grads(const grid_logit_case& c, std::int64_t T, std::uint3
   std::vector<Bits> xb(x32.size());
   std::vector<float> x(x32.size());  // what the kernel reads, as float
   for (std::size_t i = 0; i < x.size(); ++i) {
-    xb[i] = encode<Bits>(x32[i]);
-    x[i] = decode(xb[i]);
+    xb[i] = from_float<Bits>(x32[i]);
+    x[i] = to_float(xb[i]);
   }
   std::vector<float> bias;
   if (c.bias) bias = random_values(E, seed + 7);
@@ -271,21 +233,11 @@ void check_grid_logit_grads(const grid_logit_case& c, std::int64_t T, std::uint3
 
   device_buffer<Bits> d_x(xb);
   device_buffer<float> d_dw(dw), d_out(T * E);
-  device_buffer<std::int32_t> d_ids(g.ids);
-  device_buffer<fate> d_fate(d.fates);
-  device_buffer<std::uint8_t> d_valid(g.valid);
-  device_buffer<std::int64_t> d_count(g.aux_count), d_vt(std::vector<std::int64_t>{g.valid_tokens}),
-      d_seq_count(g.seq_count), d_seq_tokens(g.seq_tokens);
+  const moeroute::test::device_forward forward(g, d);
   cuda::gating_backward_params<kernels::device_element_t<Bits>> p;
   p.d_logits = as_device(d_x);
   p.tokens = T;
-  p.d_valid = valid.empty() ? nullptr : d_valid.get();  // null: all valid
-  p.gated.d_ids = d_ids.get();
-  p.gated.sums.d_aux_count = d_count.get();
-  p.gated.sums.d_valid_tokens = d_vt.get();
-  p.gated.sums.d_seq_count = d_seq_count.get();
-  p.gated.sums.d_seq_tokens = d_seq_tokens.get();
-  p.dispatched.d_fate = d_fate.get();
+  forward.attach(p, valid.empty());  // no mask given: d_valid null, all valid
   p.d_grad_logits = d_out.get();
 
   // pass A: non-unit weights, accumulating on 0.5; pass B: unit weights, overwriting garbage;
@@ -372,30 +324,24 @@ void check_grid_combine(const grid_combine_case& c, std::int64_t T, std::int64_t
   std::vector<Bits> eo(L.num_rows * d), dy(T * d);
   {
     const auto a = random_values(eo.size(), 22), b = random_values(dy.size(), 23);
-    for (std::size_t i = 0; i < eo.size(); ++i) eo[i] = encode<Bits>(a[i]);
-    for (std::size_t i = 0; i < dy.size(); ++i) dy[i] = encode<Bits>(b[i]);
+    for (std::size_t i = 0; i < eo.size(); ++i) eo[i] = from_float<Bits>(a[i]);
+    for (std::size_t i = 0; i < dy.size(); ++i) dy[i] = from_float<Bits>(b[i]);
   }
   std::vector<Bits> w_eo(eo.size()), w_dx(dy.size());
   std::vector<float> w_dw(T * k);
   ref::combine_backward<Bits>(c.cfg, dsp, L, eo, d, dy, w_eo, w_dw, w_dx);
-  std::vector<Bits> w_px = accumulate ? w_dx : std::vector<Bits>(dy.size(), encode<Bits>(7.0f));
+  std::vector<Bits> w_px = accumulate ? w_dx : std::vector<Bits>(dy.size(), from_float<Bits>(7.0f));
   ref::permute_backward<Bits>(c.cfg, dsp, L, w_eo, d, w_px, accumulate);
 
   device_buffer<Bits> d_eo(eo), d_dy(dy), g_eo(eo.size()), g_dx(dy.size()), g_px(dy.size());
-  device_buffer<float> d_weight(dsp.weight), g_dw(T * k);
-  device_buffer<std::int32_t> d_rt(L.row_token);
-  device_buffer<std::int64_t> d_ar(L.assignment_row);
-  device_buffer<fate> d_fate(dsp.fates);
+  device_buffer<float> g_dw(T * k);
+  const moeroute::test::device_layout forward(dsp, L);
   cuda::combine_backward_params<El> p;
   p.d_expert_out = as_device(d_eo);
   p.d_dy = as_device(d_dy);
-  p.rows = L.num_rows;
   p.tokens = T;
   p.hidden = d;
-  p.layout.d_row_token = d_rt.get();
-  p.layout.d_assignment_row = d_ar.get();
-  p.dispatched.d_weight = d_weight.get();
-  p.dispatched.d_fate = d_fate.get();
+  forward.attach(p);
   p.d_grad_expert_out = as_device(g_eo);
   p.d_grad_weight = g_dw.get();
   p.d_grad_x = as_device(g_dx);
@@ -405,13 +351,12 @@ void check_grid_combine(const grid_combine_case& c, std::int64_t T, std::int64_t
         cudaMemcpy(g_px.get(), g_dx.get(), dy.size() * sizeof(Bits), cudaMemcpyDeviceToDevice),
         "copy");
   else
-    g_px.upload(std::vector<Bits>(dy.size(), encode<Bits>(7.0f)));  // overwritten
+    g_px.upload(std::vector<Bits>(dy.size(), from_float<Bits>(7.0f)));  // overwritten
   cuda::permute_backward_params<El> q;
   q.d_grad_buf = as_device(g_eo);
-  q.rows = L.num_rows;
   q.tokens = T;
   q.hidden = d;
-  q.layout.d_assignment_row = d_ar.get();
+  forward.attach(q);
   q.accumulate = accumulate;
   q.d_grad_x = as_device(g_px);
   REQUIRE_OK(cuda::permute_backward(c.cfg, q));

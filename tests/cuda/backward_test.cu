@@ -22,6 +22,7 @@
 #include <moeroute/reference.hpp>
 
 #include "backward_cases.hpp"
+#include "device_forward.cuh"
 
 using namespace moeroute;
 namespace ref = moeroute::reference;
@@ -56,21 +57,11 @@ void check_logit_grads(const logit_case& c, std::uint32_t seed) {
   ref::gating_backward(cfg, x, g, d, dw, want, w);
 
   device_buffer<float> d_x(x), d_dw(dw), d_out(std::vector<float>(c.T * E, 0.5f));
-  device_buffer<std::int32_t> d_ids(g.ids);
-  device_buffer<fate> d_fate(d.fates);
-  device_buffer<std::uint8_t> d_valid(g.valid);
-  device_buffer<std::int64_t> d_count(g.aux_count), d_vt(std::vector<std::int64_t>{g.valid_tokens}),
-      d_seq_count(g.seq_count), d_seq_tokens(g.seq_tokens);
+  const moeroute::test::device_forward forward(g, d);
   cuda::gating_backward_params<float> p;
   p.d_logits = d_x.get();
   p.tokens = c.T;
-  p.d_valid = d_valid.get();
-  p.gated.d_ids = d_ids.get();
-  p.gated.sums.d_aux_count = d_count.get();
-  p.gated.sums.d_valid_tokens = d_vt.get();
-  p.gated.sums.d_seq_count = d_seq_count.get();
-  p.gated.sums.d_seq_tokens = d_seq_tokens.get();
-  p.dispatched.d_fate = d_fate.get();
+  forward.attach(p);
   p.d_grad_weight = d_dw.get();
   p.weights = w;
   p.d_grad_logits = d_out.get();
@@ -193,6 +184,7 @@ TEST_CASE("cuda backward: combine and permute backward equal the CPU reference",
     const char* name;
     routing_config cfg;
     bool padded;
+    std::int64_t d = 24;
   };
   auto fb = presets::deepspeed_top2(6, 0.5, 1);
   fb.dispatch.dropped = drop_policy::fallback;
@@ -200,10 +192,12 @@ TEST_CASE("cuda backward: combine and permute backward equal the CPU reference",
   const cc cases[] = {{"DeepSpeed top-2 padded", presets::deepspeed_top2(8, 0.5), true},
                       {"Mixtral compact", presets::mixtral(8, 2), false},
                       {"Switch residual padded", presets::switch_top1(4, 0.5, 1), true},
-                      {"fallback to routed expert 0 (shared rows)", fb, true}};
+                      {"fallback to routed expert 0 (shared rows)", fb, true},
+                      // d = 0: the [., d] buffers are empty, d weight is still written (0)
+                      {"Switch residual padded, d = 0", presets::switch_top1(4, 0.5, 1), true, 0}};
   for (const auto& c : cases) {
     INFO("case " << c.name);
-    const std::int64_t T = 40, d = 24;
+    const std::int64_t T = 40, d = c.d;
     const auto x = random_logits(T, c.cfg.num_experts, 3);
     const auto g = ref::gating(c.cfg, x, T);
     const auto dsp = ref::dispatch(c.cfg, g);
@@ -216,37 +210,30 @@ TEST_CASE("cuda backward: combine and permute backward equal the CPU reference",
     std::vector<float> w_px = w_dx;
     ref::permute_backward(c.cfg, dsp, L, w_eo, d, w_px, true);
 
-    device_buffer<float> d_eo(eo), d_dy(dy), d_weight(dsp.weight), g_eo(L.num_rows * d),
-        g_dw(T * k), g_dx(T * d);
-    device_buffer<std::int32_t> d_rt(L.row_token);
-    device_buffer<std::int64_t> d_ar(L.assignment_row);
-    device_buffer<fate> d_fate(dsp.fates);
+    device_buffer<float> d_eo(eo), d_dy(dy), g_eo(L.num_rows * d), g_dw(T * k), g_dx(T * d);
+    const moeroute::test::device_layout forward(dsp, L);
     cuda::combine_backward_params<float> p;
     p.d_expert_out = d_eo.get();
     p.d_dy = d_dy.get();
-    p.rows = L.num_rows;
     p.tokens = T;
     p.hidden = d;
-    p.layout.d_row_token = d_rt.get();
-    p.layout.d_assignment_row = d_ar.get();
-    p.dispatched.d_weight = d_weight.get();
-    p.dispatched.d_fate = d_fate.get();
+    forward.attach(p);
     p.d_grad_expert_out = g_eo.get();
     p.d_grad_weight = g_dw.get();
     p.d_grad_x = g_dx.get();
     REQUIRE(cuda::combine_backward(c.cfg, p));
     cuda::permute_backward_params<float> q;
     q.d_grad_buf = g_eo.get();
-    q.rows = L.num_rows;
     q.tokens = T;
     q.hidden = d;
-    q.layout.d_assignment_row = d_ar.get();
+    forward.attach(q);
     q.accumulate = true;
     device_buffer<float> g_px(T * d);
     REQUIRE(cuda::combine_backward(c.cfg, p));
-    cuda::throw_if_cuda_error(
-        cudaMemcpy(g_px.get(), g_dx.get(), T * d * sizeof(float), cudaMemcpyDeviceToDevice),
-        "copy");
+    if (d > 0)
+      cuda::throw_if_cuda_error(
+          cudaMemcpy(g_px.get(), g_dx.get(), T * d * sizeof(float), cudaMemcpyDeviceToDevice),
+          "copy");
     q.d_grad_x = g_px.get();
     REQUIRE(cuda::permute_backward(c.cfg, q));
     cuda::throw_if_cuda_error(cudaDeviceSynchronize(), "sync");

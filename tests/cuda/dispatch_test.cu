@@ -101,9 +101,9 @@ TEST_CASE("dispatch: golden peer cases through the GPU path", "[cuda][dispatch][
 TEST_CASE("dispatch: errors, T = 0, workspace", "[cuda][dispatch][quick]") {
   case_spec s;
   s.drop = drop_case::next_choice;
-  const auto cfg = make_config(8, 2, s);
-  const auto g = make_gating(cfg, 50, 7, false);
-  gpu_dispatch gpu(cfg, g, false);
+  routed_case c(50, 8, 2, s, 7);
+  const routing_config& cfg = c.cfg;
+  gpu_dispatch& gpu = c.gpu;
 
   SECTION("workspace too small is an error, not a crash") {
     const auto st = cuda::dispatch(cfg, gpu.params, gpu.ws.get(), gpu.ws.size() - 1);

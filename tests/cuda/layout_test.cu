@@ -20,11 +20,11 @@ namespace moeroute::test {
 namespace {
 void check_layouts(std::int64_t T, std::int32_t E, std::int32_t k, const case_spec& s,
                    std::uint64_t seed) {
-  const auto cfg = make_config(E, k, s);
   INFO(describe(s, T, E, k));
-  const auto g = make_gating(cfg, T, seed, s.masked);
-  const auto ref = reference::dispatch(cfg, g);
-  gpu_dispatch d(cfg, g, s.masked);
+  routed_case c(T, E, k, s, seed);
+  const routing_config& cfg = c.cfg;
+  gpu_dispatch& d = c.gpu;
+  const reference::dispatch_output& ref = c.want;
   REQUIRE(d.run().ok());
   if (cfg.capacity.mode != capacity_mode::unbounded) {
     gpu_layout L(cfg, d, layout_kind::padded, 1);
@@ -73,9 +73,9 @@ TEST_CASE("layout: shape grid", "[cuda][layout]") {
 TEST_CASE("layout: errors and T = 0", "[cuda][layout][quick]") {
   case_spec s;
   s.cap = cap_case::unbounded;
-  const auto cfg = make_config(8, 2, s);
-  const auto g = make_gating(cfg, 40, 3, false);
-  gpu_dispatch d(cfg, g, false);
+  routed_case c(40, 8, 2, s, 3);
+  const routing_config& cfg = c.cfg;
+  gpu_dispatch& d = c.gpu;
   REQUIRE(d.run().ok());
 
   SECTION("padded needs a bounded capacity") {
