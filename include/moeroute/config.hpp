@@ -33,7 +33,7 @@ enum class select_from : std::uint8_t { logits, scores };
 enum class softmax_stage : std::uint8_t { before_topk, after_topk };
 
 /// When gates are divided by their sum. `after_drop` divides by the sum of what survived
-/// capacity (DeepSpeed); `before_drop` by the sum over the k chosen (the seed, Megatron).
+/// capacity (DeepSpeed); `before_drop` by the sum over the k chosen (seed_reference, Megatron).
 enum class renormalize : std::uint8_t { none, before_drop, after_drop };
 
 /// Exploration noise added to the logits before selection.
