@@ -82,7 +82,7 @@ struct basic_gating_sums {
   detail::view_ptr<std::int64_t, Const> d_seq_tokens = nullptr;  ///< [S] int64 (sequences only)
 
   template <bool C = Const>
-  requires(!C) MOEROUTE_HOST_DEVICE operator basic_gating_sums<true>() const noexcept {
+  requires(!C) MOEROUTE_HOST_DEVICE operator basic_gating_sums<!C>() const noexcept {
     return {d_aux_score_sum, d_aux_count,     d_valid_tokens, d_z_sum_squares,
             d_nonfinite,     d_seq_score_sum, d_seq_count,    d_seq_tokens};
   }
@@ -100,7 +100,7 @@ struct basic_gating_result {
   basic_gating_sums<Const> sums{};                       ///< the loss sums
 
   template <bool C = Const>
-  requires(!C) MOEROUTE_HOST_DEVICE operator basic_gating_result<true>() const noexcept {
+  requires(!C) MOEROUTE_HOST_DEVICE operator basic_gating_result<!C>() const noexcept {
     return {d_ids, d_gates, d_reroute_ids, d_logsumexp, sums};
   }
 };
@@ -124,7 +124,7 @@ struct basic_dispatch_result {
   detail::view_ptr<dispatch_totals, Const> d_totals = nullptr;  ///< [1] capacity and totals
 
   template <bool C = Const>
-  requires(!C) MOEROUTE_HOST_DEVICE operator basic_dispatch_result<true>() const noexcept {
+  requires(!C) MOEROUTE_HOST_DEVICE operator basic_dispatch_result<!C>() const noexcept {
     return {d_expert,   d_slot,    d_weight,   d_fate, d_requested, d_kept,
             d_rerouted, d_dropped, d_received, d_load, d_totals};
   }
@@ -146,7 +146,7 @@ struct basic_layout_result {
   detail::view_ptr<std::int64_t, Const> d_num_rows = nullptr;        ///< [1] rows the layout uses
 
   template <bool C = Const>
-  requires(!C) MOEROUTE_HOST_DEVICE operator basic_layout_result<true>() const noexcept {
+  requires(!C) MOEROUTE_HOST_DEVICE operator basic_layout_result<!C>() const noexcept {
     return {d_offsets, d_rows_used, d_row_token, d_assignment_row, d_block_expert, d_num_rows};
   }
 };
