@@ -22,6 +22,7 @@
 #include <CLI/CLI.hpp>
 #include <nlohmann/json.hpp>
 
+#include <moeroute/config_fields.hpp>
 #include <moeroute/io/npy.hpp>
 #include <moeroute/names.hpp>
 #include <moeroute/presets.hpp>
@@ -242,7 +243,7 @@ int run(int argc, char** argv) {
       "Exit codes: 0 ok, 2 bad arguments or malformed .npy, 1 other errors.");
 
   std::string npy, scenario_list = "uniform,zipf,collapsed,homogeneous,mixed",
-                   preset_name = "deepspeed_topk";
+                   preset_name = "deepspeed_topk", set_fields_text;
   std::string factors = "0.5,0.75,1.0,1.25,1.5,2.0,dropless", priorities = "preset",
               policies = "preset";
   std::string format = "table", out_path, csv_path, json_path, plot_path, dtype_name = "bf16";
@@ -268,6 +269,11 @@ int run(int argc, char** argv) {
   auto* o_k = app.add_option("--top-k", top_k, "experts per token k (default: the preset's model)");
   app.add_option("--preset", preset_name, "routing preset: " + presets::names())
       ->capture_default_str();
+  app.add_option("--set", set_fields_text,
+                 "config fields on top of the preset, as name=value pairs separated by spaces "
+                 "(e.g. \"gating.score=sigmoid capacity.min_capacity=4\"; names as in "
+                 "moeroute/config_fields.hpp). The sweep then sets the factor, priority and "
+                 "policy of each row");
   app.add_option("--factors", factors, "capacity factors (comma list; 'dropless' = no capacity)")
       ->capture_default_str();
   app.add_option("--priorities", priorities,
@@ -459,9 +465,13 @@ int run(int argc, char** argv) {
   } catch (const error& e) {
     throw usage_error(e.get_status().message);
   }
+  if (auto s = set_fields(so.base, set_fields_text); !s) throw usage_error("--set: " + s.message);
+  if (so.base.num_experts != E || so.base.top_k != k)
+    throw usage_error("--set: num_experts and top_k come from --experts / --top-k (and the input)");
   if (auto s = validate(so.base); !s)
-    throw usage_error("--preset " + preset_name + " with E=" + std::to_string(E) +
-                      " k=" + std::to_string(k) + ": " + s.message);
+    throw usage_error("--preset " + preset_name + (set_fields_text.empty() ? "" : " --set") +
+                      " with E=" + std::to_string(E) + " k=" + std::to_string(k) + ": " +
+                      s.message);
 
   for (const auto& in : inputs) {
     std::int64_t bad = 0;
@@ -502,6 +512,7 @@ int run(int argc, char** argv) {
   nlohmann::json meta;
   meta["tool"] = "moeroute-capacity";
   meta["preset"] = std::string(preset->name);
+  meta["config"] = to_string(so.base);  // the preset with --set applied, before the sweep
   meta["experts"] = E;
   meta["top_k"] = k;
   meta["hidden"] = so.hidden;

@@ -81,6 +81,15 @@ def case_synthetic():
     j = json.loads(out) if rc == 0 else {}
     check(rc == 0 and len(j.get("rows", [])) == 7 and j["experts"] == 8 and j["top_k"] == 2,
           f"json output rc={rc} {err}")
+    # --set: fields on top of the preset; the factor of each row still comes from the sweep
+    rc, out, err = run("--scenario", "uniform", "--tokens", "128", "--experts", "8", "--top-k", "2",
+                       "--preset", "deepspeed_topk", "--factors", "0.5,4.0", "--format", "json",
+                       "--set", "gating.score=sigmoid capacity.min_capacity=20")
+    j = json.loads(out) if rc == 0 else {}
+    caps = sorted(int(r["capacity"]) for r in j.get("rows", []))
+    check(rc == 0 and caps == [20, 128], f"--set min capacity: capacities {caps} (want max(ceil(32 f), 20)) {err}")
+    check("gating.score=sigmoid" in j.get("config", "") and "capacity.min_capacity=20" in j.get("config", ""),
+          f"--set: json config {j.get('config')}")
 
 
 def case_npy():
@@ -211,6 +220,10 @@ def case_bad_args():
         (["--no-such-flag"], "no-such-flag"),
         (["--npy", "x.npy", "--scenario", "zipf"], "excludes"),
         (["--collapse-share", "1.5"], "--collapse-share"),
+        (["--set", "gating.scor=sigmoid"], "not a routing_config field"),
+        (["--set", "gating.score=fast"], "must be one of softmax"),
+        (["--set", "top_k=3"], "--top-k"),
+        (["--set", "gating.scaling_factor=-1"], "gating.scaling_factor"),
     ]
     for argv, msg in cases:
         rc, out, err = run(*argv)
