@@ -109,6 +109,11 @@ TEST_CASE("dispatch: errors, T = 0, workspace", "[cuda][dispatch][quick]") {
     const auto st = cuda::dispatch(cfg, gpu.params, gpu.ws.get(), gpu.ws.size() - 1);
     REQUIRE(st.code == status_code::workspace_too_small);
     REQUIRE(cuda::dispatch(cfg, gpu.params, nullptr, 0).code == status_code::workspace_too_small);
+    REQUIRE(st.message.find("dispatch_workspace_bytes") != std::string::npos);
+    // the carved arrays hold 8-byte keys: a misaligned workspace is an error, not a fault
+    device_buffer<unsigned char> larger(gpu.ws.size() + 8);
+    const auto mis = cuda::dispatch(cfg, gpu.params, larger.get() + 4, gpu.ws.size());
+    REQUIRE(mis.code == status_code::invalid_argument);
   }
   SECTION("bad params name the field") {
     auto p = gpu.params;

@@ -288,10 +288,12 @@ class dispatch_run {
 ///        gating output.
 /// @param cfg        the config the gating ran with
 /// @param p          shapes, inputs and outputs (see dispatch_params)
-/// @param d_workspace     device buffer of at least dispatch_workspace_bytes(cfg, p.tokens)
+/// @param d_workspace     device buffer of at least dispatch_workspace_bytes(cfg, p.tokens),
+///                        8-byte aligned (cudaMalloc's 256 is best)
 /// @param workspace_bytes its size
 /// @param stream     stream to run on (last)
-/// @return success; invalid_* from validate(); workspace_too_small; cuda_error.
+/// @return success; invalid_* from validate() (or a misaligned workspace); workspace_too_small;
+///         cuda_error.
 /// @note Asynchronous: no allocation, no synchronisation, graph-capturable. T = 0 returns
 ///       success and writes nothing. Grant order per expert follows the priority key
 ///       (token_major (t, j); choice_major (j, t); score_per_expert (-gate, t, j); random
@@ -303,12 +305,11 @@ class dispatch_run {
                                      cudaStream_t stream = nullptr) {
   if (auto s = validate(cfg, p); !s) return s;
   if (p.tokens == 0) return status::success();
-  const std::size_t need = dispatch_workspace_bytes(cfg, p.tokens);
-  if (d_workspace == nullptr || workspace_bytes < need)
-    return status::make(status_code::workspace_too_small,
-                        "workspace has " + std::to_string(workspace_bytes) +
-                            " bytes, dispatch needs " + std::to_string(need) +
-                            " (dispatch_workspace_bytes)");
+  if (auto s = detail::validate_workspace("dispatch", "dispatch_workspace_bytes", p.tokens,
+                                          dispatch_workspace_bytes(cfg, p.tokens), d_workspace,
+                                          workspace_bytes);
+      !s)
+    return s;
   workspace_carver carver(d_workspace, workspace_bytes);
   const dispatch_scratch w =
       carve_dispatch_scratch(carver, p.tokens, cfg.top_k, cfg.total_experts());

@@ -150,14 +150,11 @@ template <class Element>
                             cudaStream_t stream = nullptr) {
   if (auto s = validate(cfg, p); !s) return s;
   if (p.tokens == 0) return status::success();
-  const std::size_t need = gating_workspace_bytes(cfg, p.tokens);
-  if (workspace_bytes < need || (need > 0 && d_workspace == nullptr))
-    return status::make(status_code::workspace_too_small,
-                        "workspace_bytes = " + std::to_string(workspace_bytes) +
-                            ": gating needs gating_workspace_bytes(cfg, " +
-                            std::to_string(p.tokens) + ") = " + std::to_string(need));
-  if (reinterpret_cast<std::uintptr_t>(d_workspace) % 8 != 0)
-    return status::make(status_code::invalid_argument, "d_workspace is not 8-byte aligned");
+  if (auto s = detail::validate_workspace("gating", "gating_workspace_bytes", p.tokens,
+                                          gating_workspace_bytes(cfg, p.tokens), d_workspace,
+                                          workspace_bytes);
+      !s)
+    return s;
   const gating_plan plan = make_gating_plan(cfg, p.tokens);
   if (plan.chunks > 0x7fffffffLL)
     return status::make(status_code::unsupported,

@@ -4,6 +4,7 @@
 // operation raised it. Host code only (no CUDA types).
 #pragma once
 
+#include <cstddef>
 #include <cstdint>
 #include <string>
 #include <type_traits>
@@ -55,6 +56,24 @@ requires(std::is_same_v<Named, named_pointer>&&...) [[nodiscard]] status
     return status::make(status_code::invalid_shape,
                         "rows = " + std::to_string(rows) + ": must be >= 0");
   return validate_hidden(hidden);
+}
+
+/// @brief The caller's workspace of an op that needs `need` bytes for `tokens` tokens (`query`
+///        names the size function): at least that large, and 8-byte aligned, since the arrays
+///        carved from it hold 8-byte values (cudaMalloc's 256 is best). Null is fine when
+///        nothing is needed.
+[[nodiscard]] inline status validate_workspace(const char* op, const char* query,
+                                               std::int64_t tokens, std::size_t need,
+                                               const void* d_workspace,
+                                               std::size_t workspace_bytes) {
+  if (workspace_bytes < need || (need > 0 && d_workspace == nullptr))
+    return status::make(status_code::workspace_too_small,
+                        "workspace_bytes = " + std::to_string(workspace_bytes) + ": " + op +
+                            " needs " + query + "(cfg, " + std::to_string(tokens) +
+                            ") = " + std::to_string(need));
+  if (reinterpret_cast<std::uintptr_t>(d_workspace) % 8 != 0)
+    return status::make(status_code::invalid_argument, "d_workspace is not 8-byte aligned");
+  return status::success();
 }
 
 }  // namespace moeroute::cuda::detail
