@@ -142,10 +142,7 @@ inline std::vector<double> weights_double(const routing_config& cfg, const std::
     if (gc.renorm != renormalize::after_drop)
       for (auto& v : gate) v *= gc.scaling_factor;
     double kept_sum = 0;
-    auto alive = [&](std::int32_t j) {
-      const fate f = dsp.fates[t * k + j];
-      return f == fate::kept || f == fate::rerouted;
-    };
+    auto alive = [&](std::int32_t j) { return holds_row(dsp.fates[t * k + j]); };
     for (std::int32_t j = 0; j < k; ++j)
       if (alive(j)) kept_sum += gate[j];
     for (std::int32_t j = 0; j < k; ++j) {

@@ -75,14 +75,7 @@ void combine(const routing_config& cfg, const dispatch_output& dsp, const layout
              std::span<const T> expert_out, std::int64_t d, std::span<const T> x, std::span<T> y) {
   const std::int64_t Tn = dsp.tokens;
   const std::int32_t k = dsp.k;
-  throw_if_error(validate(cfg));
-  if (dsp.k != cfg.top_k || dsp.experts != cfg.num_experts ||
-      dsp.total_experts != cfg.total_experts())
-    throw error(status::make(status_code::invalid_argument,
-                             "dispatch_output (k = " + std::to_string(dsp.k) +
-                                 ", experts = " + std::to_string(dsp.experts) +
-                                 ") does not match config (top_k = " + std::to_string(cfg.top_k) +
-                                 ", num_experts = " + std::to_string(cfg.num_experts) + ")"));
+  detail::check_dispatch_of(cfg, dsp);
   detail::check_extents(L, Tn, d);
   detail::check_dispatch_output(dsp);
   detail::check_size("layout_output.assignment_row", L.assignment_row.size(), Tn * k);

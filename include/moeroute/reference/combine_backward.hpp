@@ -43,17 +43,12 @@ T store_acc(grad_acc_t<T> v) {
     return from_float<T>(v);
   }
 }
-inline bool survives(fate f) { return f == fate::kept || f == fate::rerouted; }
 
-/// Throws unless cfg is valid and matches dsp's k, d is a hidden size, and the layout's rows
-/// and tokens fit dsp (sizes and ranges): what both backward passes read before they start.
+/// Throws unless cfg is valid and dsp has its extents, d is a hidden size, and the layout's
+/// rows and tokens fit dsp (sizes and ranges): what both backward passes read before they start.
 inline void check_backward_inputs(const routing_config& cfg, const dispatch_output& dsp,
                                   const layout_output& L, std::int64_t d) {
-  throw_if_error(validate(cfg));
-  if (dsp.k != cfg.top_k)
-    throw error(status::make(status_code::invalid_argument,
-                             "dispatch_output k = " + std::to_string(dsp.k) +
-                                 " does not match config top_k = " + std::to_string(cfg.top_k)));
+  check_dispatch_of(cfg, dsp);
   throw_if_error(validate_hidden(d));
   if (dsp.tokens < 0 || dsp.k < 0 || L.num_rows < 0)
     throw error(status::make(status_code::invalid_shape,
@@ -131,7 +126,7 @@ void combine_backward(const routing_config& cfg, const dispatch_output& dsp, con
       const std::int64_t a = t * k + j;
       const std::int64_t row = L.assignment_row[a];
       A dot = A{0};
-      if (row >= 0 && detail::survives(dsp.fates[a])) {
+      if (row >= 0 && holds_row(dsp.fates[a])) {
         any = true;
         for (std::int64_t c = 0; c < d; ++c)
           dot += detail::load_acc<T>(dy[t * d + c]) * detail::load_acc<T>(expert_out[row * d + c]);

@@ -57,6 +57,18 @@ struct dispatch_output {
 };
 
 namespace detail {
+/// Throws unless cfg is valid and dsp has its extents (k, E, and E + 1 with a dedicated
+/// fallback): what every stage that reads a dispatch_output checks first.
+inline void check_dispatch_of(const routing_config& cfg, const dispatch_output& dsp) {
+  throw_if_error(validate(cfg));
+  if (dsp.k != cfg.top_k || dsp.experts != cfg.num_experts ||
+      dsp.total_experts != cfg.total_experts())
+    throw error(status::make(status_code::invalid_argument,
+                             "dispatch_output (k = " + std::to_string(dsp.k) +
+                                 ", experts = " + std::to_string(dsp.experts) +
+                                 ") does not match config (top_k = " + std::to_string(cfg.top_k) +
+                                 ", num_experts = " + std::to_string(cfg.num_experts) + ")"));
+}
 
 /// Priority key of an assignment: smaller goes first. Used per expert and for reroute order.
 struct priority_key {
@@ -308,11 +320,11 @@ inline dispatch_output dispatch(const routing_config& cfg, const gating_output& 
     float sum = 0.0f;
     for (std::int32_t j = 0; j < k; ++j) {
       const std::int64_t a = t * k + j;
-      if (out.fates[a] == fate::kept || out.fates[a] == fate::rerouted) sum += g.gates[a];
+      if (holds_row(out.fates[a])) sum += g.gates[a];
     }
     for (std::int32_t j = 0; j < k; ++j) {
       const std::int64_t a = t * k + j;
-      if (out.fates[a] != fate::kept && out.fates[a] != fate::rerouted) continue;
+      if (!holds_row(out.fates[a])) continue;
       if (gc.renorm == renormalize::after_drop) {
         out.weight[a] = g.gates[a] / std::max(sum, FLT_EPSILON) * gc.scaling_factor;
       } else {

@@ -196,7 +196,7 @@ void routing_backward(const routing_config& cfg, grad_cspan<F> logits, const gat
     bool any = false;
     for (std::int32_t j = 0; j < k; ++j) {
       const fate f = dsp.fates[t * k + j];
-      m[j] = (f == fate::kept || f == fate::rerouted) ? 1 : 0;
+      m[j] = holds_row(f) ? 1 : 0;
       dw[j] = m[j] ? static_cast<double>(d_weight[t * k + j]) : 0.0;
       any = any || dw[j] != 0.0;
     }

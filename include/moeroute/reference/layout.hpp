@@ -100,15 +100,8 @@ inline void fill_rows(const dispatch_output& dsp, layout_output& L) {
 /// @return the layout; throws moeroute::error naming the bad argument.
 inline layout_output layout(const routing_config& cfg, const dispatch_output& dsp, layout_kind kind,
                             std::int64_t block_size = 1) {
-  throw_if_error(validate(cfg));
+  detail::check_dispatch_of(cfg, dsp);
   const auto fail = [](status_code c, const std::string& m) { throw error(status::make(c, m)); };
-  if (dsp.k != cfg.top_k || dsp.experts != cfg.num_experts ||
-      dsp.total_experts != cfg.total_experts())
-    fail(status_code::invalid_argument,
-         "dispatch_output (k = " + std::to_string(dsp.k) +
-             ", experts = " + std::to_string(dsp.experts) +
-             ") does not match config (top_k = " + std::to_string(cfg.top_k) +
-             ", num_experts = " + std::to_string(cfg.num_experts) + ")");
   if (block_size < 1 || block_size > max_tokens)
     fail(status_code::invalid_argument,
          "block_size = " + std::to_string(block_size) + ": must be in [1, max_tokens]");

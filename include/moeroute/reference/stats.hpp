@@ -37,7 +37,7 @@ struct routing_stats {
     bool any = false, masked = false;
     for (std::int32_t j = 0; j < d.k; ++j) {
       const fate f = d.fates[t * d.k + j];
-      any = any || f == fate::kept || f == fate::rerouted;
+      any = any || holds_row(f);
       masked = masked || f == fate::masked;
     }
     if (!any && !masked && d.k > 0) ++s.fully_dropped_tokens;
