@@ -14,7 +14,7 @@ namespace moeroute::bench {
 struct model_shape {
   std::string_view name;
   std::string_view preset;  ///< its routing, by name in presets::registry
-  std::int32_t experts;
+  std::int32_t experts;     ///< E, k and d of the model the preset is named after
   std::int32_t top_k;
   std::int64_t hidden;  ///< d
   /// The model's own routing (dropless presets route every assignment).
@@ -28,14 +28,21 @@ struct model_shape {
   }
 };
 
+/// The benchmark shape `name` of a registry preset: its E, k and d are the registry's defaults
+/// (a name missing from the registry does not compile).
+constexpr model_shape shape_of(std::string_view name, std::string_view preset) {
+  const presets::preset_info& p = *presets::find(preset);
+  return {name, preset, p.default_experts, p.default_k, p.default_hidden};
+}
+
 /// Switch-Base (E=128, k=1, d=768); Mixtral 8x7B (E=8, k=2, d=4096); DeepSeek-V3 (E=256, k=8,
 /// 8 groups / top-4, d=7168); Qwen3-MoE 30B-A3B (E=128, k=8, d=2048); OLMoE (E=64, k=8, d=2048).
 inline constexpr model_shape model_shapes[] = {
-    {"switch_base", "switch_top1", 128, 1, 768},
-    {"mixtral_8x7b", "mixtral", 8, 2, 4096},
-    {"deepseek_v3", "deepseek_v3", 256, 8, 7168},
-    {"qwen3_moe", "qwen_moe", 128, 8, 2048},
-    {"olmoe", "olmoe", 64, 8, 2048},
+    shape_of("switch_base", "switch_top1"),
+    shape_of("mixtral_8x7b", "mixtral"),
+    shape_of("deepseek_v3", "deepseek_v3"),
+    shape_of("qwen3_moe", "qwen_moe"),
+    shape_of("olmoe", "olmoe"),
 };
 
 /// Tokens per batch: 1 (decode) to 16384 (prefill). GPU benchmarks use all of them.
