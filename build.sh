@@ -15,7 +15,8 @@ log() { printf '\n==> %s\n' "$*"; }
 
 # Debian packages this project needs; installed only when missing.
 PACKAGES=(cmake make g++ catch2 libfmt-dev libbenchmark-dev libcli11-dev nlohmann-json3-dev
-          python3 python3-numpy python3-matplotlib clang libclang-rt-dev clang-format)
+          python3 python3-numpy python3-matplotlib clang libclang-rt-dev clang-format
+          libopenmpi-dev openmpi-bin)
 
 install_deps() {
   local missing=()

@@ -18,6 +18,9 @@ enum class status_code : int {
   workspace_too_small,  ///< caller-provided workspace is smaller than workspace_bytes()
   unsupported,          ///< a combination this build does not implement
   cuda_error,           ///< a CUDA runtime call failed (the message carries cudaGetErrorString)
+  /// Expert parallelism: ranks disagree (config, sizes), a peer reported bad input, a peer
+  /// failed, or the transport (MPI, NCCL) returned an error. Every rank gets the same one.
+  communication_error,
 };
 
 /// @brief A status plus a human-readable message that names the offending field and value.
@@ -51,6 +54,8 @@ struct status {
       return "unsupported";
     case status_code::cuda_error:
       return "cuda_error";
+    case status_code::communication_error:
+      return "communication_error";
   }
   return "unknown";
 }

@@ -87,6 +87,32 @@ inline float random_priority(const routing_config& cfg, std::int64_t t, std::int
   return rng::uniform_open(r.v[0]);
 }
 
+/// Combine weights of a decided dispatch: the gate of every assignment that holds a row,
+/// renormalised over the survivors with renormalize::after_drop; 0 for the others. Shared with
+/// the expert-parallel backend, which decides fates across ranks and then weighs them here.
+inline void apply_combine_weights(const routing_config& cfg, const std::vector<float>& gates,
+                                  dispatch_output& out) {
+  const auto& gc = cfg.gating;
+  const std::int32_t k = out.k;
+  for (std::int64_t t = 0; t < out.tokens; ++t) {
+    float sum = 0.0f;
+    for (std::int32_t j = 0; j < k; ++j) {
+      const std::int64_t a = t * k + j;
+      if (holds_row(out.fates[a])) sum += gates[a];
+    }
+    for (std::int32_t j = 0; j < k; ++j) {
+      const std::int64_t a = t * k + j;
+      if (!holds_row(out.fates[a])) {
+        out.weight[a] = 0.0f;
+      } else if (gc.renorm == renormalize::after_drop) {
+        out.weight[a] = gates[a] / std::max(sum, FLT_EPSILON) * gc.scaling_factor;
+      } else {
+        out.weight[a] = gates[a];
+      }
+    }
+  }
+}
+
 inline priority_key make_key(const routing_config& cfg, std::int64_t t, std::int32_t j,
                              std::int32_t e, float gate) {
   switch (cfg.dispatch.prio) {
@@ -314,24 +340,7 @@ inline dispatch_output dispatch(const routing_config& cfg, const gating_output& 
       if (out.expert[a] >= 0) out.slot[a] = new_slot[out.expert[a]][out.slot[a]];
   }
 
-  // Combine weights: the gate of every surviving assignment, renormalised after drop if asked.
-  const auto& gc = cfg.gating;
-  for (std::int64_t t = 0; t < T; ++t) {
-    float sum = 0.0f;
-    for (std::int32_t j = 0; j < k; ++j) {
-      const std::int64_t a = t * k + j;
-      if (holds_row(out.fates[a])) sum += g.gates[a];
-    }
-    for (std::int32_t j = 0; j < k; ++j) {
-      const std::int64_t a = t * k + j;
-      if (!holds_row(out.fates[a])) continue;
-      if (gc.renorm == renormalize::after_drop) {
-        out.weight[a] = g.gates[a] / std::max(sum, FLT_EPSILON) * gc.scaling_factor;
-      } else {
-        out.weight[a] = g.gates[a];
-      }
-    }
-  }
+  detail::apply_combine_weights(cfg, g.gates, out);
   return out;
 }
 

@@ -1,0 +1,365 @@
+// SPDX-License-Identifier: Apache-2.0
+// The expert-parallel oracle and test bodies, shared by the loopback tests (threads, Catch2)
+// and the MPI harness (processes under mpiexec). Every rank builds the same global batch from
+// one seed, routes it with the single-device reference, and slices its own expected result:
+// the oracle does no communication. A body returns its failures as text (Catch2's macros are
+// not thread-safe), and the caller asserts that the list is empty.
+#pragma once
+
+#include <cstdint>
+#include <cstring>
+#include <functional>
+#include <string>
+#include <vector>
+
+#include <moeroute/ep.hpp>
+#include <moeroute/reference.hpp>
+
+namespace moeroute::test::ep_oracle {
+
+namespace ep = moeroute::ep;
+
+/// One multi-rank scenario.
+struct scenario {
+  std::string name;
+  routing_config cfg;
+  ep::options opt;
+  std::vector<std::int64_t> tokens;      ///< [R] tokens per rank (0 allowed)
+  std::string placement = "contiguous";  ///< contiguous | round_robin | reversed (a table)
+  std::int64_t hidden = 6;
+  std::uint64_t seed = 1;
+  std::int32_t hot_expert = -1;    ///< this expert's logits raised: a hot expert (and rank)
+  std::int32_t padding_every = 0;  ///< every n-th global token is padding (valid = 0)
+};
+
+inline ep::placement make_placement(const scenario& s, std::int32_t R) {
+  const std::int32_t E = s.cfg.num_experts;
+  if (s.placement == "round_robin") return ep::placement::round_robin(E, R);
+  if (s.placement == "reversed") {  // a table: rank r owns a block, experts listed backwards
+    std::vector<std::vector<std::int32_t>> t(R);
+    for (std::int32_t e = E - 1; e >= 0; --e) t[(E - 1 - e) % R].push_back(e);
+    return ep::placement::from_table(E, std::move(t));
+  }
+  return ep::placement::contiguous(E, R);
+}
+
+/// splitmix64: the same numbers on every rank and platform.
+inline std::uint64_t mix(std::uint64_t& s) {
+  std::uint64_t z = (s += 0x9e3779b97f4a7c15ull);
+  z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
+  z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
+  return z ^ (z >> 31);
+}
+inline float uniform(std::uint64_t& s) {  // in [-1, 1), a multiple of 2^-12 (exact in bf16)
+  return static_cast<float>(static_cast<std::int64_t>(mix(s) >> 52) - 2048) / 2048.0f;
+}
+
+/// The global batch every rank builds: logits [T, E], valid [T], x and dy [T, d].
+struct batch {
+  std::int64_t tokens = 0;
+  std::vector<float> logits;
+  std::vector<std::uint8_t> valid;
+  std::vector<float> x, dy;
+  std::vector<std::int64_t> first;  ///< [R + 1] first global token of each rank
+};
+
+inline batch make_batch(const scenario& s) {
+  batch b;
+  const std::int32_t E = s.cfg.num_experts;
+  b.first.assign(s.tokens.size() + 1, 0);
+  for (std::size_t r = 0; r < s.tokens.size(); ++r) b.first[r + 1] = b.first[r] + s.tokens[r];
+  b.tokens = b.first.back();
+  std::uint64_t st = s.seed;
+  b.logits.resize(b.tokens * E);
+  for (auto& v : b.logits) v = 2.0f * uniform(st);
+  if (s.hot_expert >= 0)
+    for (std::int64_t t = 0; t < b.tokens; ++t) b.logits[t * E + s.hot_expert] += 3.0f;
+  b.valid.assign(b.tokens, 1);
+  if (s.padding_every > 0)
+    for (std::int64_t t = s.padding_every - 1; t < b.tokens; t += s.padding_every) b.valid[t] = 0;
+  b.x.resize(b.tokens * s.hidden);
+  for (auto& v : b.x) v = uniform(st);
+  b.dy.resize(b.tokens * s.hidden);
+  for (auto& v : b.dy) v = uniform(st);
+  return b;
+}
+
+/// The row-wise test expert: out = x * (1 + e / 8), the gradient d in = d out * (1 + e / 8).
+inline float expert_scale(std::int32_t e) { return 1.0f + static_cast<float>(e) / 8.0f; }
+
+template <class T>
+std::vector<T> convert(const std::vector<float>& v) {
+  std::vector<T> out(v.size());
+  for (std::size_t i = 0; i < v.size(); ++i) out[i] = from_float<T>(v[i]);
+  return out;
+}
+
+/// Rows of a buffer through the test expert, segment by segment: out[r] = f_e(in[r]).
+template <class T>
+void run_experts(const std::vector<std::int64_t>& offsets, const std::vector<std::int32_t>& expert,
+                 const std::vector<T>& in, std::int64_t d, std::vector<T>& out) {
+  out.assign(in.size(), T{});
+  for (std::size_t l = 0; l + 1 < offsets.size(); ++l)
+    for (std::int64_t r = offsets[l]; r < offsets[l + 1]; ++r)
+      for (std::int64_t c = 0; c < d; ++c)
+        out[r * d + c] = from_float<T>(to_float(in[r * d + c]) * expert_scale(expert[l]));
+}
+
+/// What one device computes for a batch [t0, t1) of the global batch.
+template <class T>
+struct expected {
+  reference::dispatch_output dsp;
+  std::vector<T> y, d_x;
+  std::vector<float> d_weight;
+};
+
+/// The single-device run of tokens [t0, t1): gating, dispatch, compact layout, permute, the
+/// test experts, combine; and the backward (combine_backward, expert, permute_backward).
+template <class T>
+expected<T> single_device(const routing_config& cfg, const batch& b, std::int64_t t0,
+                          std::int64_t t1, std::int64_t d) {
+  const std::int32_t E = cfg.num_experts;
+  const std::int64_t n = t1 - t0;
+  std::vector<float> logits(b.logits.begin() + t0 * E, b.logits.begin() + t1 * E);
+  std::vector<std::uint8_t> valid(b.valid.begin() + t0, b.valid.begin() + t1);
+  const auto g = reference::gating(cfg, logits, n, {}, valid);
+  expected<T> out;
+  out.dsp = reference::dispatch(cfg, g);
+  const auto L = reference::layout(cfg, out.dsp, layout_kind::compact, 1);
+  const auto x = convert<T>(std::vector<float>(b.x.begin() + t0 * d, b.x.begin() + t1 * d));
+  const auto dy = convert<T>(std::vector<float>(b.dy.begin() + t0 * d, b.dy.begin() + t1 * d));
+  std::vector<T> buf(L.num_rows * d), eo;
+  reference::permute<T>(cfg, L, x, n, d, buf);
+  std::vector<std::int32_t> seg_expert(L.total_experts);
+  for (std::int32_t e = 0; e < L.total_experts; ++e) seg_expert[e] = e;
+  run_experts(L.offsets, seg_expert, buf, d, eo);
+  out.y.assign(n * d, T{});
+  reference::combine<T>(cfg, out.dsp, L, eo, d, x, out.y);
+  std::vector<T> d_eo(L.num_rows * d), d_buf;
+  out.d_weight.assign(n * cfg.top_k, 0.0f);
+  out.d_x.assign(n * d, T{});
+  if constexpr (!std::is_same_v<T, double>) {
+    reference::combine_backward<T>(cfg, out.dsp, L, eo, d, dy, d_eo, out.d_weight, out.d_x);
+    run_experts(L.offsets, seg_expert, d_eo, d, d_buf);
+    reference::permute_backward<T>(cfg, out.dsp, L, d_buf, d, out.d_x, true);
+  }
+  return out;
+}
+
+/// Collects failures with context.
+struct report {
+  std::vector<std::string> failures;
+  std::string where;
+  void fail(const std::string& m) {
+    if (failures.size() < 8) failures.push_back(where + ": " + m);
+  }
+  template <class A, class B>
+  void equal(const char* what, const A& got, const B& want) {
+    if (got.size() != want.size()) {
+      fail(std::string(what) + ": size " + std::to_string(got.size()) + " vs " +
+           std::to_string(want.size()));
+      return;
+    }
+    for (std::size_t i = 0; i < got.size(); ++i)
+      if (std::memcmp(&got[i], &want[i], sizeof(got[i])) != 0) {
+        fail(std::string(what) + ": first difference at element " + std::to_string(i));
+        return;
+      }
+  }
+};
+
+/// The scope's single-device equivalent: what routing each rank's slice should reproduce.
+inline routing_config oracle_config(const scenario& s) {
+  routing_config c = s.cfg;
+  if (s.opt.scope == ep::capacity_scope::dropless ||
+      s.opt.scope == ep::capacity_scope::dropless_worst_case ||
+      s.opt.scope == ep::capacity_scope::destination_budget)
+    c.capacity.mode = capacity_mode::unbounded;
+  return c;
+}
+
+/// One rank's whole layer: layout, plan, dispatch, experts, combine, backward; checked against
+/// the oracle. Runs on any transport (loopback thread or MPI process).
+template <class T>
+std::vector<std::string> run_layer(ep::transport& t, const scenario& s) {
+  report rep;
+  const std::int32_t R = t.ranks(), me = t.rank();
+  rep.where = s.name + " R=" + std::to_string(R) + " rank " + std::to_string(me);
+  const std::int64_t d = s.hidden;
+  const batch b = make_batch(s);
+  const auto place = make_placement(s, R);
+  const std::int64_t t0 = b.first[me], t1 = b.first[me + 1], n = t1 - t0;
+  const std::int32_t E = s.cfg.num_experts, k = s.cfg.top_k;
+
+  // The oracle: the concatenated batch on one device (or this rank's batch, per_source), sliced.
+  const routing_config ocfg = oracle_config(s);
+  const bool own_batch = s.opt.scope == ep::capacity_scope::per_source;
+  const auto want =
+      own_batch ? single_device<T>(ocfg, b, t0, t1, d) : single_device<T>(ocfg, b, 0, b.tokens, d);
+  const std::int64_t o0 = own_batch ? 0 : t0;  // where this rank's tokens start in the oracle
+
+  // The expert-parallel layer.
+  std::vector<float> logits(b.logits.begin() + t0 * E, b.logits.begin() + t1 * E);
+  std::vector<std::uint8_t> valid(b.valid.begin() + t0, b.valid.begin() + t1);
+  const auto g = reference::gating(s.cfg, logits, n, {}, valid);
+  const auto L = ep::layout(s.cfg, place, s.opt, me, g);
+  const ep::plan p = ep::make_plan(t, s.cfg, place, s.opt, L, d, sizeof(T));
+  const auto x = convert<T>(std::vector<float>(b.x.begin() + t0 * d, b.x.begin() + t1 * d));
+  const auto dy = convert<T>(std::vector<float>(b.dy.begin() + t0 * d, b.dy.begin() + t1 * d));
+  std::vector<std::byte> ws(ep::workspace_bytes(p));
+  std::vector<T> recv(p.receive_rows * d), eo, returned(p.send_total() * d), y(n * d);
+  std::vector<ep::row_source> src(p.receive_rows);
+  ep::dispatch<T>(t, p, x, recv, ws);
+  ep::dispatch_sources(t, p, src, ws);
+  run_experts(p.segment_offsets, p.segment_expert, recv, d, eo);
+  ep::combine<T>(t, p, eo, x, returned, y, ws);
+
+  // Routing decisions equal the oracle's for this rank's tokens.
+  const auto slice = [&](const auto& v, std::int64_t per) {
+    using V = typename std::decay_t<decltype(v)>::value_type;
+    return std::vector<V>(v.begin() + o0 * per, v.begin() + (o0 + n) * per);
+  };
+  rep.equal("fates", p.decision.fates, slice(want.dsp.fates, k));
+  rep.equal("weights", p.decision.weight, slice(want.dsp.weight, k));
+  std::vector<std::int32_t> final_expert(p.decision.expert);
+  rep.equal("final experts", final_expert, slice(want.dsp.expert, k));
+  if (s.opt.scope == ep::capacity_scope::global || own_batch)
+    rep.equal("slots", p.decision.slot, slice(want.dsp.slot, k));
+  if (!own_batch) {
+    // group counts: every routed expert receives what it holds on one device
+    std::vector<std::int64_t> load(want.dsp.load.begin(), want.dsp.load.begin() + E);
+    rep.equal("expert_rows", p.expert_rows, load);
+    if (p.dropped() != want.dsp.total_dropped)
+      rep.fail("dropped " + std::to_string(p.dropped()) + " vs one device's " +
+               std::to_string(want.dsp.total_dropped));
+  }
+  std::int64_t received = 0;
+  for (std::int32_t s2 = 0; s2 < R; ++s2) received += p.send_matrix[s2 * R + me];
+  if (received != p.recv_total()) rep.fail("send_matrix column != rows received");
+
+  // The layer's output equals one device's, bit for bit.
+  rep.equal("y", y, slice(want.y, d));
+
+  // Provenance: rows within each segment in (source rank, token) order, carrying that
+  // token's hidden state.
+  const auto xs = convert<T>(b.x);
+  for (std::int32_t l = 0; l < p.segments(); ++l) {
+    std::int64_t prev = -1;
+    for (std::int64_t r = p.segment_offsets[l]; r < p.segment_offsets[l + 1]; ++r) {
+      const auto& so = src[r];
+      if (so.rank < 0) continue;
+      const std::int64_t gt = b.first[so.rank] + so.token;
+      if (gt <= prev) rep.fail("segment " + std::to_string(l) + " rows out of (rank, token) order");
+      prev = gt;
+      if (std::memcmp(&recv[r * d], &xs[gt * d], d * sizeof(T)) != 0)
+        rep.fail("received row " + std::to_string(r) + " is not its source token's x");
+    }
+  }
+
+  // A reused plan and a fresh one give the same bits.
+  {
+    const ep::plan p2 = ep::make_plan(t, s.cfg, place, s.opt, L, d, sizeof(T));
+    std::vector<T> recv2(p2.receive_rows * d), eo2, ret2(p2.send_total() * d), y2(n * d), y3(n * d);
+    ep::dispatch<T>(t, p2, x, recv2, ws);
+    run_experts(p2.segment_offsets, p2.segment_expert, recv2, d, eo2);
+    ep::combine<T>(t, p2, eo2, x, ret2, y2, ws);
+    ep::combine<T>(t, p, eo, x, ret2, y3, ws);
+    rep.equal("rerun received", recv2, recv);
+    rep.equal("rerun y (fresh plan)", y2, y);
+    rep.equal("rerun y (reused plan)", y3, y);
+  }
+
+  // Backward: gradients equal one device's.
+  if constexpr (!std::is_same_v<T, double>) {
+    std::vector<T> d_eo(p.receive_rows * d), d_recv, d_x(n * d);
+    std::vector<float> d_w(n * k);
+    ep::combine_backward<T>(t, p, returned, dy, d_eo, d_w, d_x, ws);
+    run_experts(p.segment_offsets, p.segment_expert, d_eo, d, d_recv);
+    ep::dispatch_backward<T>(t, p, d_recv, d_x, ws, true);
+    rep.equal("d_weight", d_w, slice(want.d_weight, k));
+    rep.equal("d_x", d_x, slice(want.d_x, d));
+  }
+  return rep.failures;
+}
+
+/// Adjointness in double: <dispatch(x), g> = <x, dispatch_backward(g)>, and the same for
+/// combine against combine_backward's row gradient (with unit dy weights folded in).
+inline std::vector<std::string> run_adjoint(ep::transport& t, const scenario& s) {
+  report rep;
+  const std::int32_t R = t.ranks(), me = t.rank();
+  rep.where = s.name + " adjoint R=" + std::to_string(R) + " rank " + std::to_string(me);
+  const std::int64_t d = s.hidden;
+  const batch b = make_batch(s);
+  const auto place = make_placement(s, R);
+  const std::int64_t t0 = b.first[me], t1 = b.first[me + 1], n = t1 - t0;
+  const std::int32_t E = s.cfg.num_experts;
+  std::vector<float> logits(b.logits.begin() + t0 * E, b.logits.begin() + t1 * E);
+  std::vector<std::uint8_t> valid(b.valid.begin() + t0, b.valid.begin() + t1);
+  const auto g = reference::gating(s.cfg, logits, n, {}, valid);
+  const auto L = ep::layout(s.cfg, place, s.opt, me, g);
+  const ep::plan p = ep::make_plan(t, s.cfg, place, s.opt, L, d, sizeof(double));
+  std::vector<std::byte> ws(ep::workspace_bytes(p));
+  std::uint64_t st = s.seed * 77 + static_cast<std::uint64_t>(me);
+  std::vector<double> x(n * d), gr(p.receive_rows * d), recv(p.receive_rows * d), dx(n * d);
+  for (auto& v : x) v = uniform(st) + uniform(st) / 4096.0;
+  for (auto& v : gr) v = uniform(st) + uniform(st) / 4096.0;
+  ep::dispatch<double>(t, p, x, recv, ws);
+  ep::dispatch_backward<double>(t, p, gr, dx, ws);
+  // padding rows of the receive layout are not images of x: zero their gradient's share
+  for (std::int64_t r = 0; r < p.receive_rows; ++r) {
+    bool used = false;
+    for (std::int32_t l = 0; l < p.segments(); ++l)
+      used = used || (r >= p.segment_offsets[l] && r < p.segment_offsets[l] + p.segment_used[l]);
+    if (!used)
+      for (std::int64_t c = 0; c < d; ++c) gr[r * d + c] = 0.0;
+  }
+  double lhs = 0.0, rhs = 0.0;
+  for (std::size_t i = 0; i < recv.size(); ++i) lhs += recv[i] * gr[i];
+  for (std::size_t i = 0; i < x.size(); ++i) rhs += x[i] * dx[i];
+  // the inner products are sums over ranks: gather them (one double per rank)
+  std::vector<double> l_all(R), r_all(R);
+  t.allgather(&lhs, l_all.data(), sizeof(double));
+  t.allgather(&rhs, r_all.data(), sizeof(double));
+  double L1 = 0, R1 = 0;
+  for (std::int32_t r = 0; r < R; ++r) {
+    L1 += l_all[r];
+    R1 += r_all[r];
+  }
+  if (std::abs(L1 - R1) > 1e-12 * (1.0 + std::abs(L1)))
+    rep.fail("<dispatch x, g> = " + std::to_string(L1) +
+             " but <x, dispatch_backward g> = " + std::to_string(R1));
+  return rep.failures;
+}
+
+/// Runs body on every rank and expects the same moeroute::error everywhere, whose message
+/// contains every word. Returns failures.
+inline std::vector<std::string> expect_error_everywhere(ep::transport& t, const std::string& name,
+                                                        const std::function<void()>& body,
+                                                        status_code code,
+                                                        std::vector<std::string> words) {
+  report rep;
+  rep.where = name + " R=" + std::to_string(t.ranks()) + " rank " + std::to_string(t.rank());
+  std::string msg;
+  try {
+    body();
+    rep.fail("no error");
+  } catch (const error& e) {
+    msg = e.get_status().message;
+    if (e.get_status().code != code)
+      rep.fail(std::string("code ") + to_string(e.get_status().code) + ", wanted " +
+               to_string(code) + ": " + msg);
+    for (const auto& w : words)
+      if (msg.find(w) == std::string::npos) rep.fail("message lacks '" + w + "': " + msg);
+  }
+  // every rank got the same message
+  char mine[256] = {};
+  std::memcpy(mine, msg.data(), std::min<std::size_t>(msg.size(), 255));
+  std::vector<char> all(256 * static_cast<std::size_t>(t.ranks()));
+  t.allgather(mine, all.data(), 256);
+  for (std::int32_t r = 1; r < t.ranks(); ++r)
+    if (std::memcmp(all.data(), all.data() + 256 * r, 256) != 0)
+      rep.fail("rank " + std::to_string(r) + " got a different error than rank 0");
+  return rep.failures;
+}
+
+}  // namespace moeroute::test::ep_oracle
