@@ -28,11 +28,15 @@
 #include <moeroute/presets.hpp>
 #include <moeroute/reference.hpp>
 
+#include "ep_sim.hpp"
 #include "scenarios.hpp"
 #include "sweep.hpp"
 
 #ifndef MOEROUTE_PLOT_SCRIPT
 #define MOEROUTE_PLOT_SCRIPT "plot_capacity.py"
+#endif
+#ifndef MOEROUTE_EP_PLOT_SCRIPT
+#define MOEROUTE_EP_PLOT_SCRIPT "plot_ep.py"
 #endif
 #ifndef MOEROUTE_PYTHON
 #define MOEROUTE_PYTHON "python3"
@@ -226,6 +230,82 @@ std::string file_stem(const std::string& path) {
   return dot == std::string::npos || dot == 0 ? base : base.substr(0, dot);
 }
 
+/// --ep: the cluster simulation of every input, written as table / CSV / JSON and a plot of
+/// the rows each rank receives.
+int run_cluster(std::int32_t R, const std::string& placement_spec, const std::string& scope_list,
+                const sweep_options& so, const std::vector<sweep_input>& inputs,
+                const std::string& format, const std::string& out_path, const std::string& csv_path,
+                const std::string& json_path, const std::string& plot_path,
+                const std::string& python, std::string_view preset_name) {
+  if (R < 1 || R > (1 << 16)) throw usage_error("--ep must be in [1, 65536]");
+  const auto scopes = split_list(scope_list);
+  for (const auto& sc : scopes)
+    if (sc != "dropless" && sc != "per_source" && sc != "global")
+      throw usage_error("--scopes: '" + sc + "' is not one of dropless, per_source, global");
+  std::string label;
+  std::optional<ep::placement> place;
+  try {
+    place.emplace(parse_placement(placement_spec, so.base.num_experts, R, label));
+  } catch (const std::invalid_argument& e) {
+    throw usage_error(e.what());
+  } catch (const error& e) {
+    throw usage_error("--placement: " + e.get_status().message);
+  }
+  const std::int64_t row_bytes = so.hidden * static_cast<std::int64_t>(size_of(so.buffer_dtype));
+  std::vector<ep_row> rows;
+  for (const auto& in : inputs) {
+    auto r = simulate_ep(so.base, in, *place, label, so.factors, scopes, row_bytes);
+    rows.insert(rows.end(), r.begin(), r.end());
+  }
+  const std::string setup =
+      fmt::format("R={} placement {} | preset {} | d={} {} | {}", R, label, preset_name, so.hidden,
+                  to_string(so.buffer_dtype), to_string(so.base));
+  nlohmann::json meta;
+  meta["tool"] = "moeroute-capacity --ep";
+  meta["ranks"] = R;
+  meta["placement"] = label;
+  meta["preset"] = std::string(preset_name);
+  meta["config"] = to_string(so.base);
+  meta["hidden"] = so.hidden;
+  meta["dtype"] = to_string(so.buffer_dtype);
+  std::ostringstream main_out;
+  if (format == "table")
+    write_ep_table(main_out, rows, setup);
+  else if (format == "csv")
+    write_ep_csv(main_out, rows);
+  else
+    main_out << ep_to_json(rows, meta).dump(2) << '\n';
+  if (out_path.empty()) {
+    std::cout << main_out.str();
+  } else {
+    std::ofstream f(out_path);
+    if (!(f << main_out.str()))
+      throw std::runtime_error("cannot write --out file '" + out_path + "'");
+  }
+  if (!csv_path.empty()) {
+    std::ofstream f(csv_path);
+    write_ep_csv(f, rows);
+    if (!f) throw std::runtime_error("cannot write --csv file '" + csv_path + "'");
+  }
+  std::string json_for_plot = json_path;
+  if (json_for_plot.empty() && !plot_path.empty()) json_for_plot = plot_path + ".json";
+  if (!json_for_plot.empty()) {
+    std::ofstream f(json_for_plot);
+    f << ep_to_json(rows, meta).dump(2) << '\n';
+    if (!f) throw std::runtime_error("cannot write '" + json_for_plot + "'");
+  }
+  if (!plot_path.empty()) {
+    const std::string cmd = shell_quote(python) + " " + shell_quote(MOEROUTE_EP_PLOT_SCRIPT) + " " +
+                            shell_quote(plot_path) + " " + shell_quote(json_for_plot);
+    const int rc = std::system(cmd.c_str());
+    if (json_path.empty()) std::remove(json_for_plot.c_str());
+    if (rc != 0)
+      throw std::runtime_error("plotting failed (" + cmd + " returned " + std::to_string(rc) +
+                               "); needs python3 with matplotlib (Debian: python3-matplotlib)");
+  }
+  return 0;
+}
+
 int run(int argc, char** argv) {
   CLI::App app{
       "moeroute-capacity: compare capacity factors, priorities and drop policies on your "
@@ -240,6 +320,9 @@ int run(int argc, char** argv) {
       "\\\n"
       "      --factors 1.0,1.25,dropless --policies zero_weight,fallback --format csv --out "
       "sweep.csv\n"
+      "  # the same traffic on 64 expert-parallel ranks: per-rank load, hotspot, drops per scope\n"
+      "  moeroute-capacity --npy logits.npy --top-k 8 --preset deepseek_v3 --ep 64 "
+      "--placement round-robin --plot ep.png\n"
       "Exit codes: 0 ok, 2 bad arguments or malformed .npy, 1 other errors.");
 
   std::string npy, scenario_list = "uniform,zipf,collapsed,homogeneous,mixed",
@@ -253,6 +336,8 @@ int run(int argc, char** argv) {
   scenario_params sp;
   int repeats = 1;
   bool quiet = false;
+  std::int32_t ep_ranks = 0;
+  std::string placement_spec = "contiguous", ep_scopes = "dropless,per_source,global";
 
   auto* o_npy = app.add_option(
       "--npy", npy, "router logits from np.save: float32/float16, [T,E] or [layers,T,E]");
@@ -313,6 +398,15 @@ int run(int argc, char** argv) {
   app.add_option("--python", python, "python3 with matplotlib, for --plot")->capture_default_str();
   app.add_option("--plot-script", plot_script, "the plotting script")->capture_default_str();
   app.add_flag("-q,--quiet", quiet, "no progress line on stderr");
+  app.add_option("--ep", ep_ranks,
+                 "cluster mode: split each batch over R expert-parallel ranks and report per-rank "
+                 "rows and bytes, the hotspot factor, cross-rank share and drops per scope "
+                 "(simulated plan, no communication; R up to 65536)");
+  app.add_option("--placement", placement_spec,
+                 "--ep: contiguous, round-robin, or a file with one line of expert ids per rank")
+      ->capture_default_str();
+  app.add_option("--scopes", ep_scopes, "--ep: capacity scopes (dropless, per_source, global)")
+      ->capture_default_str();
   o_npy->excludes(o_scn)->excludes(o_tok)->excludes(o_exp);
 
   try {
@@ -483,6 +577,10 @@ int run(int argc, char** argv) {
           "+-Inf -> +-FLT_MAX; see docs/numerics.md)\n",
           in.name.c_str(), static_cast<long long>(bad));
   }
+
+  if (ep_ranks != 0)
+    return run_cluster(ep_ranks, placement_spec, ep_scopes, so, inputs, format, out_path, csv_path,
+                       json_path, plot_path, python, preset->name);
 
   // ---- sweep
   const bool tty = isatty(2) != 0;

@@ -2,7 +2,7 @@
 # SPDX-License-Identifier: Apache-2.0
 """ctest driver for moeroute-capacity: test_capacity_tool.py CASE TOOL WORKDIR.
 
-Cases: synthetic, npy, npy_layers_f16, malformed, bad_args, plot. Each asserts exact values
+Cases: synthetic, npy, npy_layers_f16, malformed, bad_args, plot, ep. Each asserts exact values
 (counts the routing rules determine) and exits non-zero with a message on the first failure.
 """
 import csv
@@ -248,8 +248,79 @@ def case_plot():
     check(not os.path.exists(svg + ".csv"), "temporary CSV removed")
 
 
+def case_ep():
+    """--ep: the cluster simulation against loads numpy computes from the same .npy logits."""
+    os.makedirs(WORK, exist_ok=True)
+    rng = np.random.default_rng(11)
+    T, E, k, R = 90, 8, 2, 4
+    x = rng.standard_normal((T, E)).astype(np.float32)
+    x[:, 7] += 1.5  # expert 7 hot: rank 3 (contiguous, 2 experts a rank) is the hot rank
+    path = os.path.join(WORK, "router_logits.npy")
+    np.save(path, x)
+    png, js = os.path.join(WORK, "ep.png"), os.path.join(WORK, "ep.json")
+    for p in (png, js):
+        if os.path.exists(p):
+            os.remove(p)
+    rc, out, err = run("--npy", path, "--top-k", "2", "--preset", "deepspeed_topk", "--ep", str(R),
+                       "--factors", "1.0", "--format", "json", "--json", js, "--plot", png)
+    check(rc == 0, f"--ep exit {rc}: {err}")
+    rows = {r["scope"]: r for r in json.loads(out)["rows"]}
+    check(set(rows) == {"dropless", "per_source", "global"}, f"scopes {set(rows)}")
+    ids = np.argsort(-x, axis=1, kind="stable")[:, :k]  # top-k of the logits, ties to lower id
+    load = np.bincount(ids.ravel(), minlength=E)
+    per_rank = load.reshape(R, E // R).sum(axis=1)
+    first = [0, 23, 46, 68, 90]  # 90 tokens over 4 ranks: 23, 23, 22, 22
+    d = rows.get("dropless", {})
+    check(d.get("rows_received") == per_rank.tolist(), f"dropless received {d.get('rows_received')} != {per_rank.tolist()}")
+    check(abs(d.get("hotspot", 0) - per_rank.max() / per_rank.mean()) < 1e-9, "dropless hotspot")
+    sent = [2 * (first[r + 1] - first[r]) for r in range(R)]
+    check(d.get("rows_sent") == sent, f"dropless rows_sent {d.get('rows_sent')} != {sent}")
+    own = sum(np.isin(ids[first[r]:first[r + 1]] // (E // R), r).sum() for r in range(R))
+    check(abs(d.get("crossing_share", 0) - (T * k - own) / (T * k)) < 1e-9, "crossing share")
+    check(d.get("bytes_received") == (per_rank * 4096 * 2).tolist(), "bytes = rows x d x bf16")
+    # global scope: C over the whole batch (deepspeed_topk: max(ceil(T*k/E*f), 4)), drops are
+    # each expert's load beyond C — what one device routing the 90 tokens drops
+    g = rows.get("global", {})
+    C = max(int(np.ceil(T * k / E)), 4)
+    check(g.get("capacity") == C, f"global capacity {g.get('capacity')} != {C}")
+    check(g.get("dropped") == int(np.maximum(load - C, 0).sum()), f"global drops {g.get('dropped')}")
+    # per-source scope: each rank's own C and loads
+    ps = rows.get("per_source", {})
+    want = 0
+    for r in range(R):
+        n = first[r + 1] - first[r]
+        Cr = max(int(np.ceil(n * k / E)), 4)
+        lr = np.bincount(ids[first[r]:first[r + 1]].ravel(), minlength=E)
+        want += int(np.maximum(lr - Cr, 0).sum())
+    check(ps.get("dropped") == want, f"per_source drops {ps.get('dropped')} != {want}")
+    check(os.path.exists(png) and open(png, "rb").read(8) == b"\x89PNG\r\n\x1a\n", "per-rank plot written")
+    check(os.path.exists(js) and len(json.load(open(js))["rows"]) == 3, "--json written")
+    # a placement file, and a bad one (expert owned twice): exit 2 naming the entry
+    table = os.path.join(WORK, "placement.txt")
+    with open(table, "w") as f:
+        f.write("# rank: experts\n7 0\n1 2\n3 4\n5 6\n")
+    rc, out, err = run("--npy", path, "--top-k", "2", "--ep", "4", "--placement", table,
+                       "--scopes", "dropless", "--format", "json")
+    check(rc == 0, f"--placement file exit {rc}: {err}")
+    if rc == 0:
+        recv = json.loads(out)["rows"][0]["rows_received"]
+        owners = {7: 0, 0: 0, 1: 1, 2: 1, 3: 2, 4: 2, 5: 3, 6: 3}
+        want = [int(sum(load[e] for e, r in owners.items() if r == rr)) for rr in range(4)]
+        check(recv == want, f"table placement received {recv} != {want}")
+    with open(table, "w") as f:
+        f.write("0 1\n2 3\n4 5\n6 1\n")
+    rc, out, err = run("--npy", path, "--top-k", "2", "--ep", "4", "--placement", table)
+    check(rc == 2 and "already owned by rank 0" in err, f"bad table: exit {rc}, {err}")
+    rc, out, err = run("--npy", path, "--top-k", "2", "--ep", "3", "--placement", table)
+    check(rc == 2 and "4 rank lines, but --ep 3" in err, f"wrong rank count: exit {rc}, {err}")
+    rc, out, err = run("--npy", path, "--top-k", "2", "--ep", "0")
+    check(rc == 0, "--ep 0 is the single-device sweep")
+    rc, out, err = run("--npy", path, "--top-k", "2", "--ep", "4", "--scopes", "nowhere")
+    check(rc == 2 and "--scopes" in err, f"bad scope: exit {rc}, {err}")
+
+
 {"synthetic": case_synthetic, "npy": case_npy, "npy_layers_f16": case_npy_layers_f16,
- "malformed": case_malformed, "bad_args": case_bad_args, "plot": case_plot}[CASE]()
+ "malformed": case_malformed, "bad_args": case_bad_args, "plot": case_plot, "ep": case_ep}[CASE]()
 if failures:
     print(f"{len(failures)} check(s) failed in case {CASE}", file=sys.stderr)
     sys.exit(1)

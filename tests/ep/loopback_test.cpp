@@ -115,3 +115,36 @@ TEST_CASE("ep receive_rows_bound covers every worst-case plan", "[ep]") {
       throw std::runtime_error("bound exceeded");
   });
 }
+
+TEST_CASE("ep simulate_plan (the capacity tool's cluster mode) equals every rank's make_plan",
+          "[ep]") {
+  for (std::int32_t R : {2, 3, 4}) {
+    for (const auto& s : scenarios(R)) {
+      INFO(s.name << " R=" << R);
+      const auto place = make_placement(s, R);
+      const batch b = make_batch(s);
+      std::vector<ep::layout_output> layouts(R);
+      std::vector<ep::plan> plans(R);
+      ep::loopback_group(R).run([&](ep::transport& t) {
+        const std::int32_t me = t.rank();
+        const std::int64_t t0 = b.first[me], n = b.first[me + 1] - t0;
+        std::vector<float> logits(b.logits.begin() + t0 * 7, b.logits.begin() + (t0 + n) * 7);
+        std::vector<std::uint8_t> valid(b.valid.begin() + t0, b.valid.begin() + t0 + n);
+        const auto g = moeroute::reference::gating(s.cfg, logits, n, {}, valid);
+        layouts[me] = ep::layout(s.cfg, place, s.opt, me, g);
+        plans[me] = ep::make_plan(t, s.cfg, place, s.opt, layouts[me], 4, 4);
+      });
+      for (std::int32_t r = 0; r < R; ++r) {
+        const auto sim = ep::simulate_plan(s.cfg, place, s.opt, layouts, r, 4, 4);
+        CHECK(sim.send_matrix == plans[r].send_matrix);
+        CHECK(sim.expert_rows == plans[r].expert_rows);
+        CHECK(sim.dropped_by_rank == plans[r].dropped_by_rank);
+        CHECK(sim.staging_row == plans[r].staging_row);
+        CHECK(sim.assignment_row == plans[r].assignment_row);
+        CHECK(sim.decision.fates == plans[r].decision.fates);
+        CHECK(sim.decision.weight == plans[r].decision.weight);
+        CHECK(sim.receive_rows == plans[r].receive_rows);
+      }
+    }
+  }
+}

@@ -373,52 +373,31 @@ inline std::vector<std::int64_t> decide_budget(const placement& place, const opt
 
 }  // namespace detail
 
-/// @brief Phase 2: the plan. Collective — every rank calls it, also ranks with T = 0.
-/// @param t             the group (its ranks() must equal place.ranks())
-/// @param cfg, place, opt  equal on every rank (validation mode checks fingerprints)
-/// @param L             this rank's ep::layout
-/// @param hidden        d of the rows dispatch will move
-/// @param element_bytes sizeof the row element (2 for f16/bf16, 4 for f32, 8 for double)
-/// @return the plan. Bad input on any rank, or ranks that disagree, throw moeroute::error on
-///         every rank (validation mode; without it only the rank that sees the problem throws).
-/// @note One all-gather of a fixed header (validation mode) and one of the counts; no other
-///       communication. Deterministic: the same inputs give the same plan on every run.
-[[nodiscard]] inline plan make_plan(transport& t, const routing_config& cfg, const placement& place,
-                                    const options& opt, const layout_output& L, std::int64_t hidden,
-                                    std::size_t element_bytes) {
-  const std::int32_t R = t.ranks(), me = t.rank();
-  status local = L.error;
-  if (local && (L.rank != me || L.ranks != R))
-    local = status::make(status_code::invalid_argument,
-                         "layout_output is for rank " + std::to_string(L.rank) + " of " +
-                             std::to_string(L.ranks) + "; this is rank " + std::to_string(me) +
-                             " of " + std::to_string(R));
-  if (local && (hidden < 0 || hidden > max_hidden))
-    local =
-        status::make(status_code::invalid_shape,
-                     moeroute::detail::field_msg("hidden", hidden, "must be in [0, max_hidden]"));
-  if (local && element_bytes != 2 && element_bytes != 4 && element_bytes != 8)
-    local = status::make(
-        status_code::invalid_argument,
-        moeroute::detail::field_msg("element_bytes", element_bytes, "must be 2, 4 or 8"));
-  if (local && place.ranks() != R)
-    local = status::make(status_code::invalid_argument,
-                         "placement.ranks() = " + std::to_string(place.ranks()) +
-                             " but the transport has " + std::to_string(R) + " ranks");
-  if (opt.check_ranks) {
-    detail::plan_header h;
-    h.config = detail::fingerprint(cfg);
-    h.options = detail::fingerprint(opt);
-    h.placement = place.fingerprint();
-    h.ranks = place.ranks();
-    h.hidden = hidden;
-    h.element_bytes = static_cast<std::int64_t>(element_bytes);
-    h.local = detail::to_record(local);
-    detail::check_header(t, h);
-  } else {
-    throw_if_error(local);
-  }
+namespace detail {
+/// One rank's counts record (what make_plan all-gathers): a fixed prefix, the rows per
+/// expert [ET] and, for the global scope, the requests [k, E].
+inline std::vector<std::int64_t> count_record(const routing_config& cfg, const options& opt,
+                                              const layout_output& L) {
+  const bool global = opt.scope == capacity_scope::global;
+  const std::int64_t ET = cfg.total_experts();
+  const std::int64_t stride =
+      rec_prefix + ET + (global ? std::int64_t{cfg.top_k} * cfg.num_experts : 0);
+  std::vector<std::int64_t> mine(stride, 0);
+  mine[rec_tokens] = L.decision.tokens;
+  mine[rec_capacity] = L.decision.capacity;
+  mine[rec_fallback_capacity] = L.decision.fallback_capacity;
+  mine[rec_dropped] = L.decision.total_dropped;
+  std::copy(L.rows_per_expert.begin(), L.rows_per_expert.end(), mine.begin() + rec_prefix);
+  if (global) std::copy(L.requests.begin(), L.requests.end(), mine.begin() + rec_prefix + ET);
+  return mine;
+}
 
+/// The plan of rank `me` from every rank's record, [R, stride]: pure arithmetic, the same on
+/// every rank for the group counts.
+inline plan plan_from_records(const routing_config& cfg, const placement& place, const options& opt,
+                              const layout_output& L, const std::vector<std::int64_t>& rec,
+                              std::int32_t me, std::int64_t hidden, std::size_t element_bytes) {
+  const std::int32_t R = place.ranks();
   plan p;
   p.rank = me;
   p.ranks = R;
@@ -431,19 +410,8 @@ inline std::vector<std::int64_t> decide_budget(const placement& place, const opt
   const std::int32_t E = cfg.num_experts, k = cfg.top_k;
   const std::int64_t ET = cfg.total_experts();
 
-  // The counts exchange.
   const bool global = opt.scope == capacity_scope::global;
-  const std::int64_t stride = detail::rec_prefix + ET + (global ? std::int64_t{k} * E : 0);
-  std::vector<std::int64_t> mine(stride, 0), rec(static_cast<std::size_t>(R) * stride);
-  mine[detail::rec_tokens] = L.decision.tokens;
-  mine[detail::rec_capacity] = L.decision.capacity;
-  mine[detail::rec_fallback_capacity] = L.decision.fallback_capacity;
-  mine[detail::rec_dropped] = L.decision.total_dropped;
-  std::copy(L.rows_per_expert.begin(), L.rows_per_expert.end(), mine.begin() + detail::rec_prefix);
-  if (global)
-    std::copy(L.requests.begin(), L.requests.end(), mine.begin() + detail::rec_prefix + ET);
-  t.allgather(mine.data(), rec.data(), mine.size() * sizeof(std::int64_t));
-
+  const std::int64_t stride = static_cast<std::int64_t>(rec.size()) / R;
   std::vector<std::int64_t> rows(static_cast<std::size_t>(R) * ET);  // [R, ET] after drops
   for (std::int32_t s = 0; s < R; ++s)
     std::copy_n(rec.begin() + s * stride + detail::rec_prefix, ET, rows.begin() + s * ET);
@@ -604,6 +572,84 @@ inline std::vector<std::int64_t> decide_budget(const placement& place, const opt
         for (std::int64_t n = 0; n < p.segment_from[s * S + l]; ++n) p.staging_row[i++] = next[l]++;
   }
   return p;
+}
+}  // namespace detail
+
+/// @brief Phase 2: the plan. Collective — every rank calls it, also ranks with T = 0.
+/// @param t             the group (its ranks() must equal place.ranks())
+/// @param cfg, place, opt  equal on every rank (validation mode checks fingerprints)
+/// @param L             this rank's ep::layout
+/// @param hidden        d of the rows dispatch will move
+/// @param element_bytes sizeof the row element (2 for f16/bf16, 4 for f32, 8 for double)
+/// @return the plan. Bad input on any rank, or ranks that disagree, throw moeroute::error on
+///         every rank (validation mode; without it only the rank that sees the problem throws).
+/// @note One all-gather of a fixed header (validation mode) and one of the counts; no other
+///       communication. Deterministic: the same inputs give the same plan on every run.
+[[nodiscard]] inline plan make_plan(transport& t, const routing_config& cfg, const placement& place,
+                                    const options& opt, const layout_output& L, std::int64_t hidden,
+                                    std::size_t element_bytes) {
+  const std::int32_t R = t.ranks(), me = t.rank();
+  status local = L.error;
+  if (local && (L.rank != me || L.ranks != R))
+    local = status::make(status_code::invalid_argument,
+                         "layout_output is for rank " + std::to_string(L.rank) + " of " +
+                             std::to_string(L.ranks) + "; this is rank " + std::to_string(me) +
+                             " of " + std::to_string(R));
+  if (local && (hidden < 0 || hidden > max_hidden))
+    local =
+        status::make(status_code::invalid_shape,
+                     moeroute::detail::field_msg("hidden", hidden, "must be in [0, max_hidden]"));
+  if (local && element_bytes != 2 && element_bytes != 4 && element_bytes != 8)
+    local = status::make(
+        status_code::invalid_argument,
+        moeroute::detail::field_msg("element_bytes", element_bytes, "must be 2, 4 or 8"));
+  if (local && place.ranks() != R)
+    local = status::make(status_code::invalid_argument,
+                         "placement.ranks() = " + std::to_string(place.ranks()) +
+                             " but the transport has " + std::to_string(R) + " ranks");
+  if (opt.check_ranks) {
+    detail::plan_header h;
+    h.config = detail::fingerprint(cfg);
+    h.options = detail::fingerprint(opt);
+    h.placement = place.fingerprint();
+    h.ranks = place.ranks();
+    h.hidden = hidden;
+    h.element_bytes = static_cast<std::int64_t>(element_bytes);
+    h.local = detail::to_record(local);
+    detail::check_header(t, h);
+  } else {
+    throw_if_error(local);
+  }
+
+  std::vector<std::int64_t> mine = detail::count_record(cfg, opt, L);
+  std::vector<std::int64_t> rec(static_cast<std::size_t>(R) * mine.size());
+  t.allgather(mine.data(), rec.data(), mine.size() * sizeof(std::int64_t));
+  return detail::plan_from_records(cfg, place, opt, L, rec, me, hidden, element_bytes);
+}
+
+/// @brief The plan rank `rank` would get, computed in one process from every rank's layout
+///        (layouts[r] = ep::layout for rank r): no communication. The group counts (send
+///        matrix, expert rows, drops, hotspot) are every rank's. What the capacity tool uses
+///        to simulate a cluster of any size. Throws the first rank's layout error.
+[[nodiscard]] inline plan simulate_plan(const routing_config& cfg, const placement& place,
+                                        const options& opt, std::span<const layout_output> layouts,
+                                        std::int32_t rank, std::int64_t hidden = 0,
+                                        std::size_t element_bytes = 4) {
+  if (static_cast<std::int64_t>(layouts.size()) != place.ranks())
+    throw error(status::make(status_code::invalid_argument,
+                             "simulate_plan: " + std::to_string(layouts.size()) +
+                                 " layouts for a placement of " + std::to_string(place.ranks()) +
+                                 " ranks"));
+  std::vector<std::int64_t> rec;
+  for (std::size_t r = 0; r < layouts.size(); ++r) {
+    if (!layouts[r].error)
+      throw error(status::make(layouts[r].error.code, "simulate_plan: rank " + std::to_string(r) +
+                                                          ": " + layouts[r].error.message));
+    const auto one = detail::count_record(cfg, opt, layouts[r]);
+    rec.insert(rec.end(), one.begin(), one.end());
+  }
+  return detail::plan_from_records(cfg, place, opt, layouts[static_cast<std::size_t>(rank)], rec,
+                                   rank, hidden, element_bytes);
 }
 
 /// @brief Bytes of host workspace dispatch, combine and the backward passes need with plan p:
