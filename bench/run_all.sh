@@ -5,7 +5,10 @@
 #      DeepSeek-V3 layer (E=256, k=8, 8 groups / top-4): table, CSV, JSON and a plot per model,
 #      plus one combined plot;
 #   2. the Google Benchmark CPU reference stages (JSON);
-#   3. the GPU benchmarks, when bench_kernels_cuda was built and a device is present.
+#   3. expert parallelism: dispatch + combine over MPI for Mixtral- and DeepSeek-V3-sized layers
+#      at R = 2 and 4 beside the raw MPI_Alltoallv of the same bytes, and the capacity tool's
+#      cluster mode (--ep 64) on the same synthetic traffic;
+#   4. the GPU benchmarks, when bench_kernels_cuda was built and a device is present.
 # Outputs go to $MOEROUTE_BENCH_OUT (default: build/bench/ in the source tree).
 #
 #   bench/run_all.sh BUILD_DIR        e.g. bench/run_all.sh build/release
@@ -63,6 +66,30 @@ fi
 log "CPU reference stages (Google Benchmark)"
 "$KERNELS" --benchmark_out="$OUT/kernels_cpu.json" --benchmark_out_format=json
 
+EP_BENCH="$BUILD/bench/bench_ep_mpi"
+if [ -x "$EP_BENCH" ] && command -v mpiexec >/dev/null 2>&1; then
+  MPI_FLAGS=(--oversubscribe)
+  [ "$(id -u)" -eq 0 ] && MPI_FLAGS+=(--allow-run-as-root)
+  for R in 2 4; do
+    log "expert parallelism over MPI, R=$R (dispatch + combine vs raw MPI_Alltoallv)"
+    mpiexec -n "$R" "${MPI_FLAGS[@]}" "$EP_BENCH" --benchmark_out="$OUT/ep_mpi_R$R.json" \
+      --benchmark_out_format=json | tee "$OUT/ep_mpi_R$R.txt"
+  done
+fi
+log "capacity tool, cluster mode: 64 ranks, DeepSeek-V3-sized traffic"
+ep_plot=()
+[ -n "$PY" ] && ep_plot=(--plot "$OUT/ep_deepseek_v3_R64.png")
+"$TOOL" --ep 64 --preset deepseek_v3 --scenario uniform,zipf --tokens 16384 --factors 1.0,1.25 \
+        --placement round-robin --quiet --out "$OUT/ep_deepseek_v3_R64.txt" \
+        --json "$OUT/ep_deepseek_v3_R64.json" "${PLOT_ARGS[@]}" "${ep_plot[@]}"
+cat "$OUT/ep_deepseek_v3_R64.txt"
+
+EP_CUDA_BENCH="$BUILD/bench/bench_ep_cuda"
+if [ -x "$EP_CUDA_BENCH" ]; then
+  log "GPU expert-parallel launchers, one-GPU loopback (registers nothing without a device)"
+  "$EP_CUDA_BENCH" --benchmark_out="$OUT/ep_gpu.json" --benchmark_out_format=json || \
+    echo "bench_ep_cuda failed (rc $?)" >&2
+fi
 CUDA_BENCH="$BUILD/bench/bench_kernels_cuda"
 if [ -x "$CUDA_BENCH" ]; then
   log "GPU launchers (Google Benchmark, CUDA events)"
@@ -72,4 +99,4 @@ if [ -x "$CUDA_BENCH" ]; then
 fi
 
 log "done in $(( $(date +%s) - start )) s; results in $OUT"
-ls -1 "$OUT"/capacity* "$OUT"/kernels_*.json 2>/dev/null || true
+ls -1 "$OUT"/capacity* "$OUT"/kernels_*.json "$OUT"/ep_* 2>/dev/null || true

@@ -93,6 +93,7 @@ int main(int argc, char** argv) {
     for (std::int64_t i = 0; i < T * E; ++i) logits[i] = 4.0f * rnd() + (i % E == 7 ? 1.5f : 0.0f);
     for (auto& v : x) v = rnd();
 
+    // [snippet:ep-layer]
     // Phases: routing (local), layout (local), plan (the one counts exchange).
     const auto g = moeroute::reference::gating(cfg, logits, T);
     const auto layout = ep::layout(cfg, place, opt, me, g);
@@ -113,13 +114,16 @@ int main(int argc, char** argv) {
              ++r)
           experts[l].forward(&recv[r * D], &hidden[r * H], &out[r * D]);
       ep::combine<float>(t, p, out, x, returned, y, ws);
-      double loss = 0;  // L = 1/2 |y|^2 summed over every rank's tokens
-      for (float v : y) loss += 0.5 * double(v) * v;
-      double total = 0;
-      MPI_Allreduce(&loss, &total, 1, MPI_DOUBLE, MPI_SUM, t.comm());
+    };
+    // [/snippet]
+    const auto loss = [&] {  // L = 1/2 |y|^2 summed over every rank's tokens
+      double l = 0, total = 0;
+      for (float v : y) l += 0.5 * double(v) * v;
+      MPI_Allreduce(&l, &total, 1, MPI_DOUBLE, MPI_SUM, t.comm());
       return total;
     };
-    const double loss0 = layer();
+    layer();
+    const double loss0 = loss();
 
     // Check: every token's output against a dense computation of the same routing.
     for (std::int64_t tk = 0; tk < T; ++tk) {
@@ -145,7 +149,8 @@ int main(int argc, char** argv) {
       for (int i = 0; i < D * H; ++i) experts[l].w2[i] -= 0.05f * g2[i];
     }
     ep::dispatch_backward<float>(t, p, d_recv, d_x, ws, /*accumulate=*/true);
-    const double loss1 = layer();  // the same plan, reused
+    layer();  // the same plan, reused
+    const double loss1 = loss();
 
     std::printf(
         "rank %d: tokens %lld, sent %lld rows (%lld to other ranks), received %lld, "

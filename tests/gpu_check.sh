@@ -4,10 +4,12 @@
 #   1. configure + build Release for sm_90 in build/gpu-check (cuda_tests, the CUDA examples
 #      and bench_kernels_cuda)
 #   2. cuda_tests, the full GPU test binary except [soak] and [scale]; then "[scale]" (skipped,
-#      exit 77, without ~12 GB of free device memory) and "[soak]" with MOEROUTE_SOAK_SECONDS
+#      exit 77, without ~12 GB of free device memory) and "[soak]" with MOEROUTE_SOAK_SECONDS;
+#      ep_nccl_tests, the expert-parallel layer over real NCCL (one rank per GPU)
 #   3. cuda_tests "[quick]" under compute-sanitizer memcheck, racecheck and initcheck
 #   4. the CUDA examples (each checks itself against the CPU reference)
-#   5. bench_kernels_cuda, the GPU kernel benchmarks (JSON in DIR)
+#   5. bench_ep_cuda (expert-parallel launchers on the one-GPU loopback) and bench_kernels_cuda,
+#      the GPU kernel benchmarks (JSON in DIR)
 # and writes one log per step plus DIR/summary.json.
 #
 # The [quick] tag: GPU test cases small enough to run under compute-sanitizer (each tool runs
@@ -93,13 +95,18 @@ CONFIGURED=$?
 EXAMPLES=(example_cuda_gating example_cuda_dispatch example_switch_top1 example_mixtral_dropless
           example_deepseek_v3)
 TARGETS=(cuda_tests "${EXAMPLES[@]}")
-if ((CONFIGURED == 0)) && cmake --build "$BUILD" --target help 2>/dev/null | grep -q "bench_kernels_cuda"; then
-  TARGETS+=(bench_kernels_cuda)
+HELP=""
+((CONFIGURED == 0)) && HELP=$(cmake --build "$BUILD" --target help 2>/dev/null)
+# targets that exist only with their dependency (Google Benchmark, NCCL)
+grep -q "bench_kernels_cuda" <<<"$HELP" && TARGETS+=(bench_kernels_cuda bench_ep_cuda)
+if grep -q "ep_nccl_tests" <<<"$HELP"; then
+  TARGETS+=(ep_nccl_tests example_ep_nccl)
+  EXAMPLES+=(example_ep_nccl)
 fi
 
 if [ "$DRY" = 1 ]; then
   skip_step build "dry run (targets: ${TARGETS[*]})"
-  for s in cuda_tests scale soak memcheck racecheck initcheck examples bench_kernels_cuda; do skip_step "$s" "dry run"; done
+  for s in cuda_tests ep_nccl_tests scale soak memcheck racecheck initcheck examples bench_kernels_cuda; do skip_step "$s" "dry run"; done
 else
   if ((CONFIGURED == 0)); then
     run_step build 300 cmake --build "$BUILD" -j "$JOBS" --target "${TARGETS[@]}"
@@ -123,6 +130,12 @@ else
       for s in memcheck racecheck initcheck; do skip_step "$s" "compute-sanitizer not found"; done
       FAILED=1
     fi
+    # 2b. expert parallelism over real NCCL: one rank per GPU (1-rank smoke test on one GPU)
+    if [ -x "$BUILD/tests/ep_nccl_tests" ]; then
+      run_step ep_nccl_tests 60 "$BUILD/tests/ep_nccl_tests"
+    else
+      skip_step ep_nccl_tests "not built (no NCCL)"
+    fi
     # 3b. the randomized GPU-vs-CPU soak loop, bounded by MOEROUTE_SOAK_SECONDS. It runs after
     # the sanitizers so that a tight budget cuts the soak, not the correctness checks.
     run_step soak 60 env MOEROUTE_SOAK_SECONDS="${MOEROUTE_SOAK_SECONDS:-30}" "$TESTS" "[soak]"
@@ -138,6 +151,10 @@ else
     fi
   done
   # 5. GPU benchmarks
+  if [ -x "$BUILD/bench/bench_ep_cuda" ]; then
+    run_step bench_ep_cuda 60 "$BUILD/bench/bench_ep_cuda" \
+      --benchmark_out="$OUT/bench_ep_cuda.json" --benchmark_out_format=json
+  fi
   BENCH="$BUILD/bench/bench_kernels_cuda"
   if [ -x "$BENCH" ]; then
     run_step bench_kernels_cuda 120 "$BENCH" --benchmark_min_time=0.05 \

@@ -7,6 +7,7 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <cstring>
 #include <span>
 #include <vector>
 
@@ -46,21 +47,26 @@ void combine(transport& t, const plan& p, std::span<const T> expert_out, std::sp
                         returned.data(), d);
   const auto& dec = p.decision;
   const std::int32_t k = dec.k;
-  std::vector<float> acc(d);
+  std::vector<float> acc_buf(d);
+  float* __restrict acc = acc_buf.data();
+  const T* __restrict back = returned.data();
   for (std::int64_t tk = 0; tk < p.tokens; ++tk) {
-    std::fill(acc.begin(), acc.end(), 0.0f);
+    std::fill(acc, acc + d, 0.0f);
     bool any = false;
     for (std::int32_t j = 0; j < k; ++j) {
       const std::int64_t row = p.assignment_row[tk * k + j];
       if (row < 0) continue;
       any = true;
+      // the same float operations, in the same order, as reference::combine
       const float w = dec.weight[tk * k + j];
-      for (std::size_t c = 0; c < d; ++c) acc[c] += w * to_float(returned[row * d + c]);
+      const T* __restrict r = back + row * d;
+      for (std::size_t c = 0; c < d; ++c) acc[c] += w * to_float(r[c]);
     }
+    T* __restrict out = y.data() + tk * d;
     if (residual && !any && dec.fates[tk * k] != fate::masked) {
-      for (std::size_t c = 0; c < d; ++c) y[tk * d + c] = x[tk * d + c];
+      std::memcpy(out, x.data() + tk * d, d * sizeof(T));
     } else {
-      for (std::size_t c = 0; c < d; ++c) y[tk * d + c] = from_float<T>(acc[c]);
+      for (std::size_t c = 0; c < d; ++c) out[c] = from_float<T>(acc[c]);
     }
   }
 }

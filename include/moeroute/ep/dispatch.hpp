@@ -7,6 +7,7 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <cstring>
 #include <span>
 
 #include <moeroute/ep/exchange.hpp>
@@ -35,7 +36,7 @@ void dispatch(transport& t, const plan& p, std::span<const T> x, std::span<T> re
   const detail::carved ws = detail::carve(p, workspace);
   T* send = reinterpret_cast<T*>(ws.send_rows);
   for (std::int64_t r = 0; r < p.send_total(); ++r)
-    for (std::size_t c = 0; c < d; ++c) send[r * d + c] = x[p.send_token[r] * d + c];
+    std::memcpy(send + r * d, x.data() + p.send_token[r] * d, d * sizeof(T));
   detail::to_receive_layout(t, p, send, reinterpret_cast<T*>(ws.recv_rows), received.data(), d,
                             T{});
 }

@@ -9,6 +9,7 @@
 #include <cstring>
 #include <span>
 #include <string>
+#include <vector>
 
 #include <moeroute/ep/agree.hpp>
 #include <moeroute/ep/plan.hpp>
@@ -79,17 +80,38 @@ inline carved carve(const plan& p, std::span<std::byte> ws) {
   return c;
 }
 
+/// Visits the exchanged rows as blocks: fn(staging row, receive row, rows) for every (source,
+/// segment) pair with rows — each is contiguous on both sides, so moving them is one memcpy.
+template <class F>
+void for_each_block(const plan& p, F&& fn) {
+  const std::int32_t S = p.segments();
+  std::vector<std::int64_t> next(p.segment_offsets.begin(), p.segment_offsets.end() - 1);
+  std::int64_t i = 0;
+  for (std::int32_t s = 0; s < p.ranks; ++s)
+    for (std::int32_t l = 0; l < S; ++l) {
+      const std::int64_t n = p.segment_from[static_cast<std::size_t>(s) * S + l];
+      if (n == 0) continue;
+      fn(i, next[l], n);
+      i += n;
+      next[l] += n;
+    }
+}
+
 /// Source side -> receive layout: send (rows in send order) to every destination, then each
-/// exchanged row to its receive row. `staging` holds recv_total rows; padding rows get `pad`.
+/// exchanged block to its place in the receive layout. `staging` holds recv_total rows;
+/// padding rows get `pad`.
 template <class Row>
 void to_receive_layout(transport& t, const plan& p, const Row* send, Row* staging, Row* out,
                        std::size_t per_row, const Row& pad) {
   t.alltoallv(send, p.send_rows, p.send_offsets, staging, p.recv_rows, p.recv_offsets,
               per_row * sizeof(Row));
-  for (std::int64_t r = 0; r < p.receive_rows; ++r)
-    for (std::size_t c = 0; c < per_row; ++c) out[r * per_row + c] = pad;
-  for (std::int64_t i = 0; i < p.recv_total(); ++i)
-    std::memcpy(out + p.staging_row[i] * per_row, staging + i * per_row, per_row * sizeof(Row));
+  for_each_block(p, [&](std::int64_t from, std::int64_t to, std::int64_t n) {
+    std::memcpy(out + to * per_row, staging + from * per_row, n * per_row * sizeof(Row));
+  });
+  for (std::int32_t l = 0; l < p.segments(); ++l)
+    for (std::int64_t r = p.segment_offsets[l] + p.segment_used[l]; r < p.segment_offsets[l + 1];
+         ++r)
+      std::fill(out + r * per_row, out + (r + 1) * per_row, pad);
 }
 
 /// Receive layout -> source side: each receive row back to the rank that sent it, landing in
@@ -97,8 +119,9 @@ void to_receive_layout(transport& t, const plan& p, const Row* send, Row* stagin
 template <class Row>
 void to_send_order(transport& t, const plan& p, const Row* in, Row* staging, Row* back,
                    std::size_t per_row) {
-  for (std::int64_t i = 0; i < p.recv_total(); ++i)
-    std::memcpy(staging + i * per_row, in + p.staging_row[i] * per_row, per_row * sizeof(Row));
+  for_each_block(p, [&](std::int64_t to, std::int64_t from, std::int64_t n) {
+    std::memcpy(staging + to * per_row, in + from * per_row, n * per_row * sizeof(Row));
+  });
   t.alltoallv(staging, p.recv_rows, p.recv_offsets, back, p.send_rows, p.send_offsets,
               per_row * sizeof(Row));
 }

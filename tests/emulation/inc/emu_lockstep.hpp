@@ -20,6 +20,7 @@
 #include <cstdlib>
 #include <cstring>
 #include <functional>
+#include <mutex>
 #include <vector>
 
 // Uses the built-in variables emu_cuda.hpp defines (threadIdx, blockIdx, blockDim, gridDim).
@@ -189,8 +190,17 @@ T exchange(T v, unsigned src_thread) {
 /// of run, and replayed by cudaGraphLaunch.
 inline std::vector<std::function<void()>>* capture = nullptr;
 
+/// Serialises the work of host threads that launch concurrently (the expert-parallel device
+/// loopback runs one thread per simulated rank): the scheduler and __shared__ statics are
+/// process-wide, so one block runs at a time across all threads, as within one.
+inline std::recursive_mutex& work_mutex() {
+  static std::recursive_mutex m;
+  return m;
+}
+
 /// Runs `work` now, or records it while a stream capture is open.
 inline void enqueue(std::function<void()> work) {
+  std::lock_guard lock(work_mutex());
   if (capture != nullptr) {
     capture->push_back(std::move(work));
   } else {

@@ -10,6 +10,7 @@
 // would on a GPU. Included by emu_cuda.hpp.
 #pragma once
 
+#include <atomic>
 #include <cstdlib>
 #include <cstring>
 #include <functional>
@@ -55,8 +56,17 @@ inline cudaError_t set_async(void* p, int v, std::size_t n, cudaStream_t = nullp
 }
 inline cudaError_t no_op() { return cudaSuccess; }
 inline cudaError_t stream_create(cudaStream_t* s) {
-  static int token = 0;
-  *s = reinterpret_cast<cudaStream_t>(&++token);
+  static int tokens[4096];
+  static std::atomic<int> next{0};
+  *s = reinterpret_cast<cudaStream_t>(&tokens[next++ % 4096]);
+  return cudaSuccess;
+}
+// Events order work across streams; everything here has run when it was enqueued, so an
+// event is only a handle.
+inline cudaError_t event_create(cudaEvent_t* e) {
+  static int tokens[4096];
+  static std::atomic<int> next{0};
+  *e = reinterpret_cast<cudaEvent_t>(&tokens[next++ % 4096]);
   return cudaSuccess;
 }
 
@@ -103,6 +113,11 @@ inline cudaError_t graph_destroy(cudaGraph_t g) {
 #define cudaStreamCreate(s) emu::rt::stream_create(s)
 #define cudaStreamCreateWithFlags(s, f) ((void)(f), emu::rt::stream_create(s))
 #define cudaStreamDestroy(s) ((void)(s), emu::rt::no_op())
+#define cudaEventCreateWithFlags(e, f) ((void)(f), emu::rt::event_create(e))
+#define cudaEventCreate(e) emu::rt::event_create(e)
+#define cudaEventDestroy(e) ((void)(e), emu::rt::no_op())
+#define cudaEventRecord(e, s) ((void)(e), (void)(s), emu::rt::no_op())
+#define cudaStreamWaitEvent(s, e, f) ((void)(s), (void)(e), (void)(f), emu::rt::no_op())
 #define cudaStreamBeginCapture(s, m) emu::rt::begin_capture((s), (m))
 #define cudaStreamEndCapture(s, g) emu::rt::end_capture((s), (g))
 #define cudaGraphInstantiate(...) emu::rt::instantiate(__VA_ARGS__)
