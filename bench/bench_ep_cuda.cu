@@ -59,12 +59,12 @@ void run_case(benchmark::State& st, const model_shape& m, std::int64_t T, std::i
     const auto launch = [&] {
       if (!combine)
         return ep::cuda::dispatch<__nv_bfloat16>(t, p, dp, {x.get(), recv.get()}, ws.get(), wsb,
-                                                  stream);
+                                                 stream);
       return ep::cuda::combine<__nv_bfloat16>(t, p, dp, {recv.get(), x.get(), ret.get(), y.get()},
-                                               ws.get(), wsb, stream);
+                                              ws.get(), wsb, stream);
     };
-    moeroute::throw_if_error(ep::cuda::dispatch<__nv_bfloat16>(t, p, dp, {x.get(), recv.get()},
-                                                                ws.get(), wsb, stream));
+    moeroute::throw_if_error(
+        ep::cuda::dispatch<__nv_bfloat16>(t, p, dp, {x.get(), recv.get()}, ws.get(), wsb, stream));
     moeroute::throw_if_error(launch());  // warm-up
     cudaEvent_t a, b;
     cudaEventCreate(&a);
@@ -114,10 +114,9 @@ int main(int argc, char** argv) {
           const std::string name = std::string(combine ? "ep_cuda_combine/" : "ep_cuda_dispatch/") +
                                    std::string(m.name) + "/T=" + std::to_string(T) +
                                    "/R=" + std::to_string(R) + "_loopback";
-          benchmark::RegisterBenchmark(name.c_str(),
-                                       [m, T, R, combine](benchmark::State& st) {
-                                         run_case(st, m, T, R, combine);
-                                       })
+          benchmark::RegisterBenchmark(
+              name.c_str(),
+              [m, T, R, combine](benchmark::State& st) { run_case(st, m, T, R, combine); })
               ->UseManualTime()
               ->Iterations(1)
               ->Unit(benchmark::kMicrosecond);

@@ -30,7 +30,8 @@ namespace moeroute::ep {
 /// @param returned   [send_total, d] written: the outputs of this rank's rows, in send order;
 ///                   keep it for combine_backward (it needs them for d weight)
 /// @param y          [T, d] written
-/// @param workspace  workspace_bytes(p) bytes, caller-owned
+/// @param workspace  workspace_bytes(p) bytes, caller-owned (checked; combine itself needs
+///                   none today, the argument keeps every data call's shape)
 template <class T>
 void combine(transport& t, const plan& p, std::span<const T> expert_out, std::span<const T> x,
              std::span<T> returned, std::span<T> y, std::span<std::byte> workspace) {
@@ -42,9 +43,7 @@ void combine(transport& t, const plan& p, std::span<const T> expert_out, std::sp
   check.rows("y", y.size(), p.tokens, p.hidden);
   check.settle(t, detail::op::combine);
   const auto d = static_cast<std::size_t>(p.hidden);
-  const detail::carved ws = detail::carve(p, workspace);
-  detail::to_send_order(t, p, expert_out.data(), reinterpret_cast<T*>(ws.recv_rows),
-                        returned.data(), d);
+  detail::to_send_order(t, p, expert_out.data(), returned.data(), d);
   const auto& dec = p.decision;
   const std::int32_t k = dec.k;
   std::vector<float> acc_buf(d);

@@ -78,8 +78,7 @@ void combine_backward(transport& t, const plan& p, std::span<const T> returned,
     const bool pass = residual && !any && k > 0 && dec.fates[tk * k] != fate::masked;
     for (std::size_t c = 0; c < d; ++c) d_x[tk * d + c] = pass ? dy[tk * d + c] : T{};
   }
-  detail::to_receive_layout(t, p, d_send, reinterpret_cast<T*>(ws.recv_rows), d_expert_out.data(),
-                            d, T{});
+  detail::to_receive_layout(t, p, d_send, d_expert_out.data(), d, T{});
 }
 
 }  // namespace moeroute::ep

@@ -37,8 +37,7 @@ void dispatch(transport& t, const plan& p, std::span<const T> x, std::span<T> re
   T* send = reinterpret_cast<T*>(ws.send_rows);
   for (std::int64_t r = 0; r < p.send_total(); ++r)
     std::memcpy(send + r * d, x.data() + p.send_token[r] * d, d * sizeof(T));
-  detail::to_receive_layout(t, p, send, reinterpret_cast<T*>(ws.recv_rows), received.data(), d,
-                            T{});
+  detail::to_receive_layout(t, p, send, received.data(), d, T{});
 }
 
 /// @brief The provenance of every received row: source rank, source token, the first choice
@@ -67,8 +66,7 @@ inline void dispatch_sources(transport& t, const plan& p, std::span<row_source> 
   for (std::int64_t a = 0; a < p.tokens * k; ++a)
     if (p.assignment_row[a] >= 0)
       ws.send_sources[p.assignment_row[a]].weight += p.decision.weight[a];
-  detail::to_receive_layout(t, p, ws.send_sources, ws.recv_sources, sources.data(), 1,
-                            row_source{});
+  detail::to_receive_layout(t, p, ws.send_sources, sources.data(), 1, row_source{});
 }
 
 }  // namespace moeroute::ep

@@ -34,7 +34,7 @@ void dispatch_backward(transport& t, const plan& p, std::span<const T> d_receive
   const auto d = static_cast<std::size_t>(p.hidden);
   const detail::carved ws = detail::carve(p, workspace);
   T* back = reinterpret_cast<T*>(ws.send_rows);
-  detail::to_send_order(t, p, d_received.data(), reinterpret_cast<T*>(ws.recv_rows), back, d);
+  detail::to_send_order(t, p, d_received.data(), back, d);
   const std::int32_t k = p.decision.k;
   for (std::int64_t tk = 0; tk < p.tokens; ++tk) {
     for (std::size_t c = 0; c < d; ++c) {

@@ -59,55 +59,25 @@ class arg_check {
   status s_;
 };
 
-/// The workspace split: row staging for the rows sent and received, then provenance records.
+/// The workspace split: the rows this rank sends (send order), then their provenance records.
 struct carved {
   std::byte* send_rows;      // [send_total, d]
-  std::byte* recv_rows;      // [recv_total, d]
   row_source* send_sources;  // [send_total]
-  row_source* recv_sources;  // [recv_total]
 };
 inline carved carve(const plan& p, std::span<std::byte> ws) {
   const std::size_t row_bytes = static_cast<std::size_t>(p.hidden) * p.element_bytes;
   const auto up = [](std::size_t n) { return (n + 255) / 256 * 256; };
   std::byte* base = ws.data();
-  carved c{};
-  c.send_rows = base;
-  c.recv_rows = base + static_cast<std::size_t>(p.send_total()) * row_bytes;
-  const std::size_t rows = static_cast<std::size_t>(p.send_total() + p.recv_total());
-  auto* src = reinterpret_cast<row_source*>(base + up(rows * row_bytes));
-  c.send_sources = src;
-  c.recv_sources = src + p.send_total();
-  return c;
+  return {base, reinterpret_cast<row_source*>(
+                    base + up(static_cast<std::size_t>(p.send_total()) * row_bytes))};
 }
 
-/// Visits the exchanged rows as blocks: fn(staging row, receive row, rows) for every (source,
-/// segment) pair with rows — each is contiguous on both sides, so moving them is one memcpy.
-template <class F>
-void for_each_block(const plan& p, F&& fn) {
-  const std::int32_t S = p.segments();
-  std::vector<std::int64_t> next(p.segment_offsets.begin(), p.segment_offsets.end() - 1);
-  std::int64_t i = 0;
-  for (std::int32_t s = 0; s < p.ranks; ++s)
-    for (std::int32_t l = 0; l < S; ++l) {
-      const std::int64_t n = p.segment_from[static_cast<std::size_t>(s) * S + l];
-      if (n == 0) continue;
-      fn(i, next[l], n);
-      i += n;
-      next[l] += n;
-    }
-}
-
-/// Source side -> receive layout: send (rows in send order) to every destination, then each
-/// exchanged block to its place in the receive layout. `staging` holds recv_total rows;
-/// padding rows get `pad`.
+/// Source side -> receive layout: rows in send order go to every destination and land in
+/// their (source, segment) blocks of the receive layout; padding rows get `pad`.
 template <class Row>
-void to_receive_layout(transport& t, const plan& p, const Row* send, Row* staging, Row* out,
-                       std::size_t per_row, const Row& pad) {
-  t.alltoallv(send, p.send_rows, p.send_offsets, staging, p.recv_rows, p.recv_offsets,
-              per_row * sizeof(Row));
-  for_each_block(p, [&](std::int64_t from, std::int64_t to, std::int64_t n) {
-    std::memcpy(out + to * per_row, staging + from * per_row, n * per_row * sizeof(Row));
-  });
+void to_receive_layout(transport& t, const plan& p, const Row* send, Row* out, std::size_t per_row,
+                       const Row& pad) {
+  t.alltoallv_blocks(send, p.send_blocks, out, p.receive_blocks, per_row * sizeof(Row));
   for (std::int32_t l = 0; l < p.segments(); ++l)
     for (std::int64_t r = p.segment_offsets[l] + p.segment_used[l]; r < p.segment_offsets[l + 1];
          ++r)
@@ -115,15 +85,10 @@ void to_receive_layout(transport& t, const plan& p, const Row* send, Row* stagin
 }
 
 /// Receive layout -> source side: each receive row back to the rank that sent it, landing in
-/// send order. `staging` holds recv_total rows.
+/// send order.
 template <class Row>
-void to_send_order(transport& t, const plan& p, const Row* in, Row* staging, Row* back,
-                   std::size_t per_row) {
-  for_each_block(p, [&](std::int64_t to, std::int64_t from, std::int64_t n) {
-    std::memcpy(staging + to * per_row, in + from * per_row, n * per_row * sizeof(Row));
-  });
-  t.alltoallv(staging, p.recv_rows, p.recv_offsets, back, p.send_rows, p.send_offsets,
-              per_row * sizeof(Row));
+void to_send_order(transport& t, const plan& p, const Row* in, Row* back, std::size_t per_row) {
+  t.alltoallv_blocks(in, p.receive_blocks, back, p.send_blocks, per_row * sizeof(Row));
 }
 
 }  // namespace moeroute::ep::detail

@@ -6,6 +6,7 @@
 // peers waiting in a collective throw too, so a failure is an error, never a hang.
 #pragma once
 
+#include <algorithm>
 #include <condition_variable>
 #include <cstdint>
 #include <cstring>
@@ -64,8 +65,16 @@ class breakable_barrier {
 struct loopback_slot {
   const void* send = nullptr;
   std::span<const std::int64_t> send_rows, send_offsets, recv_rows;
+  std::span<const row_block> send_blocks, recv_blocks;
   std::size_t bytes = 0;
 };
+
+/// Rows a block list holds for `peer`.
+inline std::int64_t rows_for(std::span<const row_block> blocks, std::int32_t peer) {
+  std::int64_t n = 0;
+  for (const auto& b : blocks) n += b.peer == peer ? b.rows : 0;
+  return n;
+}
 
 struct loopback_state {
   explicit loopback_state(std::int32_t ranks) : barrier(ranks), slots(ranks) {}
@@ -84,7 +93,7 @@ class loopback_transport final : public transport {
   }
 
   void allgather(const void* send, void* recv, std::size_t bytes) override {
-    s_.slots[rank_] = {send, {}, {}, {}, bytes};
+    s_.slots[rank_] = {send, {}, {}, {}, {}, {}, bytes};
     s_.barrier.arrive_and_wait();
     // Every rank checks every rank's size, so a disagreement is the same error everywhere.
     for (std::int32_t r = 0; r < ranks(); ++r)
@@ -103,7 +112,7 @@ class loopback_transport final : public transport {
         recv_offsets.size() < R)
       throw error(status::make(status_code::invalid_shape,
                                "loopback alltoallv: count and offset arrays need ranks() entries"));
-    s_.slots[rank_] = {send, send_rows, send_offsets, recv_rows, row_bytes};
+    s_.slots[rank_] = {send, send_rows, send_offsets, recv_rows, {}, {}, row_bytes};
     s_.barrier.arrive_and_wait();
     for (std::size_t p = 0; p < R; ++p) {
       const auto& src = s_.slots[p];
@@ -125,6 +134,52 @@ class loopback_transport final : public transport {
       if (n)
         std::memcpy(static_cast<char*>(recv) + recv_offsets[p] * row_bytes,
                     static_cast<const char*>(src.send) + src.send_offsets[rank_] * row_bytes, n);
+    }
+    s_.barrier.arrive_and_wait();
+  }
+
+  /// Copy-free: each receiver copies straight from the source's blocks into its own.
+  void alltoallv_blocks(const void* send, std::span<const row_block> send_blocks, void* recv,
+                        std::span<const row_block> recv_blocks, std::size_t row_bytes) override {
+    s_.slots[rank_] = {send, {}, {}, {}, send_blocks, recv_blocks, row_bytes};
+    s_.barrier.arrive_and_wait();
+    const std::int32_t R = ranks();
+    for (std::int32_t p = 0; p < R; ++p) {
+      const auto& src = s_.slots[p];
+      if (src.bytes != row_bytes) mismatch("alltoallv row_bytes", p, src.bytes, row_bytes);
+      for (std::int32_t q = 0; q < R; ++q) {
+        const std::int64_t out = detail::rows_for(src.send_blocks, q),
+                           in = detail::rows_for(s_.slots[q].recv_blocks, p);
+        if (out != in)
+          throw error(status::make(status_code::communication_error,
+                                   "loopback alltoallv: rank " + std::to_string(p) + " sends " +
+                                       std::to_string(out) + " rows to rank " + std::to_string(q) +
+                                       ", which expects " + std::to_string(in)));
+      }
+    }
+    for (std::int32_t p = 0; p < R; ++p) {
+      // merge the source's blocks for this rank with this rank's blocks from the source
+      const auto& src = s_.slots[p];
+      std::size_t i = 0, j = 0;
+      std::int64_t used_i = 0, used_j = 0;
+      const auto next = [](std::span<const row_block> b, std::size_t k, std::int32_t peer) {
+        while (k < b.size() && (b[k].peer != peer || b[k].rows == 0)) ++k;
+        return k;
+      };
+      i = next(src.send_blocks, i, rank_);
+      j = next(recv_blocks, j, p);
+      while (i < src.send_blocks.size() && j < recv_blocks.size()) {
+        const auto& a = src.send_blocks[i];
+        const auto& b = recv_blocks[j];
+        const std::int64_t n = std::min(a.rows - used_i, b.rows - used_j);
+        std::memcpy(static_cast<char*>(recv) + (b.offset + used_j) * row_bytes,
+                    static_cast<const char*>(src.send) + (a.offset + used_i) * row_bytes,
+                    static_cast<std::size_t>(n) * row_bytes);
+        used_i += n;
+        used_j += n;
+        if (used_i == a.rows) i = next(src.send_blocks, i + 1, rank_), used_i = 0;
+        if (used_j == b.rows) j = next(recv_blocks, j + 1, p), used_j = 0;
+      }
     }
     s_.barrier.arrive_and_wait();
   }

@@ -69,6 +69,9 @@ struct plan {
   std::vector<std::int64_t> recv_rows;        ///< [R] rows from each source
   std::vector<std::int64_t> recv_offsets;     ///< [R + 1]
   std::vector<std::int64_t> staging_row;      ///< [recv_total] receive row of each exchanged row
+  /// The exchange as blocks: send order, one block per destination; the receive layout, one
+  /// block per (source rank, segment) — so rows move with no staging copy (alltoallv_blocks).
+  std::vector<row_block> send_blocks, receive_blocks;
 
   // Counts of the whole group, identical on every rank.
   std::vector<std::int64_t> send_matrix;      ///< [R, R] rows source -> destination (after drops)
@@ -568,9 +571,14 @@ inline plan plan_from_records(const routing_config& cfg, const placement& place,
     std::vector<std::int64_t> next(p.segment_offsets.begin(), p.segment_offsets.end() - 1);
     std::int64_t i = 0;
     for (std::int32_t s = 0; s < R; ++s)
-      for (std::int32_t l = 0; l < S; ++l)
-        for (std::int64_t n = 0; n < p.segment_from[s * S + l]; ++n) p.staging_row[i++] = next[l]++;
+      for (std::int32_t l = 0; l < S; ++l) {
+        const std::int64_t n_rows = p.segment_from[s * S + l];
+        if (n_rows > 0) p.receive_blocks.push_back({s, next[l], n_rows});
+        for (std::int64_t n = 0; n < n_rows; ++n) p.staging_row[i++] = next[l]++;
+      }
   }
+  for (std::int32_t r = 0; r < R; ++r)
+    if (p.send_rows[r] > 0) p.send_blocks.push_back({r, p.send_offsets[r], p.send_rows[r]});
   return p;
 }
 }  // namespace detail
@@ -653,9 +661,10 @@ inline plan plan_from_records(const routing_config& cfg, const placement& place,
 }
 
 /// @brief Bytes of host workspace dispatch, combine and the backward passes need with plan p:
-///        staging for the rows sent and received, and for their provenance records.
+///        the rows this rank sends, in send order, and their provenance records (rows arrive
+///        straight in the receive layout).
 [[nodiscard]] inline std::size_t workspace_bytes(const plan& p) {
-  const auto rows = static_cast<std::size_t>(p.send_total() + p.recv_total());
+  const auto rows = static_cast<std::size_t>(p.send_total());
   const std::size_t row_bytes = static_cast<std::size_t>(p.hidden) * p.element_bytes;
   const auto up = [](std::size_t n) { return (n + 255) / 256 * 256; };
   return up(rows * row_bytes) + up(rows * sizeof(row_source));

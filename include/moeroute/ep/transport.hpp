@@ -8,9 +8,19 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <cstring>
 #include <span>
+#include <vector>
 
 namespace moeroute::ep {
+
+/// @brief A contiguous run of rows exchanged with one peer: rows [offset, offset + rows) of a
+///        buffer. A peer's rows may lie in several blocks (listed in order).
+struct row_block {
+  std::int32_t peer = 0;
+  std::int64_t offset = 0;
+  std::int64_t rows = 0;
+};
 
 /// @brief A group of R ranks that can exchange bytes. Every member function is collective:
 ///        every rank calls it, in the same order, with agreeing sizes.
@@ -30,6 +40,50 @@ class transport {
                          std::span<const std::int64_t> send_offsets, void* recv,
                          std::span<const std::int64_t> recv_rows,
                          std::span<const std::int64_t> recv_offsets, std::size_t row_bytes) = 0;
+
+  /// @brief As alltoallv, with each peer's rows in blocks of the buffers (blocks grouped by
+  ///        peer in rank order; a peer's rows run through its blocks in order). Lets a rank send
+  ///        from and receive into its expert-major receive layout with no staging copy. The
+  ///        default stages through alltoallv in a temporary buffer (it allocates); the MPI and
+  ///        loopback transports override it with a copy-free exchange.
+  virtual void alltoallv_blocks(const void* send, std::span<const row_block> send_blocks,
+                                void* recv, std::span<const row_block> recv_blocks,
+                                std::size_t row_bytes);
 };
+
+namespace detail {
+/// Rows per peer [R] of a block list, and the packed offsets [R + 1].
+inline void block_counts(std::span<const row_block> blocks, std::int32_t R,
+                         std::vector<std::int64_t>& rows, std::vector<std::int64_t>& offsets) {
+  rows.assign(static_cast<std::size_t>(R), 0);
+  for (const auto& b : blocks) rows[static_cast<std::size_t>(b.peer)] += b.rows;
+  offsets.assign(static_cast<std::size_t>(R) + 1, 0);
+  for (std::int32_t p = 0; p < R; ++p) offsets[p + 1] = offsets[p] + rows[p];
+}
+}  // namespace detail
+
+inline void transport::alltoallv_blocks(const void* send, std::span<const row_block> send_blocks,
+                                        void* recv, std::span<const row_block> recv_blocks,
+                                        std::size_t row_bytes) {
+  std::vector<std::int64_t> srows, soff, rrows, roff;
+  detail::block_counts(send_blocks, ranks(), srows, soff);
+  detail::block_counts(recv_blocks, ranks(), rrows, roff);
+  std::vector<std::byte> out(static_cast<std::size_t>(soff.back()) * row_bytes),
+      in(static_cast<std::size_t>(roff.back()) * row_bytes);
+  std::size_t at = 0;
+  for (const auto& b : send_blocks) {
+    const std::size_t n = static_cast<std::size_t>(b.rows) * row_bytes;
+    if (n)
+      std::memcpy(out.data() + at, static_cast<const std::byte*>(send) + b.offset * row_bytes, n);
+    at += n;
+  }
+  alltoallv(out.data(), srows, soff, in.data(), rrows, roff, row_bytes);
+  at = 0;
+  for (const auto& b : recv_blocks) {
+    const std::size_t n = static_cast<std::size_t>(b.rows) * row_bytes;
+    if (n) std::memcpy(static_cast<std::byte*>(recv) + b.offset * row_bytes, in.data() + at, n);
+    at += n;
+  }
+}
 
 }  // namespace moeroute::ep
