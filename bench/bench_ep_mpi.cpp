@@ -41,8 +41,9 @@ std::map<std::string, layer> g_layers;
 std::map<std::string, double> g_seconds;  // mean seconds per iteration, by benchmark name
 
 /// One layer of a model shape: T tokens on every rank, routed from seeded logits, global scope.
-layer& layer_for(const moeroute::bench::model_shape& m, std::int64_t tokens) {
-  const std::string key = std::string(m.name);
+layer& layer_for(const moeroute::bench::model_shape& m, std::int64_t tokens,
+                 bool check_ranks = true) {
+  const std::string key = std::string(m.name) + (check_ranks ? "" : "/unchecked");
   if (auto it = g_layers.find(key); it != g_layers.end()) return it->second;
   ep::transport& t = *g_transport;
   moeroute::routing_config cfg = m.capacity_config(1.25);
@@ -50,6 +51,7 @@ layer& layer_for(const moeroute::bench::model_shape& m, std::int64_t tokens) {
   cfg.gating.expert_bias = false;
   ep::options opt;
   opt.scope = ep::capacity_scope::global;
+  opt.check_ranks = check_ranks;
   const auto place = ep::placement::contiguous(m.experts, t.ranks());
   std::vector<float> logits(tokens * m.experts);
   std::uint64_t s = 0x9e3779b97f4a7c15ull * static_cast<std::uint64_t>(t.rank() + 1);
@@ -95,8 +97,9 @@ void record(benchmark::State& state, const std::string& name, double total, cons
   state.counters["hotspot"] = L.plan.hotspot();
 }
 
-void bm_ep(benchmark::State& state, moeroute::bench::model_shape m, std::int64_t tokens) {
-  layer& L = layer_for(m, tokens);
+void bm_ep(benchmark::State& state, moeroute::bench::model_shape m, std::int64_t tokens,
+           bool check_ranks) {
+  layer& L = layer_for(m, tokens, check_ranks);
   double total = 0;
   for (auto _ : state) {
     const double s = collective_seconds([&] {
@@ -106,7 +109,7 @@ void bm_ep(benchmark::State& state, moeroute::bench::model_shape m, std::int64_t
     state.SetIterationTime(s);
     total += s;
   }
-  record(state, "ep/" + L.name, total, L);
+  record(state, "ep/" + L.name, total, L);  // L.name ends in /unchecked without validation
 }
 
 void bm_raw(benchmark::State& state, moeroute::bench::model_shape m, std::int64_t tokens) {
@@ -168,7 +171,14 @@ int main(int argc, char** argv) {
         if (m.name != name) continue;
         const std::string suffix = std::string(m.name) + "/T=" + std::to_string(tokens) +
                                    "/R=" + std::to_string(t.ranks());
-        benchmark::RegisterBenchmark(("ep_dispatch_combine/" + suffix).c_str(), bm_ep, m, tokens)
+        benchmark::RegisterBenchmark(("ep_dispatch_combine/" + suffix).c_str(), bm_ep, m, tokens,
+                                     true)
+            ->Iterations(10)
+            ->UseManualTime()
+            ->Unit(benchmark::kMillisecond);
+        // the validation mode off: no agreement all-gather before each call
+        benchmark::RegisterBenchmark(("ep_dispatch_combine_unchecked/" + suffix).c_str(), bm_ep, m,
+                                     tokens, false)
             ->Iterations(10)
             ->UseManualTime()
             ->Unit(benchmark::kMillisecond);
@@ -190,12 +200,14 @@ int main(int argc, char** argv) {
     }
     if (rank == 0)
       for (const auto& [name, L] : g_layers) {
-        const double e = g_seconds["ep/" + name], r = g_seconds["raw/" + name],
-                     c = g_seconds["memcpy/" + name];
+        if (name.find("/unchecked") != std::string::npos) continue;
+        const double e = g_seconds["ep/" + name], u = g_seconds["ep/" + name + "/unchecked"],
+                     r = g_seconds["raw/" + name], c = g_seconds["memcpy/" + name];
         std::printf(
-            "summary %s R=%d: dispatch+combine %.3f ms, raw alltoallv %.3f ms, memcpy "
-            "%.3f ms, ratio %.2f (goal <= 1.5), %.2f GB/s payload\n",
-            name.c_str(), t.ranks(), 1e3 * e, 1e3 * r, 1e3 * c, e / (r + c),
+            "summary %s R=%d: dispatch+combine %.3f ms (%.3f ms without the validation "
+            "mode), raw alltoallv %.3f ms, memcpy %.3f ms, ratio %.2f (%.2f unchecked; "
+            "goal <= 1.5), %.2f GB/s payload\n",
+            name.c_str(), t.ranks(), 1e3 * e, 1e3 * u, 1e3 * r, 1e3 * c, e / (r + c), u / (r + c),
             static_cast<double>(payload_bytes(L)) / e / 1e9);
       }
     g_layers.clear();
