@@ -12,6 +12,7 @@
 #include <cstdio>
 #include <cstdlib>
 #include <fstream>
+#include <functional>
 #include <iostream>
 #include <map>
 #include <sstream>
@@ -230,6 +231,32 @@ std::string file_stem(const std::string& path) {
   return dot == std::string::npos || dot == 0 ? base : base.substr(0, dot);
 }
 
+/// What both modes write the same way: the --format output to stdout or --out, and --csv.
+void write_outputs(const std::string& format, const std::string& out_path,
+                   const std::string& csv_path, const std::function<void(std::ostream&)>& table,
+                   const std::function<void(std::ostream&)>& csv,
+                   const std::function<std::string()>& json) {
+  std::ostringstream main_out;
+  if (format == "table")
+    table(main_out);
+  else if (format == "csv")
+    csv(main_out);
+  else
+    main_out << json() << '\n';
+  if (out_path.empty()) {
+    std::cout << main_out.str();
+  } else {
+    std::ofstream f(out_path);
+    if (!(f << main_out.str()))
+      throw std::runtime_error("cannot write --out file '" + out_path + "'");
+  }
+  if (!csv_path.empty()) {
+    std::ofstream f(csv_path);
+    csv(f);
+    if (!f) throw std::runtime_error("cannot write --csv file '" + csv_path + "'");
+  }
+}
+
 /// --ep: the cluster simulation of every input, written as table / CSV / JSON and a plot of
 /// the rows each rank receives.
 int run_cluster(std::int32_t R, const std::string& placement_spec, const std::string& scope_list,
@@ -268,25 +295,10 @@ int run_cluster(std::int32_t R, const std::string& placement_spec, const std::st
   meta["config"] = to_string(so.base);
   meta["hidden"] = so.hidden;
   meta["dtype"] = to_string(so.buffer_dtype);
-  std::ostringstream main_out;
-  if (format == "table")
-    write_ep_table(main_out, rows, setup);
-  else if (format == "csv")
-    write_ep_csv(main_out, rows);
-  else
-    main_out << ep_to_json(rows, meta).dump(2) << '\n';
-  if (out_path.empty()) {
-    std::cout << main_out.str();
-  } else {
-    std::ofstream f(out_path);
-    if (!(f << main_out.str()))
-      throw std::runtime_error("cannot write --out file '" + out_path + "'");
-  }
-  if (!csv_path.empty()) {
-    std::ofstream f(csv_path);
-    write_ep_csv(f, rows);
-    if (!f) throw std::runtime_error("cannot write --csv file '" + csv_path + "'");
-  }
+  write_outputs(
+      format, out_path, csv_path, [&](std::ostream& o) { write_ep_table(o, rows, setup); },
+      [&](std::ostream& o) { write_ep_csv(o, rows); },
+      [&] { return ep_to_json(rows, meta).dump(2); });
   std::string json_for_plot = json_path;
   if (json_for_plot.empty() && !plot_path.empty()) json_for_plot = plot_path + ".json";
   if (!json_for_plot.empty()) {
@@ -619,25 +631,10 @@ int run(int argc, char** argv) {
   meta["gpu"] = "not measured (CPU reference only)";
   meta["skipped"] = skipped;
 
-  std::ostringstream main_out;
-  if (format == "table")
-    write_table(main_out, rows, descriptions, setup);
-  else if (format == "csv")
-    write_csv(main_out, rows);
-  else
-    main_out << to_json(rows, meta).dump(2) << '\n';
-  if (out_path.empty()) {
-    std::cout << main_out.str();
-  } else {
-    std::ofstream f(out_path);
-    if (!(f << main_out.str()))
-      throw std::runtime_error("cannot write --out file '" + out_path + "'");
-  }
-  if (!csv_path.empty()) {
-    std::ofstream f(csv_path);
-    write_csv(f, rows);
-    if (!f) throw std::runtime_error("cannot write --csv file '" + csv_path + "'");
-  }
+  write_outputs(
+      format, out_path, csv_path,
+      [&](std::ostream& o) { write_table(o, rows, descriptions, setup); },
+      [&](std::ostream& o) { write_csv(o, rows); }, [&] { return to_json(rows, meta).dump(2); });
   if (!json_path.empty()) {
     std::ofstream f(json_path);
     f << to_json(rows, meta).dump(2) << '\n';

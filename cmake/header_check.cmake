@@ -1,54 +1,53 @@
 # Header self-containment: one translation unit per public header that includes only it.
 # .hpp files compile with the host compiler and moeroute::core alone (no CUDA include path);
-# .cuh files compile with nvcc against moeroute::moeroute.
+# .cuh files compile with nvcc against moeroute::moeroute; the transport headers
+# (ep/mpi.hpp, ep/nccl.cuh) against their own targets.
+
+# An OBJECT library `target` of one source per header (include paths relative to an include
+# root), each including it twice, linked to `link`.
+function(_moeroute_header_check target ext link)
+  set(sources)
+  foreach(inc IN LISTS ARGN)
+    string(MAKE_C_IDENTIFIER "${inc}" id)
+    set(src ${CMAKE_CURRENT_BINARY_DIR}/header_check/${id}.${ext})
+    file(GENERATE OUTPUT ${src} CONTENT "#include <${inc}>\n#include <${inc}>  // include guard\n")
+    list(APPEND sources ${src})
+  endforeach()
+  if(NOT sources)
+    return()
+  endif()
+  add_library(${target} OBJECT ${sources})
+  target_link_libraries(${target} PRIVATE ${link})
+  if(ext STREQUAL "cu")
+    # one architecture is enough to prove a header compiles alone
+    set_target_properties(${target} PROPERTIES CUDA_ARCHITECTURES 90)
+  else()
+    target_compile_options(${target} PRIVATE -Wall -Wextra -Wpedantic -Werror)
+  endif()
+endfunction()
+
 function(moeroute_add_header_checks)
   file(GLOB_RECURSE hpp RELATIVE ${PROJECT_SOURCE_DIR}/include CONFIGURE_DEPENDS
        ${PROJECT_SOURCE_DIR}/include/*.hpp)
-  # Transport headers need their library: checked below against their own target.
   set(mpi_hpp ${hpp})
   list(FILTER hpp EXCLUDE REGEX "^moeroute/ep/mpi\\.hpp$")
   list(FILTER mpi_hpp INCLUDE REGEX "^moeroute/ep/mpi\\.hpp$")
-  set(cpp_sources)
-  foreach(h IN LISTS hpp)
-    string(MAKE_C_IDENTIFIER "${h}" id)
-    set(src ${CMAKE_CURRENT_BINARY_DIR}/header_check/${id}.cpp)
-    file(GENERATE OUTPUT ${src} CONTENT "#include <${h}>\n#include <${h}>  // include guard\n")
-    list(APPEND cpp_sources ${src})
-  endforeach()
-  add_library(moeroute_header_check_hpp OBJECT ${cpp_sources})
   # moeroute::core only: a CUDA header pulled in by a .hpp fails here.
-  target_link_libraries(moeroute_header_check_hpp PRIVATE moeroute::core)
-  target_compile_options(moeroute_header_check_hpp PRIVATE -Wall -Wextra -Wpedantic -Werror)
-
-  if(MOEROUTE_HAS_MPI AND mpi_hpp)
-    set(mpi_sources)
-    foreach(h IN LISTS mpi_hpp)
-      string(MAKE_C_IDENTIFIER "${h}" id)
-      set(src ${CMAKE_CURRENT_BINARY_DIR}/header_check/${id}.cpp)
-      file(GENERATE OUTPUT ${src} CONTENT "#include <${h}>\n#include <${h}>  // include guard\n")
-      list(APPEND mpi_sources ${src})
-    endforeach()
-    add_library(moeroute_header_check_mpi OBJECT ${mpi_sources})
-    target_link_libraries(moeroute_header_check_mpi PRIVATE moeroute::ep_mpi)
-    target_compile_options(moeroute_header_check_mpi PRIVATE -Wall -Wextra -Wpedantic -Werror)
+  _moeroute_header_check(moeroute_header_check_hpp cpp moeroute::core ${hpp})
+  if(MOEROUTE_HAS_MPI)
+    _moeroute_header_check(moeroute_header_check_mpi cpp moeroute::ep_mpi ${mpi_hpp})
   endif()
 
   if(MOEROUTE_HAS_CUDA)
     file(GLOB_RECURSE cuh RELATIVE ${PROJECT_SOURCE_DIR} CONFIGURE_DEPENDS
          ${PROJECT_SOURCE_DIR}/include/*.cuh ${PROJECT_SOURCE_DIR}/kernels/*.cuh)
-    set(cu_sources)
-    foreach(h IN LISTS cuh)
-      string(REGEX REPLACE "^(include|kernels)/" "" inc "${h}")
-      string(MAKE_C_IDENTIFIER "${inc}" id)
-      set(src ${CMAKE_CURRENT_BINARY_DIR}/header_check/${id}.cu)
-      file(GENERATE OUTPUT ${src} CONTENT "#include <${inc}>\n#include <${inc}>  // include guard\n")
-      list(APPEND cu_sources ${src})
-    endforeach()
-    if(cu_sources)
-      add_library(moeroute_header_check_cuh OBJECT ${cu_sources})
-      target_link_libraries(moeroute_header_check_cuh PRIVATE moeroute::moeroute)
-      # one architecture is enough to prove a header compiles alone
-      set_target_properties(moeroute_header_check_cuh PROPERTIES CUDA_ARCHITECTURES 90)
+    list(TRANSFORM cuh REPLACE "^(include|kernels)/" "")
+    set(nccl_cuh ${cuh})
+    list(FILTER cuh EXCLUDE REGEX "^moeroute/ep/nccl\\.cuh$")
+    list(FILTER nccl_cuh INCLUDE REGEX "^moeroute/ep/nccl\\.cuh$")
+    _moeroute_header_check(moeroute_header_check_cuh cu moeroute::moeroute ${cuh})
+    if(MOEROUTE_HAS_NCCL)
+      _moeroute_header_check(moeroute_header_check_nccl cu moeroute::ep_nccl ${nccl_cuh})
     endif()
   endif()
 endfunction()

@@ -127,16 +127,12 @@ inline std::vector<check> all_checks(std::int32_t R) {
   const auto plan_with = [](ep::transport& t, scenario s,
                             const std::function<void(reference::gating_output&)>& spoil_gating,
                             std::int64_t hidden) {
-    const std::int32_t me = t.rank();
-    const batch b = make_batch(s);
-    const auto place = make_placement(s, t.ranks());
-    const std::int32_t E = s.cfg.num_experts;
-    const std::int64_t t0 = b.first[me], n = b.first[me + 1] - t0;
-    std::vector<float> logits(b.logits.begin() + t0 * E, b.logits.begin() + (t0 + n) * E);
-    auto g = reference::gating(s.cfg, logits, n);
-    if (spoil_gating) spoil_gating(g);
-    const auto L = ep::layout(s.cfg, place, s.opt, me, g);
-    return ep::make_plan(t, s.cfg, place, s.opt, L, hidden, sizeof(float));
+    rank_routing rr = route_rank(s, t.ranks(), t.rank());
+    if (spoil_gating) {
+      spoil_gating(rr.g);
+      rr.layout = ep::layout(s.cfg, rr.place, s.opt, t.rank(), rr.g);
+    }
+    return ep::make_plan(t, s.cfg, rr.place, s.opt, rr.layout, hidden, sizeof(float));
   };
   const auto last = [](ep::transport& t) { return t.rank() == t.ranks() - 1; };
 

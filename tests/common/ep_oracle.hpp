@@ -84,6 +84,30 @@ inline batch make_batch(const scenario& s) {
   return b;
 }
 
+/// One rank's share of a scenario: the global batch, the placement, its token range, its own
+/// routing (reference gating of its slice) and its ep::layout.
+struct rank_routing {
+  batch b;
+  ep::placement place = ep::placement::contiguous(1, 1);
+  std::int64_t t0 = 0, n = 0;  ///< first global token, tokens on this rank
+  reference::gating_output g;
+  ep::layout_output layout;
+};
+inline rank_routing route_rank(const scenario& s, std::int32_t R, std::int32_t me) {
+  rank_routing rr;
+  rr.b = make_batch(s);
+  rr.place = make_placement(s, R);
+  rr.t0 = rr.b.first[me];
+  rr.n = rr.b.first[me + 1] - rr.t0;
+  const std::int32_t E = s.cfg.num_experts;
+  std::vector<float> logits(rr.b.logits.begin() + rr.t0 * E,
+                            rr.b.logits.begin() + (rr.t0 + rr.n) * E);
+  std::vector<std::uint8_t> valid(rr.b.valid.begin() + rr.t0, rr.b.valid.begin() + rr.t0 + rr.n);
+  rr.g = reference::gating(s.cfg, logits, rr.n, {}, valid);
+  rr.layout = ep::layout(s.cfg, rr.place, s.opt, me, rr.g);
+  return rr;
+}
+
 /// The row-wise test expert: out = x * (1 + e / 8), the gradient d in = d out * (1 + e / 8).
 inline float expert_scale(std::int32_t e) { return 1.0f + static_cast<float>(e) / 8.0f; }
 
@@ -186,10 +210,11 @@ std::vector<std::string> run_layer(ep::transport& t, const scenario& s) {
   const std::int32_t R = t.ranks(), me = t.rank();
   rep.where = s.name + " R=" + std::to_string(R) + " rank " + std::to_string(me);
   const std::int64_t d = s.hidden;
-  const batch b = make_batch(s);
-  const auto place = make_placement(s, R);
-  const std::int64_t t0 = b.first[me], t1 = b.first[me + 1], n = t1 - t0;
-  const std::int32_t E = s.cfg.num_experts, k = s.cfg.top_k;
+  const rank_routing rr = route_rank(s, R, me);
+  const batch& b = rr.b;
+  const auto& place = rr.place;
+  const std::int64_t t0 = rr.t0, n = rr.n, t1 = t0 + n;
+  const std::int32_t k = s.cfg.top_k;
 
   // The oracle: the concatenated batch on one device (or this rank's batch, per_source), sliced.
   const routing_config ocfg = oracle_config(s);
@@ -199,10 +224,7 @@ std::vector<std::string> run_layer(ep::transport& t, const scenario& s) {
   const std::int64_t o0 = own_batch ? 0 : t0;  // where this rank's tokens start in the oracle
 
   // The expert-parallel layer.
-  std::vector<float> logits(b.logits.begin() + t0 * E, b.logits.begin() + t1 * E);
-  std::vector<std::uint8_t> valid(b.valid.begin() + t0, b.valid.begin() + t1);
-  const auto g = reference::gating(s.cfg, logits, n, {}, valid);
-  const auto L = ep::layout(s.cfg, place, s.opt, me, g);
+  const auto& L = rr.layout;
   const ep::plan p = ep::make_plan(t, s.cfg, place, s.opt, L, d, sizeof(T));
   const auto x = convert<T>(std::vector<float>(b.x.begin() + t0 * d, b.x.begin() + t1 * d));
   const auto dy = convert<T>(std::vector<float>(b.dy.begin() + t0 * d, b.dy.begin() + t1 * d));
@@ -227,7 +249,8 @@ std::vector<std::string> run_layer(ep::transport& t, const scenario& s) {
     rep.equal("slots", p.decision.slot, slice(want.dsp.slot, k));
   if (!own_batch) {
     // group counts: every routed expert receives what it holds on one device
-    std::vector<std::int64_t> load(want.dsp.load.begin(), want.dsp.load.begin() + E);
+    std::vector<std::int64_t> load(want.dsp.load.begin(),
+                                   want.dsp.load.begin() + s.cfg.num_experts);
     rep.equal("expert_rows", p.expert_rows, load);
     if (p.dropped() != want.dsp.total_dropped)
       rep.fail("dropped " + std::to_string(p.dropped()) + " vs one device's " +
@@ -282,22 +305,16 @@ std::vector<std::string> run_layer(ep::transport& t, const scenario& s) {
   return rep.failures;
 }
 
-/// Adjointness in double: <dispatch(x), g> = <x, dispatch_backward(g)>, and the same for
-/// combine against combine_backward's row gradient (with unit dy weights folded in).
+/// Adjointness in double: <dispatch(x), g> = <x, dispatch_backward(g)>, the inner products
+/// summed over ranks.
 inline std::vector<std::string> run_adjoint(ep::transport& t, const scenario& s) {
   report rep;
   const std::int32_t R = t.ranks(), me = t.rank();
   rep.where = s.name + " adjoint R=" + std::to_string(R) + " rank " + std::to_string(me);
   const std::int64_t d = s.hidden;
-  const batch b = make_batch(s);
-  const auto place = make_placement(s, R);
-  const std::int64_t t0 = b.first[me], t1 = b.first[me + 1], n = t1 - t0;
-  const std::int32_t E = s.cfg.num_experts;
-  std::vector<float> logits(b.logits.begin() + t0 * E, b.logits.begin() + t1 * E);
-  std::vector<std::uint8_t> valid(b.valid.begin() + t0, b.valid.begin() + t1);
-  const auto g = reference::gating(s.cfg, logits, n, {}, valid);
-  const auto L = ep::layout(s.cfg, place, s.opt, me, g);
-  const ep::plan p = ep::make_plan(t, s.cfg, place, s.opt, L, d, sizeof(double));
+  const rank_routing rr = route_rank(s, R, me);
+  const std::int64_t n = rr.n;
+  const ep::plan p = ep::make_plan(t, s.cfg, rr.place, s.opt, rr.layout, d, sizeof(double));
   std::vector<std::byte> ws(ep::workspace_bytes(p));
   std::uint64_t st = s.seed * 77 + static_cast<std::uint64_t>(me);
   std::vector<double> x(n * d), gr(p.receive_rows * d), recv(p.receive_rows * d), dx(n * d);

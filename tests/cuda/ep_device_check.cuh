@@ -37,16 +37,12 @@ std::vector<std::string> device_vs_host(Transport& t, cudaStream_t stream, const
   using H = host_of<D>;
   eo::report rep;
   rep.where = s.name + " R=" + std::to_string(t.ranks()) + " rank " + std::to_string(t.rank());
-  const std::int32_t me = t.rank(), E = s.cfg.num_experts, k = s.cfg.top_k;
+  const std::int32_t me = t.rank(), k = s.cfg.top_k;
   const std::int64_t d = s.hidden;
-  const eo::batch b = eo::make_batch(s);
-  const auto place = eo::make_placement(s, t.ranks());
-  const std::int64_t t0 = b.first[me], n = b.first[me + 1] - t0;
-  std::vector<float> logits(b.logits.begin() + t0 * E, b.logits.begin() + (t0 + n) * E);
-  std::vector<std::uint8_t> valid(b.valid.begin() + t0, b.valid.begin() + t0 + n);
-  const auto g = moeroute::reference::gating(s.cfg, logits, n, {}, valid);
-  const auto L = ep::layout(s.cfg, place, s.opt, me, g);
-  const ep::plan p = ep::make_plan(t, s.cfg, place, s.opt, L, d, sizeof(H));
+  const eo::rank_routing rr = eo::route_rank(s, t.ranks(), me);
+  const eo::batch& b = rr.b;
+  const std::int64_t t0 = rr.t0, n = rr.n;
+  const ep::plan p = ep::make_plan(t, s.cfg, rr.place, s.opt, rr.layout, d, sizeof(H));
 
   // The host path: the expected values.
   const auto x =

@@ -122,16 +122,11 @@ TEST_CASE("ep simulate_plan (the capacity tool's cluster mode) equals every rank
     for (const auto& s : scenarios(R)) {
       INFO(s.name << " R=" << R);
       const auto place = make_placement(s, R);
-      const batch b = make_batch(s);
       std::vector<ep::layout_output> layouts(R);
       std::vector<ep::plan> plans(R);
       ep::loopback_group(R).run([&](ep::transport& t) {
         const std::int32_t me = t.rank();
-        const std::int64_t t0 = b.first[me], n = b.first[me + 1] - t0;
-        std::vector<float> logits(b.logits.begin() + t0 * 7, b.logits.begin() + (t0 + n) * 7);
-        std::vector<std::uint8_t> valid(b.valid.begin() + t0, b.valid.begin() + t0 + n);
-        const auto g = moeroute::reference::gating(s.cfg, logits, n, {}, valid);
-        layouts[me] = ep::layout(s.cfg, place, s.opt, me, g);
+        layouts[me] = route_rank(s, R, me).layout;
         plans[me] = ep::make_plan(t, s.cfg, place, s.opt, layouts[me], 4, 4);
       });
       for (std::int32_t r = 0; r < R; ++r) {
