@@ -128,6 +128,13 @@ int main(int argc, char** argv) {
   benchmark::Initialize(&argc, argv);
   if (benchmark::ReportUnrecognizedArguments(argc, argv)) return 1;
   benchmark::RunSpecifiedBenchmarks();
+  // Host syncs per layer, by scope: make_plan's counts exchange (and upload) is the only one;
+  // dispatch, combine and both backward launchers enqueue and return.
+  for (auto scope : {ep::capacity_scope::dropless, ep::capacity_scope::dropless_worst_case,
+                     ep::capacity_scope::per_source, ep::capacity_scope::global,
+                     ep::capacity_scope::destination_budget})
+    std::printf("host syncs per layer, %s: 1 (make_plan); dispatch / combine / backward: 0\n",
+                ep::to_string(scope));
   benchmark::Shutdown();
   return 0;
 }

@@ -121,6 +121,10 @@ inline std::vector<check> all_checks(std::int32_t R) {
       {"adjoint dropless", [R](ep::transport& t) { return run_adjoint(t, scenarios(R)[0]); }});
   out.push_back({"adjoint per_source fallback",
                  [R](ep::transport& t) { return run_adjoint(t, scenarios(R)[7]); }});
+  out.push_back({"combine adjoint dropless",
+                 [R](ep::transport& t) { return run_combine_adjoint(t, scenarios(R)[0]); }});
+  out.push_back({"combine adjoint per_source fallback",
+                 [R](ep::transport& t) { return run_combine_adjoint(t, scenarios(R)[7]); }});
 
   const scenario s0 = scenarios(R)[3];
   // Runs layout + plan for scenario s on this rank, with hooks to spoil one rank's inputs.

@@ -256,6 +256,19 @@ std::vector<std::string> run_layer(ep::transport& t, const scenario& s) {
       rep.fail("dropped " + std::to_string(p.dropped()) + " vs one device's " +
                std::to_string(want.dsp.total_dropped));
   }
+  // per (source, expert) counts: this rank's row of them is its send total, and their column
+  // sums are the rows each routed expert receives
+  {
+    const std::int64_t ET = s.cfg.total_experts();
+    std::int64_t mine = 0;
+    for (std::int64_t e = 0; e < ET; ++e) mine += p.source_expert_rows[me * ET + e];
+    if (mine != p.send_total()) rep.fail("source_expert_rows row != rows sent");
+    for (std::int32_t e = 0; e < s.cfg.num_experts; ++e) {
+      std::int64_t col = 0;
+      for (std::int32_t r = 0; r < R; ++r) col += p.source_expert_rows[r * ET + e];
+      if (col != p.expert_rows[e]) rep.fail("source_expert_rows column != expert_rows");
+    }
+  }
   std::int64_t received = 0;
   for (std::int32_t s2 = 0; s2 < R; ++s2) received += p.send_matrix[s2 * R + me];
   if (received != p.recv_total()) rep.fail("send_matrix column != rows received");
@@ -345,6 +358,40 @@ inline std::vector<std::string> run_adjoint(ep::transport& t, const scenario& s)
   if (std::abs(L1 - R1) > 1e-12 * (1.0 + std::abs(L1)))
     rep.fail("<dispatch x, g> = " + std::to_string(L1) +
              " but <x, dispatch_backward g> = " + std::to_string(R1));
+  return rep.failures;
+}
+
+/// Adjointness of combine (fixed weights, linear in the experts' outputs) and combine_backward's
+/// row gradient, in float: <combine(eo), dy> = <eo, d eo> over all ranks, to float rounding.
+inline std::vector<std::string> run_combine_adjoint(ep::transport& t, const scenario& s) {
+  report rep;
+  const std::int32_t R = t.ranks(), me = t.rank();
+  rep.where = s.name + " combine adjoint R=" + std::to_string(R) + " rank " + std::to_string(me);
+  const std::int64_t d = s.hidden;
+  const rank_routing rr = route_rank(s, R, me);
+  const std::int64_t n = rr.n;
+  const ep::plan p = ep::make_plan(t, s.cfg, rr.place, s.opt, rr.layout, d, sizeof(float));
+  std::vector<std::byte> ws(ep::workspace_bytes(p));
+  std::uint64_t st = s.seed * 91 + static_cast<std::uint64_t>(me);
+  std::vector<float> eo(p.receive_rows * d), dy(n * d), y(n * d), x(n * d), ret(p.send_total() * d),
+      d_eo(p.receive_rows * d), d_w(n * s.cfg.top_k);
+  for (auto& v : eo) v = uniform(st);
+  for (auto& v : dy) v = uniform(st);
+  ep::combine<float>(t, p, eo, x, ret, y, ws);
+  ep::combine_backward<float>(t, p, ret, dy, d_eo, d_w, {}, ws);
+  double sums[2] = {0, 0}, all[8] = {};
+  for (std::size_t i = 0; i < y.size(); ++i) sums[0] += double(y[i]) * dy[i];
+  for (std::size_t i = 0; i < eo.size(); ++i) sums[1] += double(eo[i]) * d_eo[i];
+  std::vector<double> gathered(2 * static_cast<std::size_t>(R));
+  t.allgather(sums, gathered.data(), sizeof sums);
+  for (std::int32_t r = 0; r < R; ++r) {
+    all[0] += gathered[2 * r];
+    all[1] += gathered[2 * r + 1];
+  }
+  if (std::abs(all[0] - all[1]) > 1e-4 * (1.0 + std::abs(all[0])))
+    rep.fail("<combine eo, dy> = " + std::to_string(all[0]) +
+             " but <eo, combine_backward dy> = " + std::to_string(all[1]));
+  if (all[0] == 0.0) rep.fail("zero inner product: the check checks nothing");
   return rep.failures;
 }
 

@@ -74,7 +74,10 @@ struct plan {
   std::vector<row_block> send_blocks, receive_blocks;
 
   // Counts of the whole group, identical on every rank.
-  std::vector<std::int64_t> send_matrix;      ///< [R, R] rows source -> destination (after drops)
+  std::vector<std::int64_t> send_matrix;  ///< [R, R] rows source -> destination (after drops)
+  /// [R, ET] rows each source sends each global expert, after drops (column E: a dedicated
+  /// fallback, whose rows stay on their source)
+  std::vector<std::int64_t> source_expert_rows;
   std::vector<std::int64_t> expert_rows;      ///< [E] rows each routed expert receives
   std::vector<std::int64_t> required_rows;    ///< [R] rows each rank would receive before any
                                               ///< budget drop (the true count)
@@ -454,6 +457,7 @@ inline plan plan_from_records(const routing_config& cfg, const placement& place,
   }
 
   // Group counts.
+  p.source_expert_rows = rows;
   p.send_matrix.assign(static_cast<std::size_t>(R) * R, 0);
   p.expert_rows.assign(E, 0);
   for (std::int32_t s = 0; s < R; ++s)
