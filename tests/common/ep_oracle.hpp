@@ -6,6 +6,7 @@
 // not thread-safe), and the caller asserts that the list is empty.
 #pragma once
 
+#include <array>
 #include <cstdint>
 #include <cstring>
 #include <functional>
@@ -318,6 +319,17 @@ std::vector<std::string> run_layer(ep::transport& t, const scenario& s) {
   return rep.failures;
 }
 
+/// Element-wise sums over ranks of a few doubles (every rank gets the same sums).
+template <std::size_t N>
+std::array<double, N> sum_over_ranks(ep::transport& t, const std::array<double, N>& mine) {
+  std::vector<std::array<double, N>> all(static_cast<std::size_t>(t.ranks()));
+  t.allgather(mine.data(), all.data(), sizeof mine);
+  std::array<double, N> total{};
+  for (const auto& a : all)
+    for (std::size_t i = 0; i < N; ++i) total[i] += a[i];
+  return total;
+}
+
 /// Adjointness in double: <dispatch(x), g> = <x, dispatch_backward(g)>, the inner products
 /// summed over ranks.
 inline std::vector<std::string> run_adjoint(ep::transport& t, const scenario& s) {
@@ -346,15 +358,7 @@ inline std::vector<std::string> run_adjoint(ep::transport& t, const scenario& s)
   double lhs = 0.0, rhs = 0.0;
   for (std::size_t i = 0; i < recv.size(); ++i) lhs += recv[i] * gr[i];
   for (std::size_t i = 0; i < x.size(); ++i) rhs += x[i] * dx[i];
-  // the inner products are sums over ranks: gather them (one double per rank)
-  std::vector<double> l_all(R), r_all(R);
-  t.allgather(&lhs, l_all.data(), sizeof(double));
-  t.allgather(&rhs, r_all.data(), sizeof(double));
-  double L1 = 0, R1 = 0;
-  for (std::int32_t r = 0; r < R; ++r) {
-    L1 += l_all[r];
-    R1 += r_all[r];
-  }
+  const auto [L1, R1] = sum_over_ranks<2>(t, {lhs, rhs});  // inner products over all ranks
   if (std::abs(L1 - R1) > 1e-12 * (1.0 + std::abs(L1)))
     rep.fail("<dispatch x, g> = " + std::to_string(L1) +
              " but <x, dispatch_backward g> = " + std::to_string(R1));
@@ -379,15 +383,10 @@ inline std::vector<std::string> run_combine_adjoint(ep::transport& t, const scen
   for (auto& v : dy) v = uniform(st);
   ep::combine<float>(t, p, eo, x, ret, y, ws);
   ep::combine_backward<float>(t, p, ret, dy, d_eo, d_w, {}, ws);
-  double sums[2] = {0, 0}, all[8] = {};
+  std::array<double, 2> sums{};
   for (std::size_t i = 0; i < y.size(); ++i) sums[0] += double(y[i]) * dy[i];
   for (std::size_t i = 0; i < eo.size(); ++i) sums[1] += double(eo[i]) * d_eo[i];
-  std::vector<double> gathered(2 * static_cast<std::size_t>(R));
-  t.allgather(sums, gathered.data(), sizeof sums);
-  for (std::int32_t r = 0; r < R; ++r) {
-    all[0] += gathered[2 * r];
-    all[1] += gathered[2 * r + 1];
-  }
+  const auto all = sum_over_ranks<2>(t, sums);
   if (std::abs(all[0] - all[1]) > 1e-4 * (1.0 + std::abs(all[0])))
     rep.fail("<combine eo, dy> = " + std::to_string(all[0]) +
              " but <eo, combine_backward dy> = " + std::to_string(all[1]));

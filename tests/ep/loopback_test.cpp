@@ -134,7 +134,8 @@ TEST_CASE("ep simulate_plan (the capacity tool's cluster mode) equals every rank
         CHECK(sim.send_matrix == plans[r].send_matrix);
         CHECK(sim.expert_rows == plans[r].expert_rows);
         CHECK(sim.dropped_by_rank == plans[r].dropped_by_rank);
-        CHECK(sim.staging_row == plans[r].staging_row);
+        CHECK(sim.receive_blocks == plans[r].receive_blocks);
+        CHECK(sim.send_blocks == plans[r].send_blocks);
         CHECK(sim.assignment_row == plans[r].assignment_row);
         CHECK(sim.decision.fates == plans[r].decision.fates);
         CHECK(sim.decision.weight == plans[r].decision.weight);

@@ -83,6 +83,16 @@ inline status check_inputs(const routing_config& cfg, const placement& place, co
   return status::success();
 }
 
+/// True when assignment (t, j) holds a row and is the first of its token to name that expert:
+/// a reroute onto an expert the token already holds shares the row (as in one device's layout).
+inline bool first_of_row(const reference::dispatch_output& d, std::int64_t t, std::int32_t j) {
+  const std::int32_t e = d.expert[t * d.k + j];
+  if (e < 0) return false;
+  for (std::int32_t i = 0; i < j; ++i)
+    if (d.expert[t * d.k + i] == e) return false;
+  return true;
+}
+
 /// Counts of a decided dispatch: rows per expert and rank, and membership. A token holds one
 /// row per distinct final expert (a reroute onto an expert it already holds shares the row).
 inline void count_rows(const placement& place, layout_output& L) {
@@ -93,11 +103,8 @@ inline void count_rows(const placement& place, layout_output& L) {
   L.membership.assign(d.tokens * R, 0);
   for (std::int64_t t = 0; t < d.tokens; ++t)
     for (std::int32_t j = 0; j < k; ++j) {
+      if (!first_of_row(d, t, j)) continue;
       const std::int32_t e = d.expert[t * k + j];
-      if (e < 0) continue;
-      bool first = true;
-      for (std::int32_t i = 0; i < j; ++i) first = first && d.expert[t * k + i] != e;
-      if (!first) continue;
       const std::int32_t r = destination(place, L.rank, {e});
       ++L.rows_per_expert[e];
       ++L.rows_per_rank[r];

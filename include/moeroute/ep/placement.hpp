@@ -16,6 +16,18 @@
 
 namespace moeroute::ep {
 
+namespace detail {
+/// FNV-1a over bytes: the fingerprints ranks compare (placement, config, options).
+inline std::uint64_t fnv1a(const void* p, std::size_t n, std::uint64_t h = 1469598103934665603ull) {
+  const auto* b = static_cast<const unsigned char*>(p);
+  for (std::size_t i = 0; i < n; ++i) {
+    h ^= b[i];
+    h *= 1099511628211ull;
+  }
+  return h;
+}
+}  // namespace detail
+
 /// The one sentinel of both id types: "no expert". index() refuses it.
 inline constexpr std::int32_t no_expert = -1;
 
@@ -128,21 +140,13 @@ class placement {
   }
 
   /// FNV-1a over E, R and the table: equal on every rank that built the same placement.
-  [[nodiscard]] std::uint64_t fingerprint() const noexcept {
-    std::uint64_t h = 1469598103934665603ull;
-    const auto mix = [&](std::int64_t v) {
-      for (int b = 0; b < 8; ++b) {
-        h ^= static_cast<std::uint64_t>(v >> (8 * b)) & 0xffu;
-        h *= 1099511628211ull;
-      }
-    };
-    mix(experts_);
-    mix(ranks());
+  [[nodiscard]] std::uint64_t fingerprint() const {
+    std::vector<std::int64_t> v{experts_, ranks()};
     for (const auto& list : table_) {
-      mix(static_cast<std::int64_t>(list.size()));
-      for (std::int32_t e : list) mix(e);
+      v.push_back(static_cast<std::int64_t>(list.size()));
+      v.insert(v.end(), list.begin(), list.end());
     }
-    return h;
+    return detail::fnv1a(v.data(), v.size() * sizeof(std::int64_t));
   }
 
  private:

@@ -11,6 +11,7 @@
 #include <cstdint>
 #include <cstring>
 #include <limits>
+#include <numeric>
 #include <string>
 #include <vector>
 
@@ -68,7 +69,6 @@ struct plan {
   std::int64_t receive_rows = 0;              ///< rows of the receive layout, padding included
   std::vector<std::int64_t> recv_rows;        ///< [R] rows from each source
   std::vector<std::int64_t> recv_offsets;     ///< [R + 1]
-  std::vector<std::int64_t> staging_row;      ///< [recv_total] receive row of each exchanged row
   /// The exchange as blocks: send order, one block per destination; the receive layout, one
   /// block per (source rank, segment) — so rows move with no staging copy (alltoallv_blocks).
   std::vector<row_block> send_blocks, receive_blocks;
@@ -132,15 +132,6 @@ struct plan {
 }
 
 namespace detail {
-
-inline std::uint64_t fnv1a(const void* p, std::size_t n, std::uint64_t h = 1469598103934665603ull) {
-  const auto* b = static_cast<const unsigned char*>(p);
-  for (std::size_t i = 0; i < n; ++i) {
-    h ^= b[i];
-    h *= 1099511628211ull;
-  }
-  return h;
-}
 
 /// Fingerprints and sizes every rank must agree on; one fixed-size record per rank.
 struct plan_header {
@@ -439,17 +430,13 @@ inline plan plan_from_records(const routing_config& cfg, const placement& place,
   p.dropped_by_rank.assign(R, 0);
   for (std::int32_t s = 0; s < R; ++s) {
     if (global || opt.scope == capacity_scope::destination_budget) {
-      // every rank derives every source's drops from the quotas: requests minus rows kept
-      std::int64_t req = 0, kept = 0;
-      for (std::int64_t e = 0; e < ET; ++e) {
-        req += rec[s * stride + detail::rec_prefix + e];
-        kept += rows[s * ET + e];
-      }
-      if (global) {
-        req = 0;
-        for (std::int64_t i = 0; i < std::int64_t{k} * E; ++i)
-          req += rec[s * stride + detail::rec_prefix + ET + i];
-      }
+      // every rank derives every source's drops from the quotas: requests minus rows kept (the
+      // requests are the [k, E] record for global, the dropless rows for the budget)
+      const auto first = rec.begin() + s * stride + detail::rec_prefix + (global ? ET : 0);
+      const std::int64_t req =
+          std::accumulate(first, first + (global ? std::int64_t{k} * E : ET), std::int64_t{0});
+      const std::int64_t kept =
+          std::accumulate(rows.begin() + s * ET, rows.begin() + (s + 1) * ET, std::int64_t{0});
       p.dropped_by_rank[s] = req - kept;
     } else {
       p.dropped_by_rank[s] = rec[s * stride + detail::rec_dropped];
@@ -481,11 +468,8 @@ inline plan plan_from_records(const routing_config& cfg, const placement& place,
   std::vector<std::vector<std::int32_t>> tokens_of(ET);  // [ET] tokens holding a row, in order
   for (std::int64_t tk = 0; tk < d.tokens; ++tk)
     for (std::int32_t j = 0; j < k; ++j) {
-      const std::int32_t e = d.expert[tk * k + j];
-      if (e < 0) continue;
-      bool first = true;
-      for (std::int32_t i = 0; i < j; ++i) first = first && d.expert[tk * k + i] != e;
-      if (first) tokens_of[e].push_back(static_cast<std::int32_t>(tk));
+      if (detail::first_of_row(d, tk, j))
+        tokens_of[d.expert[tk * k + j]].push_back(static_cast<std::int32_t>(tk));
     }
   p.send_rows.assign(R, 0);
   p.send_offsets.assign(R + 1, 0);
@@ -570,15 +554,13 @@ inline plan plan_from_records(const routing_config& cfg, const placement& place,
     for (std::int32_t l = 0; l < S; ++l) p.recv_rows[s] += p.segment_from[s * S + l];
     p.recv_offsets[s + 1] = p.recv_offsets[s] + p.recv_rows[s];
   }
-  p.staging_row.assign(p.recv_total(), -1);
   {
     std::vector<std::int64_t> next(p.segment_offsets.begin(), p.segment_offsets.end() - 1);
-    std::int64_t i = 0;
     for (std::int32_t s = 0; s < R; ++s)
       for (std::int32_t l = 0; l < S; ++l) {
         const std::int64_t n_rows = p.segment_from[s * S + l];
         if (n_rows > 0) p.receive_blocks.push_back({s, next[l], n_rows});
-        for (std::int64_t n = 0; n < n_rows; ++n) p.staging_row[i++] = next[l]++;
+        next[l] += n_rows;
       }
   }
   for (std::int32_t r = 0; r < R; ++r)

@@ -20,6 +20,7 @@ struct row_block {
   std::int32_t peer = 0;
   std::int64_t offset = 0;
   std::int64_t rows = 0;
+  friend constexpr bool operator==(const row_block&, const row_block&) = default;
 };
 
 /// @brief A group of R ranks that can exchange bytes. Every member function is collective:

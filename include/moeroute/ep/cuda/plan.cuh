@@ -66,11 +66,15 @@ inline plan_sizes sizes_of(const plan& p) {
                             " exceeds the int32 row indices of the device path");
   if (d_buffer == nullptr && sz.total() > 0)
     return status::make(status_code::invalid_argument, "d_buffer is null");
-  // receive_source: the inverse of staging_row (-1 for padding rows)
-  std::vector<std::int32_t> staging32(p.staging_row.begin(), p.staging_row.end());
-  std::vector<std::int32_t> source(static_cast<std::size_t>(p.receive_rows), -1);
-  for (std::size_t i = 0; i < p.staging_row.size(); ++i)
-    source[static_cast<std::size_t>(p.staging_row[i])] = static_cast<std::int32_t>(i);
+  // staging_row: the receive row of each exchanged row (the receive blocks, row by row), and
+  // receive_source its inverse (-1 for padding rows)
+  std::vector<std::int32_t> staging32, source(static_cast<std::size_t>(p.receive_rows), -1);
+  staging32.reserve(static_cast<std::size_t>(p.recv_total()));
+  for (const auto& b : p.receive_blocks)
+    for (std::int64_t r = b.offset; r < b.offset + b.rows; ++r) {
+      source[static_cast<std::size_t>(r)] = static_cast<std::int32_t>(staging32.size());
+      staging32.push_back(static_cast<std::int32_t>(r));
+    }
   char* b = static_cast<char*>(d_buffer);
   const auto put = [&](const void* src, std::size_t n, std::size_t slot) -> const void* {
     void* dst = b;
