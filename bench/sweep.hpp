@@ -83,6 +83,7 @@ inline status sweep_config(const sweep_options& o, const factor_choice& f,
   out.training = true;
   if (f.dropless) {
     out.capacity.mode = capacity_mode::unbounded;
+    out.capacity.group_tokens = 0;  // nothing is bounded, per group or not
   } else {
     out.capacity.mode = capacity_mode::factor;
     out.capacity.factor = f.factor;

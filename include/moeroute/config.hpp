@@ -56,9 +56,18 @@ struct noise_config {
   bool only_in_training = true;  ///< no noise when routing_config::training is false
 };
 
+/// How a group of experts is scored when a group limit picks the groups a token may use.
+enum class group_score : std::uint8_t {
+  sum_top_k_share,  ///< sum of its top k / group_topk values (Megatron, TransformerEngine)
+  sum_top_n,        ///< sum of its top group_limit_config::top_n values (DeepSeek-V3: n = 2)
+  max,              ///< its largest value (DeepSeek-V2)
+};
+
 struct group_limit_config {
   std::int32_t groups = 0;      ///< 0 or 1: no group limit; otherwise must divide E
-  std::int32_t group_topk = 0;  ///< groups a token may pick; k must be a multiple of it
+  std::int32_t group_topk = 0;  ///< groups a token may pick
+  group_score score = group_score::sum_top_k_share;
+  std::int32_t top_n = 0;  ///< n of group_score::sum_top_n (1..E/groups); 0 otherwise
 };
 
 /// The expert-bias update of aux-loss-free balancing (DeepSeek-V3; `expert_bias_update`):
@@ -66,6 +75,22 @@ struct group_limit_config {
 struct bias_update_config {
   float rate = 1e-3f;     ///< gamma, the update speed (DeepSeek-V3: 0.001); finite and >= 0
   bool recenter = false;  ///< subtract the mean bias afterwards (keeps sum(bias) = 0)
+};
+
+/// What a top-2 router does with its second choice (NLLB-MoE's `second_expert_policy`;
+/// fairseq's top2gating). Draws come from Philox stream 3 keyed by (seed, offset), so the CPU
+/// and the GPU agree; they are drawn in eval too, as the peers do.
+enum class second_expert_policy : std::uint8_t {
+  all,       ///< always routed
+  random,    ///< routed when 2 * p2 > u, p2 its score, u uniform in (0, 1) per token; else
+             ///< dropped before any capacity is counted (gating_output::second_skipped)
+  sampling,  ///< chosen by Gumbel noise: argmax over the other eligible experts of x_e + G(t, e)
+};
+
+struct second_expert_config {
+  second_expert_policy policy = second_expert_policy::all;
+  std::uint64_t seed = 0;    ///< Philox key
+  std::uint64_t offset = 0;  ///< Philox counter offset (advance it every step)
 };
 
 struct gating_config {
@@ -82,31 +107,54 @@ struct gating_config {
   bias_update_config bias_update{};  ///< how expert_bias_update moves the bias
   group_limit_config group_limit{};
   noise_config noise{};
+  second_expert_config second_expert{};  ///< top-2 only
 };
 
 // ---------------------------------------------------------------------------------------------
 // Capacity
 
 enum class capacity_mode : std::uint8_t {
-  factor,     ///< C = round(factor * T * (k) / E), see capacity_config
-  fixed,      ///< C = capacity_config::fixed
+  factor,  ///< C = round(factor * T * (k) / E), see capacity_config
+  fixed,   ///< C = capacity_config::fixed
+  /// C = round(factor * T): a fraction of the tokens, not of the per-expert share (NLLB-MoE's
+  /// eval capacity ceil(moe_eval_capacity_token_fraction * T)); k and share_rounding unused
+  batch_fraction,
   max_load,   ///< dropless: C = the largest number of assignments any expert received
   unbounded,  ///< dropless with no per-expert bound at all (compact layout only)
 };
 
-enum class capacity_rounding : std::uint8_t { ceil, floor };
+/// How the factor product becomes an integer. nearest_even is Python's round() (flaxformer).
+enum class capacity_rounding : std::uint8_t { ceil, floor, nearest_even };
 
+/// How the per-expert share T / E is rounded before the factor multiplies it: not at all
+/// (DeepSpeed, Megatron), or up (NLLB-MoE 2 * ceil(T / E), Tutel k * floor(f * ceil(T / E))).
+enum class share_rounding : std::uint8_t { none, ceil, floor };
+
+/// The factor rule (docs/numerics.md, "Capacity"), with T the tokens of one capacity group:
+///   share = T / E, rounded by `share`           k_in = includes_k && !k_after_rounding
+///   C = R(factor * share * (k_in ? k : 1)) * (k_after_rounding ? k : 1), R = `rounding`
+/// then C = max(C, min_capacity) (factor rules only) and C = min(C, T) with clamp_to_tokens.
 struct capacity_config {
   capacity_mode mode = capacity_mode::factor;
   double factor = 1.25;                                           ///< training capacity factor
   double eval_factor = std::numeric_limits<double>::quiet_NaN();  ///< NaN: same as factor
   bool includes_k = true;  ///< multiply by k (DeepSpeed/Megatron) or not (seed_reference)
+  /// With includes_k: multiply by k after rounding, k * R(f * share) (Tutel), not inside it.
+  bool k_after_rounding = false;
+  share_rounding share = share_rounding::none;
   capacity_rounding rounding = capacity_rounding::ceil;
+  /// Lower bound of a factor or batch_fraction capacity (DeepSpeed, Switch: 4). A fixed
+  /// capacity is the capacity: validate() rejects a minimum with capacity_mode::fixed.
   std::int64_t min_capacity = 0;
   bool clamp_to_tokens = false;  ///< C = min(C, T): an expert can hold each token once
   /// Megatron: when C > T nothing is dropped (every expert could hold every token).
   bool no_drop_when_exceeds_tokens = false;
   std::int64_t fixed = 0;  ///< used by capacity_mode::fixed
+  /// Capacity per group of this many consecutive tokens (Switch Transformers, GShard, T5X: a
+  /// batch row), each group with its own C slots per expert and its own priority order; the
+  /// routing of one group never depends on another. T must be a multiple of it. 0: the whole
+  /// batch is one group.
+  std::int64_t group_tokens = 0;
 };
 
 // ---------------------------------------------------------------------------------------------
@@ -118,6 +166,10 @@ enum class priority : std::uint8_t {
   choice_major,      ///< every token's first choice, then every second choice (GShard top-2)
   score_per_expert,  ///< each expert keeps its C largest pre-drop gates (Megatron "probs")
   random,            ///< each expert keeps C assignments by a seeded random key (RTS)
+  /// every first choice before any second choice, and within a choice rank the tokens in
+  /// descending order of their top-1 score (V-MoE, NLLB-MoE, flaxformer "batch prioritized
+  /// routing"); the gating stage writes that score (token_priority)
+  batch_prioritized,
 };
 
 /// How slots are numbered inside an expert.
@@ -213,11 +265,35 @@ struct routing_config {
     const std::int64_t c = std::int64_t{top_k} + dispatch.reroute.max_candidates;
     return static_cast<std::int32_t>(c < num_experts ? c : num_experts);
   }
+  /// Tokens per capacity group for a batch of T tokens: capacity.group_tokens, or T.
+  [[nodiscard]] std::int64_t capacity_group_tokens(std::int64_t tokens) const noexcept {
+    return capacity.group_tokens > 0 ? capacity.group_tokens : tokens;
+  }
+  /// Capacity groups in a batch of T tokens (T a multiple of group_tokens): 1 for T = 0 too.
+  [[nodiscard]] std::int64_t capacity_groups(std::int64_t tokens) const noexcept {
+    return capacity.group_tokens > 0 && tokens > 0 ? tokens / capacity.group_tokens : 1;
+  }
   [[nodiscard]] double active_capacity_factor() const noexcept {
     return (!training && !std::isnan(capacity.eval_factor)) ? capacity.eval_factor
                                                             : capacity.factor;
   }
 };
+
+/// @brief How many of a group's best selection values its group score adds up (1 for max).
+///        A property of the config, shared by the CPU reference and the CUDA kernels.
+[[nodiscard]] inline std::int32_t group_score_take(const routing_config& cfg) noexcept {
+  const auto& gl = cfg.gating.group_limit;
+  if (gl.groups <= 1) return 0;
+  switch (gl.score) {
+    case group_score::sum_top_n:
+      return gl.top_n;
+    case group_score::max:
+      return 1;
+    case group_score::sum_top_k_share:
+      break;
+  }
+  return cfg.top_k / gl.group_topk;
+}
 
 /// @brief The scale s in  aux = coefficient * s * sum_i f_i * P_i  (docs/numerics.md, "aux").
 ///        A property of the config, shared by the CPU reference and the CUDA launchers.
@@ -292,16 +368,47 @@ std::string field_msg(const char* field, T value, const char* why) {
     if (gl.group_topk <= 0 || gl.group_topk > gl.groups)
       return bad(field_msg("gating.group_limit.group_topk", gl.group_topk,
                            ("must be in [1, groups = " + std::to_string(gl.groups) + "]").c_str()));
-    if (k % gl.group_topk != 0)
-      return bad(field_msg("gating.group_limit.group_topk", gl.group_topk,
-                           ("must divide top_k = " + std::to_string(k)).c_str()));
     const std::int64_t per_group = E / gl.groups;
-    if (k / gl.group_topk > per_group)
-      return bad("gating.group_limit: top_k / group_topk = " + std::to_string(k / gl.group_topk) +
-                 " exceeds experts per group = " + std::to_string(per_group));
+    if (gl.score == group_score::sum_top_k_share) {
+      if (k % gl.group_topk != 0)
+        return bad(field_msg("gating.group_limit.group_topk", gl.group_topk,
+                             ("must divide top_k = " + std::to_string(k) +
+                              " with gating.group_limit.score = sum_top_k_share")
+                                 .c_str()));
+      if (k / gl.group_topk > per_group)
+        return bad("gating.group_limit: top_k / group_topk = " + std::to_string(k / gl.group_topk) +
+                   " exceeds experts per group = " + std::to_string(per_group));
+    } else if (std::int64_t{k} > std::int64_t{gl.group_topk} * per_group) {
+      return bad("gating.group_limit: top_k = " + std::to_string(k) + " exceeds the " +
+                 std::to_string(std::int64_t{gl.group_topk} * per_group) +
+                 " experts of group_topk groups");
+    }
+    if (gl.score == group_score::sum_top_n && (gl.top_n < 1 || gl.top_n > per_group))
+      return bad(field_msg("gating.group_limit.top_n", gl.top_n,
+                           ("must be in [1, experts per group = " + std::to_string(per_group) +
+                            "] with gating.group_limit.score = sum_top_n")
+                               .c_str()));
   } else if (gl.group_topk != 0 && gl.groups <= 1) {
     return bad(field_msg("gating.group_limit.group_topk", gl.group_topk,
                          "set without gating.group_limit.groups > 1"));
+  }
+  if (gl.score != group_score::sum_top_n && gl.top_n != 0)
+    return bad(field_msg("gating.group_limit.top_n", gl.top_n,
+                         "is only read with gating.group_limit.score = sum_top_n; leave it 0"));
+  const auto& se = g.second_expert;
+  if (se.policy != second_expert_policy::all) {
+    if (k != 2)
+      return bad(
+          field_msg("top_k", k, "must be 2 with gating.second_expert.policy random or sampling"));
+    if (c.dispatch.dropped == drop_policy::fallback ||
+        c.dispatch.dropped == drop_policy::next_choice)
+      return bad(
+          "gating.second_expert.policy with dispatch.dropped = fallback or next_choice is not "
+          "supported: a second choice the policy drops or samples is not rerouted");
+    if (se.policy == second_expert_policy::random && g.stage == softmax_stage::after_topk)
+      return bad(
+          "gating.second_expert.policy = random with gating.stage = after_topk: p2 is the "
+          "second choice's score over all experts; use before_topk");
   }
   if (!std::isfinite(g.bias_update.rate) || g.bias_update.rate < 0.0f)
     return bad(field_msg("gating.bias_update.rate", g.bias_update.rate, "must be finite and >= 0"));
@@ -310,7 +417,7 @@ std::string field_msg(const char* field, T value, const char* why) {
     return bad(field_msg("gating.noise.scale", n.scale, "must be finite and >= 0"));
 
   const auto& cap = c.capacity;
-  if (cap.mode == capacity_mode::factor) {
+  if (cap.mode == capacity_mode::factor || cap.mode == capacity_mode::batch_fraction) {
     const double f = c.active_capacity_factor();
     if (!std::isfinite(cap.factor) || cap.factor <= 0.0)
       return bad(field_msg("capacity.factor", cap.factor, "must be finite and > 0"));
@@ -323,6 +430,20 @@ std::string field_msg(const char* field, T value, const char* why) {
   }
   if (cap.min_capacity < 0)
     return bad(field_msg("capacity.min_capacity", cap.min_capacity, "must be >= 0"));
+  if (cap.mode == capacity_mode::fixed && cap.min_capacity > 0)
+    return bad(field_msg("capacity.min_capacity", cap.min_capacity,
+                         "with capacity.mode = fixed: the fixed capacity is the capacity "
+                         "(it would silently raise capacity.fixed); set it to 0"));
+  if (cap.k_after_rounding && !cap.includes_k)
+    return bad(
+        "capacity.k_after_rounding = true with capacity.includes_k = false: there is no k "
+        "to multiply by");
+  if (cap.group_tokens < 0 || cap.group_tokens > max_tokens)
+    return bad(field_msg("capacity.group_tokens", cap.group_tokens,
+                         "must be in [0, moeroute::max_tokens] (0: the batch is one group)"));
+  if (cap.group_tokens > 0 && cap.mode == capacity_mode::unbounded)
+    return bad(field_msg("capacity.group_tokens", cap.group_tokens,
+                         "with capacity.mode = unbounded: nothing is bounded per group; set 0"));
   if (cap.mode == capacity_mode::fixed && cap.fixed < 0)
     return bad(field_msg("capacity.fixed", cap.fixed, "must be >= 0"));
   if (cap.min_capacity > max_tokens)
@@ -373,6 +494,10 @@ std::string field_msg(const char* field, T value, const char* why) {
     return status::make(
         status_code::invalid_shape,
         detail::field_msg("tokens", tokens, "exceeds moeroute::max_tokens (2^31 - 1)"));
+  if (c.capacity.group_tokens > 0 && tokens % c.capacity.group_tokens != 0)
+    return status::make(status_code::invalid_shape,
+                        "tokens = " + std::to_string(tokens) + " is not a multiple of " +
+                            "capacity.group_tokens = " + std::to_string(c.capacity.group_tokens));
   if (c.loss.sequence_length > 0 && tokens % c.loss.sequence_length != 0)
     return status::make(status_code::invalid_shape,
                         "tokens = " + std::to_string(tokens) + " is not a multiple of " +

@@ -43,22 +43,30 @@ requires(sizeof...(Configs) > 0 && (std::is_same_v<std::remove_const_t<Configs>,
   visit("gating.bias_update.recenter", c.gating.bias_update.recenter...);
   visit("gating.group_limit.groups", c.gating.group_limit.groups...);
   visit("gating.group_limit.group_topk", c.gating.group_limit.group_topk...);
+  visit("gating.group_limit.score", c.gating.group_limit.score...);
+  visit("gating.group_limit.top_n", c.gating.group_limit.top_n...);
   visit("gating.noise.kind", c.gating.noise.kind...);
   visit("gating.noise.scale", c.gating.noise.scale...);
   visit("gating.noise.seed", c.gating.noise.seed...);
   visit("gating.noise.offset", c.gating.noise.offset...);
   visit("gating.noise.target", c.gating.noise.target...);
   visit("gating.noise.only_in_training", c.gating.noise.only_in_training...);
+  visit("gating.second_expert.policy", c.gating.second_expert.policy...);
+  visit("gating.second_expert.seed", c.gating.second_expert.seed...);
+  visit("gating.second_expert.offset", c.gating.second_expert.offset...);
   // capacity
   visit("capacity.mode", c.capacity.mode...);
   visit("capacity.factor", c.capacity.factor...);
   visit("capacity.eval_factor", c.capacity.eval_factor...);
   visit("capacity.includes_k", c.capacity.includes_k...);
+  visit("capacity.k_after_rounding", c.capacity.k_after_rounding...);
+  visit("capacity.share", c.capacity.share...);
   visit("capacity.rounding", c.capacity.rounding...);
   visit("capacity.min_capacity", c.capacity.min_capacity...);
   visit("capacity.clamp_to_tokens", c.capacity.clamp_to_tokens...);
   visit("capacity.no_drop_when_exceeds_tokens", c.capacity.no_drop_when_exceeds_tokens...);
   visit("capacity.fixed", c.capacity.fixed...);
+  visit("capacity.group_tokens", c.capacity.group_tokens...);
   // dispatch
   visit("dispatch.prio", c.dispatch.prio...);
   visit("dispatch.slots", c.dispatch.slots...);

@@ -39,16 +39,18 @@ struct dispatch_scratch {
   std::int32_t* d_flags = nullptr;      ///< [n] fallback competitor flags, scanned in place
   std::uint8_t* d_holder = nullptr;     ///< [n] 1 = the assignment holds its slot (not a share)
   std::int32_t* d_per_token = nullptr;  ///< [T] first pending assignment / next candidate
-  std::int32_t* d_seg = nullptr;        ///< [total_experts + 2] segment starts in a sorted array
+  std::int32_t* d_seg = nullptr;        ///< [segments + 2] segment starts in a sorted array
   std::int64_t* d_num_pending = nullptr;  ///< [1] dropped assignments after the first grant
+  std::int64_t* d_group_base = nullptr;   ///< [segments] an expert's slots in earlier groups
   void* d_cub = nullptr;                  ///< CUB temporary storage
   std::size_t cub_bytes = 0;
 };
 
 /// @brief Carves (base = the caller's buffer) or sizes (a sizing carver) the dispatch scratch.
+///        `segments` = capacity groups * total experts: the (group, expert) pairs a sort splits.
 [[nodiscard]] inline dispatch_scratch carve_dispatch_scratch(workspace_carver& w,
                                                              std::int64_t tokens, std::int32_t k,
-                                                             std::int32_t total_experts) noexcept {
+                                                             std::int64_t segments) noexcept {
   const auto n = static_cast<std::size_t>(tokens * k);
   dispatch_scratch p;
   p.d_key32 = w.take<std::uint32_t>(n);
@@ -61,8 +63,9 @@ struct dispatch_scratch {
   p.d_flags = w.take<std::int32_t>(n);
   p.d_holder = w.take<std::uint8_t>(n);
   p.d_per_token = w.take<std::int32_t>(static_cast<std::size_t>(tokens));
-  p.d_seg = w.take<std::int32_t>(static_cast<std::size_t>(total_experts) + 2);
+  p.d_seg = w.take<std::int32_t>(static_cast<std::size_t>(segments) + 2);
   p.d_num_pending = w.take<std::int64_t>(1);
+  p.d_group_base = w.take<std::int64_t>(static_cast<std::size_t>(segments));
   p.cub_bytes = cub_temp_bound(n);
   p.d_cub = w.take<std::byte>(p.cub_bytes);
   return p;

@@ -41,12 +41,23 @@ MOEROUTE_ENUM_NAMES(noise_target, {"selection_only", noise_target::selection_onl
                     {"selection_and_gates", noise_target::selection_and_gates})
 MOEROUTE_ENUM_NAMES(capacity_mode, {"factor", capacity_mode::factor},
                     {"fixed", capacity_mode::fixed}, {"max_load", capacity_mode::max_load},
-                    {"unbounded", capacity_mode::unbounded}, {"dropless", capacity_mode::unbounded})
+                    {"unbounded", capacity_mode::unbounded},
+                    {"batch_fraction", capacity_mode::batch_fraction},
+                    {"dropless", capacity_mode::unbounded})
 MOEROUTE_ENUM_NAMES(capacity_rounding, {"ceil", capacity_rounding::ceil},
-                    {"floor", capacity_rounding::floor})
+                    {"floor", capacity_rounding::floor},
+                    {"nearest_even", capacity_rounding::nearest_even})
+MOEROUTE_ENUM_NAMES(share_rounding, {"none", share_rounding::none}, {"ceil", share_rounding::ceil},
+                    {"floor", share_rounding::floor})
+MOEROUTE_ENUM_NAMES(second_expert_policy, {"all", second_expert_policy::all},
+                    {"random", second_expert_policy::random},
+                    {"sampling", second_expert_policy::sampling})
+MOEROUTE_ENUM_NAMES(group_score, {"sum_top_k_share", group_score::sum_top_k_share},
+                    {"sum_top_n", group_score::sum_top_n}, {"max", group_score::max})
 MOEROUTE_ENUM_NAMES(priority, {"token_major", priority::token_major},
                     {"choice_major", priority::choice_major},
                     {"score_per_expert", priority::score_per_expert}, {"random", priority::random},
+                    {"batch_prioritized", priority::batch_prioritized},
                     {"score", priority::score_per_expert})
 MOEROUTE_ENUM_NAMES(slot_order, {"priority", slot_order::priority},
                     {"token_index", slot_order::token_index})

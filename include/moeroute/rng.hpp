@@ -89,6 +89,7 @@ MOEROUTE_HOST_DEVICE inline u32x4 draw(std::uint64_t seed, std::uint64_t offset,
 /// Streams, so different uses of the same (seed, offset) never share draws.
 inline constexpr std::uint32_t stream_gating_noise = 1;
 inline constexpr std::uint32_t stream_random_priority = 2;
+inline constexpr std::uint32_t stream_second_expert = 3;  ///< NLLB second-expert policies
 
 /// @brief Uniform in (0, 1): 24 random bits, centred in their bucket, never 0 or 1.
 MOEROUTE_HOST_DEVICE inline float uniform_open(std::uint32_t u) {

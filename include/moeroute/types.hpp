@@ -98,10 +98,14 @@ struct basic_gating_result {
   detail::view_ptr<std::int32_t, Const> d_reroute_ids = nullptr;  ///< [T, R] int32 (next_choice)
   detail::view_ptr<float, Const> d_logsumexp = nullptr;  ///< [T] f32 logsumexp of the logits
   basic_gating_sums<Const> sums{};                       ///< the loss sums
+  /// [T] f32 the token's top-1 clean score (priority::batch_prioritized only, else unused)
+  detail::view_ptr<float, Const> d_token_priority = nullptr;
+  /// [T] uint8 1 = the second choice lost the draw (second_expert_policy::random only)
+  detail::view_ptr<std::uint8_t, Const> d_second_skipped = nullptr;
 
   template <bool C = Const>
   requires(!C) MOEROUTE_HOST_DEVICE operator basic_gating_result<!C>() const noexcept {
-    return {d_ids, d_gates, d_reroute_ids, d_logsumexp, sums};
+    return {d_ids, d_gates, d_reroute_ids, d_logsumexp, sums, d_token_priority, d_second_skipped};
   }
 };
 using gating_result = basic_gating_result<false>;

@@ -100,10 +100,34 @@ inline std::string dispatch_violation(const routing_config& cfg, const reference
       static_cast<std::int64_t>(d.slot.size()) != T * k ||
       static_cast<std::int64_t>(d.weight.size()) != T * k)
     return "dispatch_output sizes";
+  // a second choice that lost NLLB's "random" draw never asked for a slot
+  const auto skipped = [&](std::int64_t a) {
+    return !g.second_skipped.empty() && a % k == 1 && g.second_skipped[a / k] != 0;
+  };
+  // capacity groups (capacity.group_tokens): each (group, expert) is its own competition
+  const std::int64_t GT = std::max<std::int64_t>(cfg.capacity_group_tokens(T), 1);
+  const std::int64_t Q = cfg.capacity_groups(T);
+  std::vector<std::int64_t> req_qe(static_cast<std::size_t>(Q * E), 0),
+      kept_qe(static_cast<std::size_t>(Q * E), 0), held_qe(static_cast<std::size_t>(Q * ET), 0);
+  for (std::int64_t a = 0; a < T * k; ++a) {
+    const std::int64_t q = a / k / GT;
+    if (g.valid[a / k] && !skipped(a)) ++req_qe[q * E + g.ids[a]];
+    if (d.fates[a] == fate::kept) ++kept_qe[q * E + g.ids[a]];
+    bool first_at_expert = d.expert[a] >= 0;  // a token holds one row per expert
+    for (std::int64_t b = a - a % k; b < a && first_at_expert; ++b)
+      first_at_expert = d.expert[b] != d.expert[a];
+    if (first_at_expert) ++held_qe[q * ET + d.expert[a]];
+  }
   std::int64_t max_req = 0;
-  for (auto q : d.requested) max_req = std::max(max_req, q);
+  for (auto r : req_qe) max_req = std::max(max_req, r);
   const std::int64_t C = d.capacity;
   if (C != expert_capacity(cfg, T, max_req)) return "capacity differs from expert_capacity()";
+  for (std::int64_t q = 0; q < Q; ++q)
+    for (std::int32_t e = 0; e < ET; ++e) {
+      const std::int64_t cap = e < E ? C : d.fallback_capacity;
+      if (cap >= 0 && held_qe[q * ET + e] > cap)
+        return "above capacity in group " + std::to_string(q) + " at expert " + std::to_string(e);
+    }
   const std::int32_t fallback_target =
       cfg.dispatch.dropped == drop_policy::fallback
           ? (cfg.dispatch.fallback.expert < 0 ? E : cfg.dispatch.fallback.expert)
@@ -168,15 +192,26 @@ inline std::string dispatch_violation(const routing_config& cfg, const reference
     if (d.requested[e] != req[e] || d.kept[e] != kept_e[e] || d.rerouted[e] != rer_e[e] ||
         d.dropped[e] != drop_e[e])
       return "per-expert counts disagree with the fates" + ex;
-    // an expert turns a request away only when it is full
-    if (d.rerouted[e] + d.dropped[e] > 0 && !(C >= 0 && d.kept[e] == C))
-      return "request turned away by a non-full expert" + ex;
+  }
+  // an expert turns a request away only when it is full (in that request's group)
+  for (std::int64_t a = 0; a < T * k; ++a) {
+    if (d.fates[a] != fate::rerouted && d.fates[a] != fate::dropped) continue;
+    if (skipped(a)) {
+      if (d.fates[a] != fate::dropped) return "a skipped second choice was routed" + at(a, k);
+      continue;
+    }
+    const std::int64_t q = a / k / GT;
+    if (!(C >= 0 && kept_qe[q * E + g.ids[a]] == C))
+      return "request turned away by a non-full expert" + at(a, k);
   }
   for (std::int32_t e = 0; e < ET; ++e)
     if (d.received[e] != recv[e]) return "received count at expert " + std::to_string(e);
   const bool dropless =
       cfg.capacity.mode == capacity_mode::max_load || cfg.capacity.mode == capacity_mode::unbounded;
-  if (dropless && (drop > 0 || rer > 0)) return "a dropless config dropped or rerouted";
+  std::int64_t skipped_drops = 0;  // NLLB's random policy drops before any capacity
+  for (std::int64_t a = 0; a < T * k; ++a)
+    skipped_drops += skipped(a) && d.fates[a] == fate::dropped ? 1 : 0;
+  if (dropless && (drop > skipped_drops || rer > 0)) return "a dropless config dropped or rerouted";
   if ((cfg.dispatch.dropped == drop_policy::zero_weight ||
        cfg.dispatch.dropped == drop_policy::residual) &&
       rer > 0)
@@ -206,28 +241,29 @@ inline std::string dispatch_violation(const routing_config& cfg, const reference
         return "token_index slots not ascending" + ex;
       last_token = t;
     }
-    if (e < E && C >= 0 && d.load[e] > C) return "above capacity" + ex;
-    if (e == E && d.fallback_capacity >= 0 && d.load[e] > d.fallback_capacity)
-      return "fallback above capacity";
   }
 
-  // priority: at each expert the kept requests come first in priority order
+  // priority: at each (group, expert) the kept requests come first in priority order
   if (cfg.dispatch.prio != priority::random) {
-    for (std::int32_t e = 0; e < E; ++e) {
-      std::vector<std::pair<std::tuple<float, std::int64_t, std::int64_t>, bool>> queue;
-      for (std::int64_t a = 0; a < T * k; ++a) {
-        if (g.ids[a] != e || d.fates[a] == fate::masked) continue;
-        const std::int64_t t = a / k, j = a % k;
-        std::tuple<float, std::int64_t, std::int64_t> key{0.0f, t, j};
-        if (cfg.dispatch.prio == priority::choice_major) key = {0.0f, j, t};
-        if (cfg.dispatch.prio == priority::score_per_expert) key = {-g.gates[a], t, j};
-        queue.push_back({key, d.fates[a] == fate::kept});
+    using key_t = std::tuple<std::int64_t, float, std::int64_t, std::int64_t>;
+    for (std::int64_t q = 0; q < Q; ++q)
+      for (std::int32_t e = 0; e < E; ++e) {
+        std::vector<std::pair<key_t, bool>> queue;
+        for (std::int64_t a = q * GT * k; a < std::min(T, (q + 1) * GT) * k; ++a) {
+          if (g.ids[a] != e || d.fates[a] == fate::masked || skipped(a)) continue;
+          const std::int64_t t = a / k, j = a % k;
+          key_t key{0, 0.0f, t, j};
+          if (cfg.dispatch.prio == priority::choice_major) key = {0, 0.0f, j, t};
+          if (cfg.dispatch.prio == priority::score_per_expert) key = {0, -g.gates[a], t, j};
+          if (cfg.dispatch.prio == priority::batch_prioritized)
+            key = {j, -g.token_priority[t], t, 0};
+          queue.push_back({key, d.fates[a] == fate::kept});
+        }
+        std::sort(queue.begin(), queue.end());
+        for (std::size_t i = 1; i < queue.size(); ++i)
+          if (!queue[i - 1].second && queue[i].second)
+            return "kept out of priority order at expert " + std::to_string(e);
       }
-      std::sort(queue.begin(), queue.end());
-      for (std::size_t i = 1; i < queue.size(); ++i)
-        if (!queue[i - 1].second && queue[i].second)
-          return "kept out of priority order at expert " + std::to_string(e);
-    }
   }
   return "";
 }
@@ -236,7 +272,8 @@ inline std::string dispatch_violation(const routing_config& cfg, const reference
 ///        (capacity, or load rounded up to block_size), which rows hold a token, the row of
 ///        every assignment and the expert of every compact block.
 inline std::string layout_violation(const reference::dispatch_output& d,
-                                    const reference::layout_output& L) {
+                                    const reference::layout_output& L,
+                                    std::int64_t capacity_groups = 1) {
   const std::int32_t ET = d.total_experts;
   const bool padded = L.kind == layout_kind::padded;
   if (L.total_experts != ET || static_cast<std::int32_t>(L.offsets.size()) != ET + 1)
@@ -250,7 +287,8 @@ inline std::string layout_violation(const reference::dispatch_output& d,
     const std::string ex = " at expert " + std::to_string(e);
     const std::int64_t seg = L.offsets[e + 1] - L.offsets[e];
     if (L.rows_used[e] != d.load[e] || seg < d.load[e]) return "segment smaller than its load" + ex;
-    if (padded && e < d.experts && seg != d.capacity) return "padded segment is not C rows" + ex;
+    if (padded && e < d.experts && seg != d.capacity * capacity_groups)
+      return "padded segment is not C rows per capacity group" + ex;
     if (!padded) {
       if (L.offsets[e] % L.block_size != 0) return "compact segment not block aligned" + ex;
       if (seg != (d.load[e] + L.block_size - 1) / L.block_size * L.block_size)

@@ -66,6 +66,11 @@ struct case_spec {
   cap_case cap = cap_case::factor;
   bool masked = false;     ///< pass a padding mask
   bool after_drop = true;  ///< renormalise after drop (else before)
+  /// capacity groups (capacity.group_tokens = T / groups) where T divides, the capacity is
+  /// bounded and the drop policy does not reroute (cuda::dispatch's limit)
+  std::int64_t groups = 1;
+  /// NLLB's random second-expert policy, where k = 2 and the drop policy does not reroute
+  bool second_random = false;
 };
 
 inline std::string describe(const case_spec& s, std::int64_t T, std::int32_t E, std::int32_t k) {
@@ -73,7 +78,8 @@ inline std::string describe(const case_spec& s, std::int64_t T, std::int32_t E, 
   o << "T=" << T << " E=" << E << " k=" << k << " prio=" << static_cast<int>(s.prio)
     << " drop=" << static_cast<int>(s.drop) << " slots=" << static_cast<int>(s.slots)
     << " cap=" << static_cast<int>(s.cap) << " masked=" << s.masked
-    << " after_drop=" << s.after_drop;
+    << " after_drop=" << s.after_drop << " groups=" << s.groups
+    << " second_random=" << s.second_random;
   return o.str();
 }
 
@@ -81,16 +87,19 @@ inline std::string describe(const case_spec& s, std::int64_t T, std::int32_t E, 
 /// capacity mode with co-prime periods, so a grid of a few dozen points covers all pairs.
 inline case_spec spec_for(int i) {
   case_spec s;
-  s.prio = static_cast<priority>(i % 4);
+  s.prio = static_cast<priority>(i % 5);  // token, choice, score, random, batch_prioritized
   s.drop = static_cast<drop_case>(i % static_cast<int>(drop_case::count));
   s.slots = static_cast<slot_order>((i / 3) % 2);
   s.cap = static_cast<cap_case>((i / 2) % static_cast<int>(cap_case::count));
   s.masked = (i % 7) == 3;
   s.after_drop = (i % 5) != 4;
+  s.groups = (i % 3) == 1 ? 3 : 1;
+  s.second_random = (i % 4) == 2;
   return s;
 }
 
-inline routing_config make_config(std::int32_t E, std::int32_t k, const case_spec& s) {
+inline routing_config make_config(std::int32_t E, std::int32_t k, const case_spec& s,
+                                  std::int64_t T = 0) {
   routing_config c;
   c.num_experts = E;
   c.top_k = k;
@@ -152,6 +161,13 @@ inline routing_config make_config(std::int32_t E, std::int32_t k, const case_spe
     case drop_case::count:
       break;
   }
+  const bool reroutes =
+      c.dispatch.dropped == drop_policy::fallback || c.dispatch.dropped == drop_policy::next_choice;
+  if (s.groups > 1 && T > 0 && T % s.groups == 0 && !reroutes &&
+      c.capacity.mode != capacity_mode::unbounded)
+    c.capacity.group_tokens = T / s.groups;
+  if (s.second_random && k == 2 && !reroutes)
+    c.gating.second_expert = {second_expert_policy::random, 31, 4};
   return c;
 }
 

@@ -46,8 +46,8 @@ struct gpu_dispatch {
   std::int64_t T;
   std::int32_t k, E, ET;
   device_buffer<std::int32_t> ids, reroute;
-  device_buffer<float> gates;
-  device_buffer<std::uint8_t> valid;
+  device_buffer<float> gates, priority;
+  device_buffer<std::uint8_t> valid, skipped;
   device_buffer<std::int32_t> expert, slot;
   device_buffer<float> weight;
   device_buffer<fate> fates;
@@ -65,7 +65,9 @@ struct gpu_dispatch {
         ids(g.ids),
         reroute(g.reroute_ids),
         gates(g.gates),
+        priority(g.token_priority),
         valid(g.valid),
+        skipped(g.second_skipped),
         expert(g.ids.size()),
         slot(g.ids.size()),
         weight(g.ids.size()),
@@ -82,6 +84,8 @@ struct gpu_dispatch {
     params.gated.d_ids = ids.get();
     params.gated.d_gates = gates.get();
     params.gated.d_reroute_ids = reroute.get();
+    params.gated.d_token_priority = priority.get();
+    params.gated.d_second_skipped = skipped.get();
     params.d_valid = pass_valid ? valid.get() : nullptr;
     params.out = {expert.get(),    slot.get(), weight.get(),   fates.get(),
                   requested.get(), kept.get(), rerouted.get(), dropped.get(),
@@ -180,7 +184,7 @@ struct routed_case {
 
   routed_case(std::int64_t T, std::int32_t E, std::int32_t k, const case_spec& s,
               std::uint64_t seed)
-      : cfg(make_config(E, k, s)),
+      : cfg(make_config(E, k, s, T)),
         gating(make_gating(cfg, T, seed, s.masked)),
         want(reference::dispatch(cfg, gating)),
         gpu(cfg, gating, s.masked) {}

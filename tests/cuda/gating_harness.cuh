@@ -68,7 +68,8 @@ std::vector<In> convert(const std::vector<float>& v) {
 struct gpu_gating {
   status st;
   std::vector<std::int32_t> ids, reroute_ids;
-  std::vector<float> gates, logsumexp;
+  std::vector<float> gates, logsumexp, token_priority;
+  std::vector<std::uint8_t> second_skipped;
   std::vector<double> aux_score_sum, seq_score_sum;
   std::vector<std::int64_t> aux_count, seq_count, seq_tokens;
   std::int64_t valid_tokens = 0, nonfinite = 0;
@@ -81,9 +82,9 @@ struct gating_buffers {
   using element = kernels::device_element_t<In>;
   device_buffer<unsigned char> logits;  // raw bytes (+16 so a test can misalign the start)
   device_buffer<float> bias;
-  device_buffer<std::uint8_t> valid;
+  device_buffer<std::uint8_t> valid, skipped;
   device_buffer<std::int32_t> ids, reroute;
-  device_buffer<float> gates, lse;
+  device_buffer<float> gates, lse, priority;
   device_buffer<double> aux_sum, z, seq_sum;
   device_buffer<std::int64_t> aux_count, valid_tokens, nonfinite, seq_count, seq_tokens;
   device_buffer<unsigned char> workspace;
@@ -96,10 +97,14 @@ struct gating_buffers {
       : logits(h_logits.size() * sizeof(In) + 16),
         bias(h_bias),
         valid(h_valid),
+        skipped(static_cast<std::size_t>(
+            cfg.gating.second_expert.policy == second_expert_policy::random ? T : 0)),
         ids(static_cast<std::size_t>(T * cfg.top_k)),
         reroute(static_cast<std::size_t>(T * (cfg.candidates_per_token() - cfg.top_k))),
         gates(static_cast<std::size_t>(T * cfg.top_k)),
         lse(static_cast<std::size_t>(T)),
+        priority(
+            static_cast<std::size_t>(cfg.dispatch.prio == priority::batch_prioritized ? T : 0)),
         aux_sum(static_cast<std::size_t>(cfg.num_experts)),
         z(1),
         seq_sum(static_cast<std::size_t>(seqs(cfg, T) * cfg.num_experts)),
@@ -123,6 +128,8 @@ struct gating_buffers {
     p.out.d_gates = gates.get();
     p.out.d_reroute_ids = reroute.get();
     p.out.d_logsumexp = lse.get();
+    p.out.d_token_priority = priority.get();
+    p.out.d_second_skipped = skipped.get();
     p.out.sums = {aux_sum.get(),   aux_count.get(), valid_tokens.get(), z.get(),
                   nonfinite.get(), seq_sum.get(),   seq_count.get(),    seq_tokens.get()};
   }
@@ -143,6 +150,8 @@ struct gating_buffers {
     g.reroute_ids = reroute.download();
     g.gates = gates.download();
     g.logsumexp = lse.download();
+    g.token_priority = priority.download();
+    g.second_skipped = skipped.download();
     g.aux_score_sum = aux_sum.download();
     g.aux_count = aux_count.download();
     g.seq_score_sum = seq_sum.download();
@@ -212,6 +221,10 @@ inline std::string compare(const reference::gating_output& r, const gpu_gating& 
     return m;
   if (!(m = first_mismatch("gates", r.gates, g.gates, 1e-5, 1e-30, r.k)).empty()) return m;
   if (!(m = first_mismatch("logsumexp", r.logsumexp, g.logsumexp, 1e-5, 1e-6)).empty()) return m;
+  if (!(m = first_mismatch("token_priority", r.token_priority, g.token_priority, 1e-5, 1e-30))
+           .empty())
+    return m;
+  if (!(m = first_mismatch("second_skipped", r.second_skipped, g.second_skipped)).empty()) return m;
   if (!(m = first_mismatch("aux_count", r.aux_count, g.aux_count)).empty()) return m;
   if (!(m = first_mismatch("aux_score_sum", r.aux_score_sum, g.aux_score_sum, 1e-5, 1e-12)).empty())
     return m;

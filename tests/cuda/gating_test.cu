@@ -220,6 +220,26 @@ TEST_CASE("gating: noise off in eval unless only_in_training is false", "[cuda][
   }
 }
 
+TEST_CASE("gating: NLLB second-expert policies and the batch priority", "[cuda][gating]") {
+  // sampling re-picks the second choice with Philox Gumbel noise, random draws whether it is
+  // kept, batch_prioritized writes each token's top-1 score: all as the reference does.
+  for (const std::int32_t E : {4, 16, 128, 600})
+    for (const std::int64_t T : {1, 7, 1000})
+      for (const auto policy : {second_expert_policy::all, second_expert_policy::random,
+                                second_expert_policy::sampling})
+        for (const bool prioritized : {false, true}) {
+          presets::nllb_moe_options o;
+          o.batch_prioritized_routing = prioritized;
+          auto c = presets::nllb_moe(E, o);
+          c.gating.second_expert = {policy, 9, 3};
+          const auto logits = grid_logits(T, E, 5);
+          INFO(describe(c, T) << " second " << to_string(policy) << " prioritized " << prioritized);
+          REQUIRE(check_gating<float>(c, logits, T) == "");
+          c.gating.score = score_function::sigmoid;  // the priority is score(max logit)
+          REQUIRE(check_gating<float>(c, logits, T) == "");
+        }
+}
+
 TEST_CASE("gating: group limit (DeepSeek-V3 and smaller shapes)", "[cuda][gating]") {
   struct shape {
     std::int32_t E, k, groups, group_topk;
@@ -236,6 +256,17 @@ TEST_CASE("gating: group limit (DeepSeek-V3 and smaller shapes)", "[cuda][gating
       c.gating.expert_bias = false;
       INFO(describe(c, T));
       REQUIRE(check_gating<float>(c, logits, T) == "");
+      // every group-score rule: Megatron's top k/group_topk, the max, the top-n for each n
+      auto& gl = c.gating.group_limit;
+      for (std::int32_t n = 0; n <= std::min(3, s.E / s.groups); ++n) {
+        gl.score = n == 0 ? group_score::max : group_score::sum_top_n;
+        gl.top_n = n == 0 ? 0 : n;
+        INFO("group score " << to_string(gl.score) << " n " << gl.top_n);
+        REQUIRE(check_gating<float>(c, logits, T) == "");
+      }
+      gl.score = group_score::sum_top_k_share;
+      gl.top_n = 0;
+      if (s.k % s.group_topk == 0) REQUIRE(check_gating<float>(c, logits, T) == "");
     }
   }
 }

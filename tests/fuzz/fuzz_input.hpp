@@ -224,6 +224,38 @@ inline decoded_case decode(byte_reader& in) {
   c.dtype = static_cast<int>(in.range(0, 2));
   c.hidden = in.range(1, 3);
   c.block_size = in.range(1, 5);
+
+  // The rules every peer's routing needs (read last, so older seeds keep their meaning above):
+  // group-score rule, capacity formula parts, capacity groups, batch-prioritised routing.
+  if (g.group_limit.groups > 1) {
+    g.group_limit.score = static_cast<group_score>(in.range(0, 2));
+    const std::int32_t per = cfg.num_experts / g.group_limit.groups;
+    if (g.group_limit.score == group_score::sum_top_n)
+      g.group_limit.top_n = static_cast<std::int32_t>(in.range(wild ? 0 : 1, std::max(1, per)));
+    else if (wild && in.flag())
+      g.group_limit.top_n = 1;  // only read by sum_top_n: rejected
+  }
+  if (in.range(0, 7) == 0) cap.mode = capacity_mode::batch_fraction;
+  cap.share = static_cast<share_rounding>(in.range(0, 2));
+  cap.k_after_rounding = in.flag() && (wild || cap.includes_k);
+  if (in.range(0, 3) == 0) cap.rounding = capacity_rounding::nearest_even;
+  if (!wild && cap.mode == capacity_mode::fixed) cap.min_capacity = 0;  // validate() rejects it
+  if (in.range(0, 3) == 0 && c.tokens > 0 && (wild || cap.mode != capacity_mode::unbounded)) {
+    const std::int64_t parts = in.range(1, 6);
+    if (wild || c.tokens % parts == 0)
+      cap.group_tokens = std::max<std::int64_t>(1, c.tokens / parts);
+  }
+  if (in.range(0, 4) == 0) d.prio = priority::batch_prioritized;
+  if (in.range(0, 3) == 0) {  // NLLB's second-expert policies (top-2 only unless wild)
+    g.second_expert.policy = static_cast<second_expert_policy>(in.range(1, 2));
+    g.second_expert.seed = in.u8();
+    g.second_expert.offset = in.u8();
+    if (!wild && cfg.top_k != 2) g.second_expert.policy = second_expert_policy::all;
+    if (!wild && (d.dropped == drop_policy::fallback || d.dropped == drop_policy::next_choice))
+      d.dropped = drop_policy::zero_weight;
+    if (!wild && g.second_expert.policy == second_expert_policy::random)
+      g.stage = softmax_stage::before_topk;
+  }
   return c;
 }
 

@@ -6,7 +6,9 @@
 //    invariant to the batch order;
 //  - token_major / choice_major: routing a permuted batch equals the greedy seed loop run in the
 //    permuted order over the (batch-independent) gating;
-//  - padding tokens take no slot: inserting them does not change anyone's fate (fixed capacity).
+//  - padding tokens take no slot: inserting them does not change anyone's fate (fixed capacity);
+//  - batch_prioritized with distinct top-1 scores: as score priority, invariant to batch order;
+//  - capacity groups: a group's fates, experts and weights do not depend on the other groups.
 #include <catch2/catch.hpp>
 
 #include <algorithm>
@@ -17,7 +19,11 @@
 #include <utility>
 #include <vector>
 
+#include <moeroute/names.hpp>
 #include <moeroute/reference.hpp>
+
+#include "../common/invariants.hpp"
+#include "../common/test_util.hpp"
 
 using namespace moeroute;
 namespace ref = moeroute::reference;
@@ -206,6 +212,44 @@ TEST_CASE("batch composition: score-priority drops are invariant to batch order"
   }
 }
 
+TEST_CASE("batch composition: batch-prioritised drops are invariant to batch order",
+          "[batch_composition][reliability]") {
+  // Every first choice before any second, each rank by descending top-1 score: with distinct
+  // scores no token index decides anything, so a permuted batch routes every token the same.
+  const std::int64_t T = 64;
+  for (auto dropped : {drop_policy::zero_weight, drop_policy::fallback}) {
+    routing_config cfg;
+    cfg.num_experts = 8;
+    cfg.top_k = 2;
+    cfg.gating.select = select_from::scores;
+    cfg.gating.renorm = renormalize::after_drop;
+    cfg.capacity.factor = 0.75;
+    cfg.dispatch.prio = priority::batch_prioritized;
+    cfg.dispatch.dropped = dropped;
+    cfg.dispatch.fallback.capacity = 5;
+    auto x = random_logits(T, 8, 7u, false);
+    for (std::int64_t t = 0; t < T; ++t) x[t * 8 + (t % 3)] += 1.0f;
+    const auto base = ref::route<float>(cfg, x, T);
+    REQUIRE(base.dispatch.total_dropped + base.dispatch.total_rerouted > 0);
+    std::vector<float> pr = base.gating.token_priority;
+    std::sort(pr.begin(), pr.end());
+    REQUIRE(std::adjacent_find(pr.begin(), pr.end()) == pr.end());  // distinct scores
+    for (std::uint32_t seed : {1u, 2u, 3u}) {
+      const auto perm = shuffled(T, seed);
+      const auto r = ref::route<float>(cfg, permute_rows(x, 8, perm), T);
+      for (std::int64_t i = 0; i < T; ++i)
+        for (std::int32_t j = 0; j < 2; ++j) {
+          const std::int64_t a = i * 2 + j, b = perm[i] * 2 + j;
+          INFO("policy " << to_string(dropped) << " seed " << seed << " token " << perm[i]);
+          CHECK(r.dispatch.fates[a] == base.dispatch.fates[b]);
+          CHECK(r.dispatch.expert[a] == base.dispatch.expert[b]);
+          CHECK(r.dispatch.slot[a] == base.dispatch.slot[b]);
+          CHECK(r.dispatch.weight[a] == base.dispatch.weight[b]);
+        }
+    }
+  }
+}
+
 TEST_CASE("batch composition: token_major and choice_major follow the batch order",
           "[batch_composition][reliability]") {
   const std::int64_t T = 40;
@@ -281,4 +325,55 @@ TEST_CASE("batch composition: padding tokens take no slot from anyone",
         CHECK(r.dispatch.fates[(2 * t + 1) * 2 + j] == fate::masked);
       }
   }
+}
+
+TEST_CASE("batch composition: a capacity group's routing never depends on another group",
+          "[batch_composition][reliability][capacity_groups]") {
+  const std::int64_t T = 48, GT = 12;
+  std::int64_t runs = 0;
+  for (priority p : {priority::token_major, priority::choice_major, priority::score_per_expert,
+                     priority::random, priority::batch_prioritized})
+    for (drop_policy dp :
+         {drop_policy::zero_weight, drop_policy::fallback, drop_policy::next_choice})
+      for (slot_order so : {slot_order::priority, slot_order::token_index})
+        for (capacity_mode m : {capacity_mode::factor, capacity_mode::max_load})
+          for (test::dist dd : {test::dist::normal, test::dist::collapsed, test::dist::skewed}) {
+            routing_config c;
+            c.num_experts = 6;
+            c.top_k = 2;
+            c.gating.select = select_from::scores;
+            c.gating.renorm = renormalize::after_drop;
+            c.capacity.mode = m;
+            c.capacity.factor = 0.5;
+            c.capacity.group_tokens = GT;
+            c.dispatch.prio = p;
+            c.dispatch.slots = so;
+            c.dispatch.dropped = dp;
+            c.dispatch.fallback = {-1, 2};
+            c.dispatch.random_seed = 77;
+            INFO("prio " << to_string(p) << " policy " << to_string(dp) << " slots "
+                         << to_string(so) << " mode " << to_string(m) << " dist "
+                         << test::name(dd));
+            auto x = test::make_logits(T, 6, dd, 5u);
+            const auto g = reference::gating<float>(c, x, T);
+            const auto d = reference::dispatch(c, g);
+            REQUIRE(test::dispatch_violation(c, g, d) == "");
+            // change every other group: group 1's fates, experts and weights stay
+            std::mt19937 rng(11);
+            std::uniform_real_distribution<float> u(-4.0f, 4.0f);
+            for (std::int64_t t = 0; t < T; ++t)
+              if (t / GT != 1)
+                for (std::int32_t e = 0; e < 6; ++e) x[t * 6 + e] = u(rng);
+            const auto g2 = reference::gating<float>(c, x, T);
+            const auto d2 = reference::dispatch(c, g2);
+            REQUIRE(test::dispatch_violation(c, g2, d2) == "");
+            if (m == capacity_mode::max_load) continue;  // C itself is the batch's max
+            for (std::int64_t a = GT * 2; a < 2 * GT * 2; ++a) {
+              REQUIRE(d.fates[a] == d2.fates[a]);
+              REQUIRE(d.expert[a] == d2.expert[a]);
+              REQUIRE(d.weight[a] == d2.weight[a]);
+            }
+            ++runs;
+          }
+  CHECK(runs == 5 * 3 * 2 * 3);
 }

@@ -51,9 +51,10 @@ TEST_CASE("config fields: the list names every field of routing_config", "[refer
   for_each_field([&](const char*, const auto&) { ++listed; }, c);
   // routing_config: 3 scalars and 4 sub-structs; their nested structs replace one member each
   static_assert(member_count<routing_config>() == 7);
-  const std::size_t gating = member_count<gating_config>() - 3 +
+  const std::size_t gating = member_count<gating_config>() - 4 +
                              member_count<bias_update_config>() +
-                             member_count<group_limit_config>() + member_count<noise_config>();
+                             member_count<group_limit_config>() + member_count<noise_config>() +
+                             member_count<second_expert_config>();
   const std::size_t dispatch = member_count<dispatch_config>() - 2 +
                                member_count<fallback_config>() + member_count<reroute_config>();
   CHECK(listed ==

@@ -20,7 +20,8 @@ using moeroute::test::dist;
 namespace {
 
 constexpr priority all_priorities[] = {priority::token_major, priority::choice_major,
-                                       priority::score_per_expert, priority::random};
+                                       priority::score_per_expert, priority::random,
+                                       priority::batch_prioritized};
 
 struct policy_case {
   const char* name;
@@ -104,7 +105,7 @@ TEST_CASE("invariants: every priority x drop policy x slot order on random and a
                   CHECK(d.total_dropped == 0);  // an unbounded shared expert takes every drop
                 ++runs;
               }
-  CHECK(runs == 3 * 4 * 7 * 2 * 7 * 4 * 2);
+  CHECK(runs == 3 * 5 * 7 * 2 * 7 * 4 * 2);
 }
 
 TEST_CASE("invariants: drop rate is non-increasing in the capacity factor",

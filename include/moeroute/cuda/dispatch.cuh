@@ -20,6 +20,7 @@
 #include <moeroute/cuda/validate_params.hpp>
 #include <moeroute/dispatch_plan.hpp>
 #include <moeroute/kernels/dispatch.cuh>
+#include <moeroute/names.hpp>
 #include <moeroute/types.hpp>
 
 namespace moeroute::cuda {
@@ -28,13 +29,41 @@ namespace moeroute::cuda {
 struct dispatch_params {
   std::int64_t tokens = 0;  ///< T
   /// From cuda::gating: d_ids [T, k] int32, d_gates [T, k] f32, d_reroute_ids [T, R] int32
-  /// (next_choice with R > 0 only). The other fields are not read.
+  /// (next_choice with R > 0 only), d_token_priority [T] f32 (batch_prioritized only),
+  /// d_second_skipped [T] uint8 (second_expert_policy::random only). Others are not read.
   const_gating_result gated{};
   const std::uint8_t* d_valid = nullptr;  ///< [T] uint8 1 = real token; null = all valid
   /// Outputs: d_expert, d_slot, d_weight, d_fate [T, k]; d_requested, d_kept, d_rerouted,
   /// d_dropped [E]; d_received, d_load [total_experts]; d_totals [1]. All written.
   dispatch_result out{};
 };
+
+namespace detail {
+
+/// Key layout of the grant sort: (segment << key_bits) | key. Token-major needs no key beyond
+/// the stable order; batch_prioritized puts the choice rank above its 32-bit score key.
+[[nodiscard]] inline int dispatch_key_bits(const routing_config& cfg, std::int64_t tokens) {
+  const std::int64_t n = tokens * cfg.top_k;
+  switch (cfg.dispatch.prio) {
+    case priority::choice_major:
+      return bits_for_value(static_cast<std::uint64_t>(n > 0 ? n - 1 : 0));
+    case priority::token_major:
+      return 0;
+    case priority::batch_prioritized:
+      return 32 + bits_for_value(static_cast<std::uint64_t>(cfg.top_k - 1));
+    default:
+      return 32;
+  }
+}
+
+/// Bits of the grant sort: the key and the segment index (groups * E stands for padding).
+[[nodiscard]] inline int dispatch_sort_bits(const routing_config& cfg, std::int64_t tokens) {
+  return dispatch_key_bits(cfg, tokens) +
+         bits_for_value(static_cast<std::uint64_t>(cfg.capacity_groups(tokens)) *
+                        static_cast<std::uint64_t>(cfg.num_experts));
+}
+
+}  // namespace detail
 
 /// @brief Checks config, shapes and pointers; names the first bad field.
 [[nodiscard]] inline status validate(const routing_config& cfg, const dispatch_params& p) {
@@ -45,6 +74,29 @@ struct dispatch_params {
                         "tokens * top_k = " + std::to_string(n) +
                             ": cuda::dispatch handles at most 2^31 - 2 assignments");
   if (p.tokens == 0) return status::success();
+  if (cfg.capacity_groups(p.tokens) > 1 && (cfg.dispatch.dropped == drop_policy::fallback ||
+                                            cfg.dispatch.dropped == drop_policy::next_choice))
+    return status::make(status_code::unsupported,
+                        "capacity.group_tokens with dispatch.dropped = " +
+                            std::string(to_string(cfg.dispatch.dropped)) +
+                            ": cuda::dispatch reroutes over the whole batch only (the CPU "
+                            "reference reroutes per group)");
+  if (detail::dispatch_sort_bits(cfg, p.tokens) > 64)
+    return status::make(status_code::unsupported,
+                        "capacity groups * num_experts and the priority key need more than 64 "
+                        "sort bits: fewer capacity groups or tokens per call");
+  if (cfg.dispatch.prio == priority::batch_prioritized)
+    if (auto s = detail::require_pointers(
+            "with dispatch.prio = batch_prioritized",
+            detail::required(p.gated.d_token_priority, "gated.d_token_priority"));
+        !s)
+      return s;
+  if (cfg.gating.second_expert.policy == second_expert_policy::random)
+    if (auto s = detail::require_pointers(
+            "with gating.second_expert.policy = random",
+            detail::required(p.gated.d_second_skipped, "gated.d_second_skipped"));
+        !s)
+      return s;
   if (cfg.candidates_per_token() > cfg.top_k)
     if (auto s = detail::require_pointers(
             "with dispatch.dropped = next_choice (R > 0)",
@@ -81,15 +133,16 @@ class dispatch_run {
     s_.experts = cfg.num_experts;
     s_.total_experts = cfg.total_experts();
     s_.reroute = cfg.candidates_per_token() - cfg.top_k;
+    s_.groups = cfg.capacity_groups(p.tokens);
+    s_.group_tokens = cfg.capacity_group_tokens(p.tokens);
     s_.gated = p.gated;
+    // read only where the config says they exist
+    if (cfg.gating.second_expert.policy != second_expert_policy::random)
+      s_.gated.d_second_skipped = nullptr;
     s_.valid = p.d_valid;
     s_.out = p.out;
     s_.scratch = w;
-    // Key layout: (group << key_bits) | key32. Token-major needs no key beyond the stable order.
-    if (cfg.dispatch.prio == priority::choice_major)
-      key_bits_ = bits_for_value(static_cast<std::uint64_t>(s_.n - 1));
-    else if (cfg.dispatch.prio == priority::token_major)
-      key_bits_ = 0;
+    key_bits_ = dispatch_key_bits(cfg, p.tokens);
   }
 
   /// Zeroes the accumulated counters, then: keys, the grant sort, capacity, the first C.
@@ -108,9 +161,10 @@ class dispatch_run {
                      d.random_seed, d.random_offset, key_bits_);
         !s)
       return s;
-    if (auto s = sort(key_bits_ + bits_for_value(static_cast<std::uint64_t>(s_.experts))); !s)
+    const std::int64_t segments = s_.groups * s_.experts;
+    if (auto s = sort(key_bits_ + bits_for_value(static_cast<std::uint64_t>(segments))); !s)
       return s;
-    if (auto s = segment_starts(key_bits_, s_.experts); !s) return s;
+    if (auto s = segment_starts(key_bits_, segments); !s) return s;
     kernels::capacity_rule rule;
     if (cfg_.capacity.mode == capacity_mode::max_load) {
       rule.from_max_load = true;
@@ -130,7 +184,8 @@ class dispatch_run {
 
   /// The dropped assignments in the global reroute order (pending, pos, num_pending).
   [[nodiscard]] status pending_order() {
-    if (auto s = run("pending_keys_kernel", kernels::pending_keys_kernel<threads>, s_.n, key_bits_);
+    if (auto s = run("pending_keys_kernel", kernels::pending_keys_kernel<threads>, s_.n, key_bits_,
+                     cfg_.dispatch.prio == priority::batch_prioritized);
         !s)
       return s;
     if (auto s = sort(key_bits_ + 1); !s) return s;
@@ -235,7 +290,7 @@ class dispatch_run {
                   std::forward<Args>(args)...);
   }
 
-  [[nodiscard]] status segment_starts(int shift, std::int32_t groups) {
+  [[nodiscard]] status segment_starts(int shift, std::int64_t groups) {
     return launch("segment_starts_kernel", kernels::segment_starts_kernel<threads>,
                   {grid_for(groups + 1, threads), threads, 0}, stream_, sorted_keys_, s_.n, shift,
                   groups, s_.scratch.d_seg);
@@ -311,8 +366,8 @@ class dispatch_run {
       !s)
     return s;
   workspace_carver carver(d_workspace, workspace_bytes);
-  const dispatch_scratch w =
-      carve_dispatch_scratch(carver, p.tokens, cfg.top_k, cfg.total_experts());
+  const dispatch_scratch w = carve_dispatch_scratch(
+      carver, p.tokens, cfg.top_k, cfg.capacity_groups(p.tokens) * cfg.total_experts());
   detail::dispatch_run run(cfg, p, w, stream);
 
   if (auto s = run.grant(); !s) return s;

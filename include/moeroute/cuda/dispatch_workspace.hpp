@@ -21,20 +21,23 @@ namespace moeroute::cuda {
                                                           std::int64_t tokens) {
   if (tokens <= 0) return 0;
   workspace_carver w;
-  (void)carve_dispatch_scratch(w, tokens, cfg.top_k, cfg.total_experts());
+  (void)carve_dispatch_scratch(w, tokens, cfg.top_k,
+                               cfg.capacity_groups(tokens) * cfg.total_experts());
   return w.bytes();
 }
 
-/// @brief Rows a padded layout can need for `tokens` tokens: E * C (+ the dedicated fallback
-///        segment). With capacity_mode::max_load, C is bounded by expert_capacity(cfg, T, T)
-///        (an expert receives at most T assignments); an unbounded dedicated fallback holds at
-///        most T rows. Returns -1 for capacity_mode::unbounded (padded needs a bound).
+/// @brief Rows a padded layout can need for `tokens` tokens: E * C * Q for Q capacity groups
+///        (+ the dedicated fallback segment). With capacity_mode::max_load, C is bounded by
+///        expert_capacity(cfg, T, G) (an expert receives at most the G tokens of a group); an
+///        unbounded dedicated fallback holds at most T rows. Returns -1 for
+///        capacity_mode::unbounded (padded needs a bound).
 [[nodiscard]] inline std::int64_t padded_max_rows(const routing_config& cfg, std::int64_t tokens) {
   if (cfg.capacity.mode == capacity_mode::unbounded) return -1;
-  const std::int64_t C = expert_capacity(cfg, tokens, tokens);
-  std::int64_t rows = std::int64_t{cfg.num_experts} * C;
+  const std::int64_t Q = cfg.capacity_groups(tokens);
+  const std::int64_t C = expert_capacity(cfg, tokens, cfg.capacity_group_tokens(tokens));
+  std::int64_t rows = std::int64_t{cfg.num_experts} * C * Q;
   if (cfg.has_dedicated_fallback())
-    rows += cfg.dispatch.fallback.capacity < 0 ? tokens : cfg.dispatch.fallback.capacity;
+    rows += cfg.dispatch.fallback.capacity < 0 ? tokens : cfg.dispatch.fallback.capacity * Q;
   return rows;
 }
 

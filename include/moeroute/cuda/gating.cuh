@@ -36,7 +36,9 @@ struct gating_params {
       nullptr;  ///< [T] uint8 1 = real token, 0 = padding; null = all valid
   /// Outputs: d_ids, d_gates [T, k]; d_reroute_ids [T, R] (needed iff R > 0); d_logsumexp [T];
   /// sums: d_aux_score_sum, d_aux_count [E], d_valid_tokens, d_z_sum_squares [1],
-  /// d_nonfinite [1] (optional), d_seq_* (needed iff loss.sequence_length > 0).
+  /// d_nonfinite [1] (optional), d_seq_* (needed iff loss.sequence_length > 0);
+  /// d_token_priority [T] (needed iff dispatch.prio = batch_prioritized); d_second_skipped [T]
+  /// (needed iff gating.second_expert.policy = random).
   gating_result out{};
 };
 
@@ -69,6 +71,18 @@ template <class Element>
   if (cfg.candidates_per_token() > cfg.top_k)
     if (auto s = detail::require_pointers("with dispatch.dropped = next_choice (R > 0)",
                                           detail::required(o.d_reroute_ids, "out.d_reroute_ids"));
+        !s)
+      return s;
+  if (cfg.dispatch.prio == priority::batch_prioritized)
+    if (auto s =
+            detail::require_pointers("with dispatch.prio = batch_prioritized",
+                                     detail::required(o.d_token_priority, "out.d_token_priority"));
+        !s)
+      return s;
+  if (cfg.gating.second_expert.policy == second_expert_policy::random)
+    if (auto s =
+            detail::require_pointers("with gating.second_expert.policy = random",
+                                     detail::required(o.d_second_skipped, "out.d_second_skipped"));
         !s)
       return s;
   if (cfg.loss.sequence_length == 0) return status::success();

@@ -85,7 +85,8 @@ struct layout_params {
   const std::int32_t E = cfg.num_experts, ET = cfg.total_experts();
   const bool compact = p.kind == layout_kind::compact;
   if (auto s = launch("layout_offsets_kernel", kernels::layout_offsets_kernel<threads>,
-                      {1, threads, 0}, stream, compact, p.block_size, E, ET, p.dispatched, p.out);
+                      {1, threads, 0}, stream, compact, p.block_size, E, ET,
+                      cfg.capacity_groups(p.tokens), p.dispatched, p.out);
       !s)
     return s;
   if (p.max_rows > 0)

@@ -79,6 +79,20 @@ struct options {
   if (auto s = moeroute::validate(cfg); !s) return s;
   const auto bad = [](status_code c, std::string m) { return status::make(c, std::move(m)); };
   using moeroute::detail::field_msg;
+  // Not yet across ranks: each needs per-token data (group index, top-1 score) in the
+  // count exchange and the plan (docs/expert-parallel.md, "Limits").
+  if (cfg.capacity.group_tokens > 0)
+    return bad(status_code::unsupported,
+               "capacity.group_tokens: the expert-parallel layer counts capacity over a rank's "
+               "batch (or the global one), not per group of tokens; set 0");
+  if (cfg.dispatch.prio == priority::batch_prioritized)
+    return bad(status_code::unsupported,
+               "dispatch.prio = batch_prioritized is not supported by the expert-parallel layer "
+               "yet; use choice_major (its order without the score sort)");
+  if (cfg.gating.second_expert.policy != second_expert_policy::all)
+    return bad(status_code::unsupported,
+               "gating.second_expert.policy: the expert-parallel layer routes every choice the "
+               "gating made; NLLB's random / sampling policies are single-device for now");
   switch (o.scope) {
     case capacity_scope::dropless:
     case capacity_scope::per_source:

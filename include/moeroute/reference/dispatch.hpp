@@ -26,10 +26,13 @@ namespace moeroute::reference {
 struct dispatch_output {
   std::int64_t tokens = 0;
   std::int32_t k = 0;
-  std::int32_t experts = 0;            ///< E routed experts
-  std::int32_t total_experts = 0;      ///< E, or E + 1 with a dedicated fallback expert (index E)
-  std::int64_t capacity = 0;           ///< C of each routed expert; unbounded_capacity (-1) if none
-  std::int64_t fallback_capacity = 0;  ///< C of the dedicated fallback (-1 unbounded; 0 if none)
+  std::int32_t experts = 0;        ///< E routed experts
+  std::int32_t total_experts = 0;  ///< E, or E + 1 with a dedicated fallback expert (index E)
+  /// C of each routed expert in each capacity group (the batch, unless capacity.group_tokens
+  /// is set: expert_slots() bounds the rows over the batch); unbounded_capacity (-1) if none
+  std::int64_t capacity = 0;
+  std::int64_t fallback_capacity = 0;  ///< the same for the dedicated fallback (-1 unbounded;
+                                       ///< 0 if none)
 
   std::vector<std::int32_t> expert;  ///< [T, k] final expert (after reroute), -1 if none
   std::vector<std::int32_t> slot;    ///< [T, k] slot in that expert, -1 if none
@@ -72,11 +75,13 @@ inline void check_dispatch_of(const routing_config& cfg, const dispatch_output& 
 
 /// Priority key of an assignment: smaller goes first. Used per expert and for reroute order.
 struct priority_key {
-  float neg_value;     // -gate (score) or -random (random); 0 for positional priorities
-  std::int64_t major;  // t (token_major, score, random) or j (choice_major)
+  std::int64_t rank;   // j for batch_prioritized (every first choice first), else 0
+  float neg_value;     // -gate (score), -random (random), -token priority; 0 positional
+  std::int64_t major;  // t (token_major, score, random, batch_prioritized) or j (choice_major)
   std::int64_t minor;  // j or t
   friend bool operator<(const priority_key& a, const priority_key& b) {
-    return std::tie(a.neg_value, a.major, a.minor) < std::tie(b.neg_value, b.major, b.minor);
+    return std::tie(a.rank, a.neg_value, a.major, a.minor) <
+           std::tie(b.rank, b.neg_value, b.major, b.minor);
   }
 };
 
@@ -113,19 +118,22 @@ inline void apply_combine_weights(const routing_config& cfg, const std::vector<f
   }
 }
 
-inline priority_key make_key(const routing_config& cfg, std::int64_t t, std::int32_t j,
-                             std::int32_t e, float gate) {
+inline priority_key make_key(const routing_config& cfg, const gating_output& g, std::int64_t t,
+                             std::int32_t j) {
+  const std::int64_t a = t * g.k + j;
   switch (cfg.dispatch.prio) {
     case priority::token_major:
-      return {0.0f, t, j};
+      return {0, 0.0f, t, j};
     case priority::choice_major:
-      return {0.0f, j, t};
+      return {0, 0.0f, j, t};
     case priority::score_per_expert:
-      return {-gate, t, j};
+      return {0, -g.gates[a], t, j};
     case priority::random:
-      return {-random_priority(cfg, t, e), t, j};
+      return {0, -random_priority(cfg, t, g.ids[a]), t, j};
+    case priority::batch_prioritized:
+      return {j, -g.token_priority[t], t, 0};
   }
-  return {0.0f, t, j};
+  return {0, 0.0f, t, j};
 }
 
 }  // namespace detail
@@ -167,6 +175,15 @@ inline priority_key make_key(const routing_config& cfg, std::int64_t t, std::int
   if (auto s = sized("gates", g.gates.size(), T * g.k); !s) return s;
   if (auto s = sized("reroute_ids", g.reroute_ids.size(), T * R); !s) return s;
   if (auto s = sized("valid", g.valid.size(), T); !s) return s;
+  const bool prioritized = cfg.dispatch.prio == priority::batch_prioritized;
+  if (auto s = sized("token_priority", g.token_priority.size(), prioritized ? T : 0); !s) return s;
+  const bool random_second = cfg.gating.second_expert.policy == second_expert_policy::random;
+  if (auto s = sized("second_skipped", g.second_skipped.size(), random_second ? T : 0); !s)
+    return s;
+  for (std::size_t t = 0; t < g.token_priority.size(); ++t)
+    if (!std::isfinite(g.token_priority[t]))
+      return bad(status_code::invalid_argument,
+                 "gating_output.token_priority[" + std::to_string(t) + "] is not finite");
   for (std::size_t a = 0; a < g.ids.size(); ++a) {
     if (g.ids[a] < 0 || g.ids[a] >= g.experts)
       return bad(status_code::invalid_argument,
@@ -191,12 +208,19 @@ inline priority_key make_key(const routing_config& cfg, std::int64_t t, std::int
 ///         padding tokens are masked: kept + rerouted + dropped + masked = T * k.
 /// @note Slots are granted per expert in priority order (ties: lower token index, then lower
 ///       choice rank). A rerouted assignment whose target already holds its token shares that
-///       token's slot, so no (token, expert) pair occupies two rows.
+///       token's slot, so no (token, expert) pair occupies two rows. With capacity groups
+///       (capacity.group_tokens) every group is routed on its own: its own C slots per expert,
+///       its own priority order and reroutes; an expert's slots stay dense over the batch
+///       (group q's follow those of groups < q).
 inline dispatch_output dispatch(const routing_config& cfg, const gating_output& g) {
   throw_if_error(validate_gating_output(cfg, g));
+  throw_if_error(validate_tokens(cfg, g.tokens));
   const std::int64_t T = g.tokens;
   const std::int32_t k = g.k, E = g.experts, ET = cfg.total_experts();
   const auto& d = cfg.dispatch;
+  const std::int64_t GT = std::max<std::int64_t>(cfg.capacity_group_tokens(T), 1);
+  const std::int64_t Q = cfg.capacity_groups(T);
+  const auto group_of = [&](std::int64_t a) { return a / k / GT; };
 
   dispatch_output out;
   out.tokens = T;
@@ -214,8 +238,8 @@ inline dispatch_output dispatch(const routing_config& cfg, const gating_output& 
   out.received.assign(ET, 0);
   out.load.assign(ET, 0);
 
-  // Requests per expert in priority order.
-  std::vector<std::vector<std::pair<detail::priority_key, std::int64_t>>> queue(E);
+  // Requests per (capacity group, expert) in priority order.
+  std::vector<std::vector<std::pair<detail::priority_key, std::int64_t>>> queue(Q * E);
   for (std::int64_t t = 0; t < T; ++t) {
     for (std::int32_t j = 0; j < k; ++j) {
       const std::int64_t a = t * k + j;
@@ -226,47 +250,58 @@ inline dispatch_output dispatch(const routing_config& cfg, const gating_output& 
       }
       const std::int32_t e = g.ids[a];
       ++out.requested[e];
-      queue[e].push_back({detail::make_key(cfg, t, j, e, g.gates[a]), a});
+      if (j == 1 && !g.second_skipped.empty() && g.second_skipped[t]) continue;  // lost the draw
+      queue[group_of(a) * E + e].push_back({detail::make_key(cfg, g, t, j), a});
     }
   }
-  const std::int64_t max_load =
-      E > 0 ? *std::max_element(out.requested.begin(), out.requested.end()) : 0;
+  std::int64_t max_load = 0;
+  for (const auto& q : queue) max_load = std::max<std::int64_t>(max_load, std::ssize(q));
   const std::int64_t C = expert_capacity(cfg, T, max_load);
   out.capacity = C;
-  const auto room = [&](std::int32_t e) {
-    if (e < E) return C < 0 || out.load[e] < C;
-    return out.fallback_capacity < 0 || out.load[e] < out.fallback_capacity;
-  };
   if (cfg.has_dedicated_fallback()) out.fallback_capacity = d.fallback.capacity;
+  const auto capacity_of = [&](std::int32_t e) { return e < E ? C : out.fallback_capacity; };
+  // holder[q * ET + e][s] = the assignment holding local slot s of expert e in group q
+  std::vector<std::vector<std::int64_t>> holder(Q * ET);
+  const auto room = [&](std::int64_t q, std::int32_t e) {
+    const std::int64_t cap = capacity_of(e);
+    return cap < 0 || std::ssize(holder[q * ET + e]) < cap;
+  };
+  // out.slot holds the local slot (within its group) until the numbering at the end
+  const auto take = [&](std::int64_t a, std::int32_t e) {
+    auto& h = holder[group_of(a) * ET + e];
+    out.expert[a] = e;
+    out.slot[a] = static_cast<std::int32_t>(h.size());
+    h.push_back(a);
+    ++out.load[e];
+  };
 
-  // Grant order per expert: the slot index is the position in that order (priority numbering).
-  std::vector<std::vector<std::int64_t>> holder(ET);  // assignments holding each slot
-  for (std::int32_t e = 0; e < E; ++e) {
-    std::stable_sort(queue[e].begin(), queue[e].end(),
-                     [](const auto& a, const auto& b) { return a.first < b.first; });
-    for (const auto& [key, a] : queue[e]) {
-      if (room(e)) {
+  for (std::int64_t q = 0; q < Q; ++q) {
+    for (std::int32_t e = 0; e < E; ++e) {
+      auto& qe = queue[q * E + e];
+      std::stable_sort(qe.begin(), qe.end(),
+                       [](const auto& x, const auto& y) { return x.first < y.first; });
+      for (const auto& [key, a] : qe) {
+        if (!room(q, e)) break;
         out.fates[a] = fate::kept;
-        out.expert[a] = e;
-        out.slot[a] = static_cast<std::int32_t>(out.load[e]++);
-        holder[e].push_back(a);
+        take(a, e);
         ++out.kept[e];
       }
     }
   }
 
-  // Dropped assignments in the global reroute order (same key as the priority).
-  std::vector<std::pair<detail::priority_key, std::int64_t>> pending;
+  // Dropped assignments in the reroute order: group by group, each in the priority key order.
+  std::vector<std::tuple<std::int64_t, detail::priority_key, std::int64_t>> pending;
   for (std::int64_t a = 0; a < T * k; ++a) {
     if (out.fates[a] != fate::dropped) continue;
     const std::int64_t t = a / k;
     const std::int32_t j = static_cast<std::int32_t>(a % k);
-    pending.push_back({detail::make_key(cfg, t, j, g.ids[a], g.gates[a]), a});
+    pending.emplace_back(group_of(a), detail::make_key(cfg, g, t, j), a);
   }
-  std::stable_sort(pending.begin(), pending.end(),
-                   [](const auto& a, const auto& b) { return a.first < b.first; });
+  std::stable_sort(pending.begin(), pending.end(), [](const auto& x, const auto& y) {
+    return std::tie(std::get<0>(x), std::get<1>(x)) < std::tie(std::get<0>(y), std::get<1>(y));
+  });
 
-  // Slot of token t at expert e, if it holds one.
+  // Local slot of token t at expert e, if it holds one.
   const auto held_slot = [&](std::int64_t t, std::int32_t e) -> std::int32_t {
     for (std::int32_t j = 0; j < k; ++j)
       if (out.expert[t * k + j] == e) return out.slot[t * k + j];
@@ -275,14 +310,13 @@ inline dispatch_output dispatch(const routing_config& cfg, const gating_output& 
   const auto grant_reroute = [&](std::int64_t a, std::int32_t target) {
     const std::int64_t t = a / k;
     const std::int32_t shared = held_slot(t, target);
-    if (shared < 0 && !room(target)) return false;
+    if (shared < 0 && !room(group_of(a), target)) return false;
     out.fates[a] = fate::rerouted;
-    out.expert[a] = target;
     if (shared >= 0) {
+      out.expert[a] = target;
       out.slot[a] = shared;
     } else {
-      out.slot[a] = static_cast<std::int32_t>(out.load[target]++);
-      holder[target].push_back(a);
+      take(a, target);
     }
     ++out.received[target];
     ++out.rerouted[g.ids[a]];
@@ -291,14 +325,14 @@ inline dispatch_output dispatch(const routing_config& cfg, const gating_output& 
 
   if (d.dropped == drop_policy::fallback) {
     const std::int32_t target = d.fallback.expert < 0 ? E : d.fallback.expert;
-    for (const auto& [key, a] : pending) grant_reroute(a, target);
+    for (const auto& [q, key, a] : pending) grant_reroute(a, target);
   } else if (d.dropped == drop_policy::next_choice) {
     // Round r: every still-dropped assignment tries its token's next untried candidate.
     const std::int32_t R = g.reroute_candidates;
     std::vector<std::int32_t> next(T, 0);
     for (std::int32_t round = 0; round < R; ++round) {
       bool any = false;
-      for (const auto& [key, a] : pending) {
+      for (const auto& [q, key, a] : pending) {
         if (out.fates[a] != fate::dropped) continue;
         const std::int64_t t = a / k;
         if (next[t] >= R) continue;
@@ -322,23 +356,33 @@ inline dispatch_output dispatch(const routing_config& cfg, const gating_output& 
     }
   }
 
-  // Slot numbering by token index: renumber each expert's rows by ascending token.
-  if (d.slots == slot_order::token_index) {
-    std::vector<std::vector<std::int32_t>> new_slot(ET);
+  // Slot numbering, dense per expert: local slot s of expert e in group q becomes base(q, e)
+  // + s', s' = s (priority order) or the holder's rank by token index (slot_order::
+  // token_index), base = the holders of e in the groups before q. So rows [0, load) of an
+  // expert are in use in every layout; a group's routing never depends on another group,
+  // only where its rows start does.
+  std::vector<std::vector<std::int32_t>> final_slot(Q * ET);
+  std::vector<std::int64_t> group_base(ET, 0);
+  for (std::int64_t q = 0; q < Q; ++q) {
     for (std::int32_t e = 0; e < ET; ++e) {
-      const std::vector<std::int64_t>& h = holder[e];  // h[old slot] = holding assignment
+      const std::vector<std::int64_t>& h = holder[q * ET + e];
       std::vector<std::size_t> idx(h.size());
       std::iota(idx.begin(), idx.end(), std::size_t{0});
       // assignment index order is token order (a = t * k + j, one slot per token here)
-      std::sort(idx.begin(), idx.end(), [&](std::size_t a, std::size_t b) { return h[a] < h[b]; });
-      new_slot[e].resize(h.size());
+      if (d.slots == slot_order::token_index)
+        std::sort(idx.begin(), idx.end(),
+                  [&](std::size_t x, std::size_t y) { return h[x] < h[y]; });
+      const std::int64_t base = group_base[e];
+      group_base[e] += std::ssize(h);
+      auto& fs = final_slot[q * ET + e];
+      fs.resize(h.size());
       for (std::size_t r = 0; r < idx.size(); ++r)
-        new_slot[e][idx[r]] = static_cast<std::int32_t>(r);
+        fs[idx[r]] = static_cast<std::int32_t>(base + static_cast<std::int64_t>(r));
     }
-    // every assignment maps old slot -> new slot (shared slots follow their holder)
-    for (std::int64_t a = 0; a < T * k; ++a)
-      if (out.expert[a] >= 0) out.slot[a] = new_slot[out.expert[a]][out.slot[a]];
   }
+  // every assignment maps its local slot (shared slots follow their holder)
+  for (std::int64_t a = 0; a < T * k; ++a)
+    if (out.expert[a] >= 0) out.slot[a] = final_slot[group_of(a) * ET + out.expert[a]][out.slot[a]];
 
   detail::apply_combine_weights(cfg, g.gates, out);
   return out;

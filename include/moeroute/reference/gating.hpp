@@ -32,7 +32,14 @@ struct gating_output {
   std::vector<float> gates;
   std::vector<std::int32_t> reroute_ids;  ///< [T, R] the experts ranked k+1 .. k+R
   std::vector<float> logsumexp;           ///< [T] logsumexp of the (sanitised) logits
-  std::vector<std::uint8_t> valid;        ///< [T] 1 = real token, 0 = padding
+  /// [T] with dispatch.prio = batch_prioritized (else empty): the token's top-1 score over
+  /// all experts on the clean logits — the largest softmax probability, or score(max logit)
+  /// for the per-expert score functions — before bias, noise, renormalisation and scaling.
+  std::vector<float> token_priority;
+  /// [T] with gating.second_expert.policy = random (else empty): 1 = the token's second
+  /// choice lost the draw (2 * p2 <= u) and is dropped before any capacity is counted.
+  std::vector<std::uint8_t> second_skipped;
+  std::vector<std::uint8_t> valid;  ///< [T] 1 = real token, 0 = padding
   std::int64_t valid_tokens = 0;
   std::int64_t nonfinite_logits = 0;  ///< NaN / Inf inputs seen (sanitised, see docs)
   // Aux-loss inputs over the valid tokens (sequence s covers tokens [s*L, (s+1)*L)).
@@ -170,6 +177,10 @@ gating_output gating(const routing_config& cfg, std::span<const In> logits, std:
   out.gates.assign(tokens * k, 0.0f);
   out.reroute_ids.assign(tokens * R, 0);
   out.logsumexp.assign(tokens, 0.0f);
+  const bool wants_priority = cfg.dispatch.prio == priority::batch_prioritized;
+  if (wants_priority) out.token_priority.assign(tokens, 0.0f);
+  const auto second = g.second_expert.policy;
+  if (second == second_expert_policy::random) out.second_skipped.assign(tokens, 0);
   out.valid.assign(tokens, 1);
   if (!valid.empty()) std::copy(valid.begin(), valid.end(), out.valid.begin());
   out.aux_score_sum.assign(E, 0.0);
@@ -227,9 +238,9 @@ gating_output gating(const routing_config& cfg, std::span<const In> logits, std:
     if (g.expert_bias)
       for (std::int32_t e = 0; e < E; ++e) sel[e] = detail::sanitize(sel[e] + bias[e]);
 
-    // 4. group limit: group score = sum of its top-(k / group_topk) selection values
+    // 4. group limit: group score = sum of its top-n selection values (group_score_take)
     if (G > 1) {
-      const std::int32_t per = k / g.group_limit.group_topk;
+      const std::int32_t per = group_score_take(cfg);
       std::vector<float> group_score(G);
       for (std::int32_t grp = 0; grp < G; ++grp) {
         std::vector<float> v(sel.begin() + grp * per_group, sel.begin() + (grp + 1) * per_group);
@@ -247,6 +258,21 @@ gating_output gating(const routing_config& cfg, std::span<const In> logits, std:
         std::fill(allowed.begin() + grp * per_group, allowed.begin() + (grp + 1) * per_group, 1);
     } else {
       allowed = all_allowed;
+    }
+
+    // 4b. NLLB "sampling": the first choice stays, the second is the best of the others by
+    //     x_e + Gumbel(t, e) (the first is pinned to FLT_MAX so the top-k keeps it first)
+    if (second == second_expert_policy::sampling) {
+      detail::top_n(sel, allowed, 1, order);
+      for (std::int32_t e = 0; e < E; ++e) {
+        if (e == order[0]) {
+          sel[e] = FLT_MAX;
+          continue;
+        }
+        const auto r = rng::draw(g.second_expert.seed, g.second_expert.offset,
+                                 rng::stream_second_expert, static_cast<std::uint64_t>(t) * E + e);
+        sel[e] = detail::sanitize(x[e] + rng::gumbel(r.v[0]));
+      }
     }
 
     // 5. top-k (+ R reroute candidates), best first, ties to the lower index
@@ -269,8 +295,25 @@ gating_output gating(const routing_config& cfg, std::span<const In> logits, std:
         for (std::int32_t j = 0; j < k; ++j) gt[j] = denom > 0.0f ? gt[j] / denom : 0.0f;
       }
     }
+    // NLLB "random": keep the second choice when 2 * p2 > u (p2 before renormalisation)
+    if (second == second_expert_policy::random) {
+      const float p2 = gate_scores[order[1]];
+      const auto r = rng::draw(g.second_expert.seed, g.second_expert.offset,
+                               rng::stream_second_expert, static_cast<std::uint64_t>(t));
+      out.second_skipped[t] = 2.0f * p2 > rng::uniform_open(r.v[0]) ? 0 : 1;
+    }
     if (g.renorm != renormalize::after_drop)
       for (std::int32_t j = 0; j < k; ++j) gt[j] *= g.scaling_factor;
+
+    // the token's batch priority: its top-1 clean score (the first P below for softmax)
+    if (wants_priority) {
+      if (g.score == score_function::softmax) {
+        detail::softmax_row(x.data(), E, aux_p.data());
+        out.token_priority[t] = *std::max_element(aux_p.begin(), aux_p.end());
+      } else {
+        out.token_priority[t] = detail::score_one(g.score, m);
+      }
+    }
 
     // 7. aux-loss inputs: P = softmax over all (clean) logits, or normalised per-expert scores
     if (!out.valid[t]) continue;

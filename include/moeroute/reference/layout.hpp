@@ -89,8 +89,9 @@ inline void fill_rows(const dispatch_output& dsp, layout_output& L) {
 }  // namespace detail
 
 /// @brief The padded or compact layout of a dispatch.
-///        padded: expert e owns rows [e*C, (e+1)*C) (a dedicated fallback expert gets a segment
-///        of its capacity, or of its load when unbounded); needs a bounded capacity.
+///        padded: expert e owns rows [e*C*Q, (e+1)*C*Q) for Q capacity groups (a dedicated
+///        fallback expert gets a segment of its capacity, or of its load when unbounded);
+///        needs a bounded capacity.
 ///        compact: packed segments, each rounded up to a multiple of block_size (the layout a
 ///        grouped GEMM over tiles of block_size rows wants).
 /// @param cfg        the config the dispatch ran with
@@ -125,8 +126,11 @@ inline layout_output layout(const routing_config& cfg, const dispatch_output& ds
     if (kind == layout_kind::compact) {
       seg = (dsp.load[e] + block_size - 1) / block_size * block_size;
     } else {
-      seg = e < dsp.experts ? dsp.capacity
-                            : (dsp.fallback_capacity < 0 ? dsp.load[e] : dsp.fallback_capacity);
+      // C per capacity group, for each group of the batch
+      const std::int64_t groups = cfg.capacity_groups(dsp.tokens);
+      seg = e < dsp.experts
+                ? dsp.capacity * groups
+                : (dsp.fallback_capacity < 0 ? dsp.load[e] : dsp.fallback_capacity * groups);
     }
     L.offsets[e + 1] = L.offsets[e] + seg;
   }

@@ -26,6 +26,9 @@ namespace moeroute::kernels {
 struct dispatch_state {
   std::int64_t tokens = 0, n = 0;  ///< T and n = T * k
   std::int32_t k = 0, experts = 0, total_experts = 0;
+  /// Capacity groups (capacity.group_tokens): `groups` of `group_tokens` tokens each; the grant
+  /// segments are (group, expert) pairs, segment q * experts + e. One group: the batch.
+  std::int64_t groups = 1, group_tokens = 0;
   std::int32_t reroute = 0;             ///< R
   const_gating_result gated{};          ///< d_ids, d_gates [T, k]; d_reroute_ids [T, R]
   const std::uint8_t* valid = nullptr;  ///< [T] or null
@@ -34,6 +37,12 @@ struct dispatch_state {
 };
 
 namespace dispatch_detail {
+
+/// A second choice that lost NLLB's "random" draw: dropped before any capacity is counted.
+__device__ inline bool second_skipped(const dispatch_state& s, std::int64_t a) {
+  return s.gated.d_second_skipped != nullptr && a % s.k == 1 &&
+         s.gated.d_second_skipped[a / s.k] != 0;
+}
 
 /// Ascending in the key <=> descending in f; -0 and +0 map to the same key (they compare equal).
 __device__ inline std::uint32_t descending_key(float f) {
@@ -87,7 +96,9 @@ __device__ inline std::int64_t granted_count(std::int64_t cap, std::int64_t load
 // ----- grant: priority keys, capacity, the first C of each expert -------------------------
 
 /// Priority key of every assignment and the grant sort input:
-/// key = (group << key_bits) | key32, group = chosen expert (E for padding tokens).
+/// key = (segment << key_bits) | [rank << 32 |] key32, segment = q * E + chosen expert for a
+/// token of capacity group q (groups * E for padding tokens); batch_prioritized puts the
+/// choice rank above the 32-bit key so every first choice sorts first.
 template <int Threads>
 __global__ void __launch_bounds__(Threads)
     dispatch_keys_kernel(const dispatch_state s, priority prio, std::uint64_t seed,
@@ -114,13 +125,21 @@ __global__ void __launch_bounds__(Threads)
         key = descending_key(rng::uniform_open(r.v[0]));
         break;
       }
+      case priority::batch_prioritized:
+        key = descending_key(s.gated.d_token_priority[t]);
+        break;
       case priority::token_major:
         break;  // the assignment index itself (stable sort order)
     }
-    const bool valid = s.valid == nullptr || s.valid[t] != 0;
-    const std::uint64_t group = static_cast<std::uint64_t>(valid ? e : s.experts);
+    // padding tokens and skipped second choices sort past every segment
+    const bool competes = (s.valid == nullptr || s.valid[t] != 0) && !second_skipped(s, a);
+    const std::int64_t q = s.groups > 1 ? t / s.group_tokens : 0;
+    const std::uint64_t group = static_cast<std::uint64_t>(
+        competes ? q * s.experts + e : s.groups * static_cast<std::int64_t>(s.experts));
+    const std::uint64_t rank =
+        prio == priority::batch_prioritized ? static_cast<std::uint64_t>(j) << 32 : 0u;
     s.scratch.d_key32[a] = key;
-    s.scratch.d_keys_a[a] = (group << key_bits) | key;
+    s.scratch.d_keys_a[a] = (group << key_bits) | rank | key;
     s.scratch.d_vals_a[a] = static_cast<std::int32_t>(a);
   }
 }
@@ -129,7 +148,7 @@ __global__ void __launch_bounds__(Threads)
 template <int Threads>
 __global__ void __launch_bounds__(Threads)
     segment_starts_kernel(const std::uint64_t* __restrict__ d_sorted_keys, std::int64_t n,
-                          int shift, std::int32_t groups, std::int32_t* __restrict__ d_seg) {
+                          int shift, std::int64_t groups, std::int32_t* __restrict__ d_seg) {
   using namespace dispatch_detail;
   for (std::int64_t g = global_id(); g <= groups; g += grid_stride())
     d_seg[g] = static_cast<std::int32_t>(
@@ -145,8 +164,9 @@ struct capacity_rule {
   std::int64_t fallback_capacity = 0;
 };
 
-/// One block: requested[e] from the segment starts, C (max_load needs the largest request),
-/// load after the grant = min(requested, C), and the capacity fields of the totals.
+/// One block: requested[e] from the segment starts (summed over the capacity groups), C
+/// (max_load needs the largest request of any (group, expert)), load after the grant =
+/// sum over groups of min(requested, C), and the capacity fields of the totals.
 template <int Threads>
 __global__ void __launch_bounds__(Threads)
     dispatch_capacity_kernel(const dispatch_state s, capacity_rule rule) {
@@ -154,11 +174,16 @@ __global__ void __launch_bounds__(Threads)
   __shared__ typename reduce::TempStorage tmp;
   __shared__ std::int64_t s_cap;
   const std::int32_t* seg = s.scratch.d_seg;
+  const std::int64_t E = s.experts;
   std::int64_t local_max = 0;
   for (std::int32_t e = threadIdx.x; e < s.experts; e += Threads) {
-    const std::int64_t req = seg[e + 1] - seg[e];
+    std::int64_t req = 0;
+    for (std::int64_t q = 0; q < s.groups; ++q) {
+      const std::int64_t r = seg[q * E + e + 1] - seg[q * E + e];
+      req += r;
+      local_max = local_max > r ? local_max : r;
+    }
     s.out.d_requested[e] = req;
-    local_max = local_max > req ? local_max : req;
   }
   const std::int64_t max_load =
       reduce(tmp).Reduce(local_max, [](std::int64_t x, std::int64_t y) { return x > y ? x : y; });
@@ -166,7 +191,8 @@ __global__ void __launch_bounds__(Threads)
     std::int64_t C = rule.value;
     if (rule.from_max_load) {  // expert_capacity(): max(max_load, min_capacity), clamp, >= 0
       C = max_load > rule.min_capacity ? max_load : rule.min_capacity;
-      if (rule.clamp_to_tokens && C > s.tokens) C = s.tokens;
+      const std::int64_t group_tokens = s.groups > 1 ? s.group_tokens : s.tokens;
+      if (rule.clamp_to_tokens && C > group_tokens) C = group_tokens;
       if (C < 0) C = 0;
     }
     s_cap = C;
@@ -176,16 +202,18 @@ __global__ void __launch_bounds__(Threads)
   __syncthreads();
   const std::int64_t C = s_cap;
   for (std::int32_t e = threadIdx.x; e < s.total_experts; e += Threads) {
-    if (e < s.experts) {
-      const std::int64_t req = seg[e + 1] - seg[e];
-      s.out.d_load[e] = (C < 0 || req < C) ? req : C;
-    } else {
-      s.out.d_load[e] = 0;  // dedicated fallback: filled by the reroute phase
+    std::int64_t load = 0;  // a dedicated fallback's is filled by the reroute phase
+    for (std::int64_t q = 0; e < s.experts && q < s.groups; ++q) {
+      if (s.groups > 1) s.scratch.d_group_base[q * E + e] = load;  // dense slots per expert
+      const std::int64_t req = seg[q * E + e + 1] - seg[q * E + e];
+      load += (C < 0 || req < C) ? req : C;
     }
+    s.out.d_load[e] = load;
   }
 }
 
-/// The first C requests of each expert (in priority order) are kept, slot = rank.
+/// The first C requests of each (group, expert) segment (in priority order) are kept; slot =
+/// the expert's slots in earlier groups + rank.
 template <int Threads>
 __global__ void __launch_bounds__(Threads)
     dispatch_grant_kernel(const dispatch_state s, const std::uint64_t* __restrict__ d_sorted_keys,
@@ -197,15 +225,19 @@ __global__ void __launch_bounds__(Threads)
     const std::int64_t group = static_cast<std::int64_t>(d_sorted_keys[i] >> key_bits);
     fate f = fate::masked;
     std::int32_t e = -1, slot = -1;
-    if (group < s.experts) {
+    if (group < s.groups * s.experts) {
       const std::int64_t rank = i - s.scratch.d_seg[group];
       if (C < 0 || rank < C) {
+        // capacity groups: an expert's slots stay dense, group q's after those of groups < q
+        const std::int64_t base = s.groups > 1 ? s.scratch.d_group_base[group] : 0;
         f = fate::kept;
-        e = static_cast<std::int32_t>(group);
-        slot = static_cast<std::int32_t>(rank);
+        e = static_cast<std::int32_t>(group % s.experts);
+        slot = static_cast<std::int32_t>(base + rank);
       } else {
         f = fate::dropped;
       }
+    } else if ((s.valid == nullptr || s.valid[a / s.k] != 0) && second_skipped(s, a)) {
+      f = fate::dropped;  // lost the draw: dropped without competing
     }
     s.out.d_fate[a] = f;
     s.out.d_expert[a] = e;
@@ -219,11 +251,13 @@ __global__ void __launch_bounds__(Threads)
 /// Sort input for the global reroute order: dropped assignments first, by priority key.
 template <int Threads>
 __global__ void __launch_bounds__(Threads)
-    pending_keys_kernel(const dispatch_state s, int key_bits) {
+    pending_keys_kernel(const dispatch_state s, int key_bits, bool ranked) {
   using namespace dispatch_detail;
   for (std::int64_t a = global_id(); a < s.n; a += grid_stride()) {
     const std::uint64_t not_dropped = s.out.d_fate[a] == fate::dropped ? 0u : 1u;
-    s.scratch.d_keys_a[a] = (not_dropped << key_bits) | s.scratch.d_key32[a];
+    // batch_prioritized: the choice rank above the 32-bit key, as in the grant sort
+    const std::uint64_t rank = ranked ? static_cast<std::uint64_t>(a % s.k) << 32 : 0u;
+    s.scratch.d_keys_a[a] = (not_dropped << key_bits) | rank | s.scratch.d_key32[a];
     s.scratch.d_vals_a[a] = static_cast<std::int32_t>(a);
   }
 }
@@ -420,7 +454,8 @@ __global__ void __launch_bounds__(Threads) next_choice_load_kernel(const dispatc
 
 // ----- slot numbering, shares, weights, counts ---------------------------------------------
 
-/// Sort input for token-index numbering: holders keyed by their expert (others last).
+/// Sort input for token-index numbering: holders keyed by their expert (others last). Capacity
+/// groups are runs of tokens, so the rank by token index is dense across them too.
 template <int Threads>
 __global__ void __launch_bounds__(Threads) holder_keys_kernel(const dispatch_state s) {
   using namespace dispatch_detail;
@@ -511,6 +546,7 @@ __global__ void __launch_bounds__(Threads) dispatch_stats_kernel(const dispatch_
       } else if (f == fate::dropped) {
         drop = 1;
         add_count(&o.d_dropped[e], 1);
+        if (second_skipped(s, a)) add_count(&o.d_requested[e], 1);  // not in any segment
       } else {
         mask = 1;
       }

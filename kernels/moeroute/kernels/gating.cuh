@@ -74,11 +74,16 @@ __global__ void __launch_bounds__(Warps * 32) gating_kernel(const gating_kernel_
     const float lse = agent.logsumexp();
     agent.noise_and_scores(t);
     if (a.sem.groups > 1) agent.group_limit();
+    if (a.sem.second_sampling) agent.sample_second(t);
     agent.select_and_gate(t, active);
     if (active) agent.write(t, lse);
 
     const bool counts_here = active && (a.valid == nullptr || a.valid[t] != 0);
     agent.aux_scores();
+    if (a.sem.token_priority) {
+      const float pr = agent.priority();
+      if (active && agent.lane == 0) a.out.d_token_priority[t] = pr;
+    }
     if (counts_here) {
       agent.for_slots([&](int s) {
         const int e = agent.expert(s);

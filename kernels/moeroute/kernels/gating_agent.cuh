@@ -214,6 +214,29 @@ struct gating_agent {
         });
   }
 
+  // --- 4b. NLLB second-expert sampling -------------------------------------------------------
+
+  /// The first choice stays (pinned to FLT_MAX), every other eligible expert competes with
+  /// x_e + Gumbel(t, e) for the second place (reference::gating, step 4b).
+  __device__ __forceinline__ void sample_second(std::int64_t t) {
+    int first = -1;
+    warp::topk<row_layout, Lanes, Slots, Generic>(
+        sel, ns, 1, [&](int s) { return allowed.test(s); },
+        [&](int, float, int best) { first = best; });
+    for_slots([&](int s) {
+      const int e = expert(s);
+      if (e >= E) return;
+      if (e == first) {
+        sel[s] = FLT_MAX;
+        return;
+      }
+      const auto r = rng::draw(sem.second_seed, sem.second_offset, rng::stream_second_expert,
+                               static_cast<std::uint64_t>(t) * static_cast<std::uint64_t>(E) +
+                                   static_cast<std::uint64_t>(e));
+      sel[s] = gating_math::sanitize(__fadd_rn(x[s], rng::gumbel(r.v[0])));
+    });
+  }
+
   // --- 5 and 6. top-(k + R) and the gates ------------------------------------------------------
 
   /// Ranks k + R experts; rank j < k goes to (ri, rv) of lane j % Lanes (the expert and its gate
@@ -221,6 +244,7 @@ struct gating_agent {
   __device__ __forceinline__ void select_and_gate(std::int64_t t, bool active) {
     float gate_sum = 0.0f;  // in rank order, as the reference
     float chosen_max = -FLT_MAX;
+    float second_score = 0.0f;  // p2 of NLLB's "random" policy: the rank-1 gate source
     warp::topk<row_layout, Lanes, Slots, Generic>(
         sel, ns, sem.k + sem.reroute, [&](int s) { return allowed.test(s); },
         [&](int j, float, int best) {
@@ -233,10 +257,16 @@ struct gating_agent {
             }
             gate_sum = __fadd_rn(gate_sum, gv);
             chosen_max = fmaxf(chosen_max, gv);
+            if (j == 1) second_score = gv;
           } else if (active && lane == 0) {
             a.out.d_reroute_ids[t * sem.reroute + (j - sem.k)] = best;
           }
         });
+    if (sem.second_random && active && lane == 0) {
+      const auto r = rng::draw(sem.second_seed, sem.second_offset, rng::stream_second_expert,
+                               static_cast<std::uint64_t>(t));
+      a.out.d_second_skipped[t] = __fmul_rn(2.0f, second_score) > rng::uniform_open(r.v[0]) ? 0 : 1;
+    }
     if (sem.softmax_after) {
       for_slots([&](int s) {
         if (s * Lanes + lane < sem.k) rv[s] = gating_math::exp_f(__fsub_rn(rv[s], chosen_max));
@@ -286,6 +316,22 @@ struct gating_agent {
     });
     const float denom = __fadd_rn(warp::group_sum<Lanes>(ssum), 1e-20f);
     for_slots([&](int s) { sel[s] = __fdiv_rn(sel[s], denom); });
+  }
+
+  /// The token's batch priority (reference::gating_output::token_priority): the largest P for
+  /// softmax (call after aux_scores), score(max logit) for the per-expert score functions.
+  __device__ __forceinline__ float priority() const {
+    float v = -FLT_MAX;
+    if (sem.score == score_function::softmax) {
+      for_slots([&](int s) {
+        if (expert(s) < E) v = fmaxf(v, sel[s]);
+      });
+      v = warp::group_max<Lanes>(v);
+    } else {
+      for_slots([&](int s) { v = fmaxf(v, x[s]); });  // out-of-range slots hold -FLT_MAX
+      v = gating_math::score_one(sem.score, warp::group_max<Lanes>(v));
+    }
+    return v;
   }
 
   /// count(e) for each expert the token counts for in the aux loss: its routed top-1 or top-k,

@@ -22,8 +22,12 @@ struct gating_semantics {
   bool noise = false, gaussian = true, noisy_gates = false;
   float noise_scale = 0.0f;
   std::uint64_t noise_seed = 0, noise_offset = 0;
-  std::int32_t counted = 1;   ///< assignments counted per token in the aux loss (1 or k)
-  bool fresh_counts = false;  ///< counts from a fresh top-k on P (Megatron)
+  std::int32_t counted = 1;      ///< assignments counted per token in the aux loss (1 or k)
+  bool fresh_counts = false;     ///< counts from a fresh top-k on P (Megatron)
+  bool token_priority = false;   ///< write the top-1 clean score (batch_prioritized)
+  bool second_sampling = false;  ///< second choice by Gumbel noise on the logits (NLLB)
+  bool second_random = false;    ///< keep the second choice when 2 * p2 > u (NLLB)
+  std::uint64_t second_seed = 0, second_offset = 0;
 };
 
 /// @brief The semantics of `cfg` (which must pass validate()).
@@ -43,7 +47,7 @@ inline gating_semantics make_gating_semantics(const routing_config& cfg) {
   s.groups = g.group_limit.groups > 1 ? g.group_limit.groups : 1;
   s.group_topk = s.groups > 1 ? g.group_limit.group_topk : 1;
   s.per_group = cfg.num_experts / s.groups;
-  s.group_take = s.groups > 1 ? cfg.top_k / g.group_limit.group_topk : 0;
+  s.group_take = group_score_take(cfg);
   s.noise = cfg.noise_active();
   s.gaussian = g.noise.kind == noise_kind::gaussian;
   s.noisy_gates = s.noise && g.noise.target == noise_target::selection_and_gates;
@@ -52,6 +56,11 @@ inline gating_semantics make_gating_semantics(const routing_config& cfg) {
   s.noise_offset = g.noise.offset;
   s.counted = cfg.loss.counts == aux_counts::top1 ? 1 : cfg.top_k;
   s.fresh_counts = cfg.loss.count_source == aux_count_source::fresh_topk;
+  s.token_priority = cfg.dispatch.prio == priority::batch_prioritized;
+  s.second_sampling = g.second_expert.policy == second_expert_policy::sampling;
+  s.second_random = g.second_expert.policy == second_expert_policy::random;
+  s.second_seed = g.second_expert.seed;
+  s.second_offset = g.second_expert.offset;
   return s;
 }
 

@@ -11,14 +11,15 @@
 
 namespace moeroute::kernels {
 
-/// One block. Padded: offsets[e] = e * C for routed experts, then the dedicated fallback
-/// segment (its capacity, or its load when unbounded). Compact: exclusive scan of each load
-/// rounded up to block_size. Writes offsets [ET + 1], rows_used [ET] and *num_rows.
+/// One block. Padded: offsets[e] = e * C * Q for routed experts (C per capacity group, Q
+/// groups), then the dedicated fallback segment (its capacity, or its load when unbounded).
+/// Compact: exclusive scan of each load rounded up to block_size. Writes offsets [ET + 1],
+/// rows_used [ET] and *num_rows.
 template <int Threads>
 __global__ void __launch_bounds__(Threads)
     layout_offsets_kernel(bool compact, std::int64_t block_size, std::int32_t experts,
-                          std::int32_t total_experts, const const_dispatch_result in,
-                          const layout_result out) {
+                          std::int32_t total_experts, std::int64_t capacity_groups,
+                          const const_dispatch_result in, const layout_result out) {
   using scan = cub::BlockScan<std::int64_t, Threads>;
   __shared__ typename scan::TempStorage tmp;
   __shared__ std::int64_t s_carry;
@@ -35,7 +36,7 @@ __global__ void __launch_bounds__(Threads)
       if (compact) {
         seg = (load + block_size - 1) / block_size * block_size;
       } else {
-        seg = e < experts ? C : (fb < 0 ? load : fb);
+        seg = e < experts ? C * capacity_groups : (fb < 0 ? load : fb * capacity_groups);
       }
     }
     std::int64_t offset = 0, total = 0;
