@@ -267,6 +267,73 @@ inline std::string config_diff(const routing_config& p, const routing_config& s)
   return d;
 }
 
+// ---------------------------------------------------------------------------------------------
+// HuggingFace transformers cases (tests/data/golden-hf, format in its README): the family's
+// preset with the knobs its semantics block states.
+
+/// The preset for an HF case of `family` on a batch of T tokens and E experts. Loss
+/// coefficients are 1: the cases hold the loss functions' values before any coefficient.
+inline routing_config hf_preset_for(const json& cs, std::int64_t tokens, std::int32_t experts) {
+  const std::string family = cs.at("family").get<std::string>();
+  const json& sem = cs.at("semantics");
+  const std::int32_t k = sem.at("k").get<std::int32_t>();
+  const auto norm = [&] { return sem.value("norm_topk_prob", false); };
+  routing_config c;
+  if (family == "mixtral") {
+    c = presets::mixtral(experts, k);
+  } else if (family == "qwen2_moe") {
+    c = presets::qwen2_moe(experts, k, norm());
+  } else if (family == "qwen3_moe") {
+    c = presets::qwen_moe(experts, k, norm());
+  } else if (family == "olmoe") {
+    if (norm()) throw std::runtime_error("olmoe with norm_topk_prob: not an OLMoE routing");
+    c = presets::olmoe(experts, k);
+  } else if (family == "deepseek_v3") {
+    c = presets::deepseek_v3(experts, k, sem.at("n_group").get<std::int32_t>(),
+                             sem.at("topk_group").get<std::int32_t>());
+    if (sem.at("group_score_topn").get<std::int32_t>() != c.gating.group_limit.top_n)
+      throw std::runtime_error("deepseek_v3: group_score_topn differs from the preset's");
+    if (!norm()) c.gating.renorm = renormalize::none;
+    c.gating.scaling_factor = sem.at("routed_scaling_factor").get<float>();
+  } else if (family == "switch") {
+    const auto rows = sem.at("groups").get<std::int64_t>();
+    const auto row_tokens = sem.at("group_size").get<std::int64_t>();
+    if (rows * row_tokens != tokens) throw std::runtime_error("switch: groups * group_size != T");
+    c = presets::switch_transformers(experts, sem.at("expert_capacity").get<std::int64_t>(),
+                                     row_tokens);
+  } else if (family == "nllb_moe") {
+    if (sem.at("second_expert_policy").get<std::string>() != "all")
+      throw std::runtime_error("nllb_moe: only second_expert_policy \"all\" is deterministic");
+    presets::nllb_moe_options o;
+    o.expert_capacity =
+        null_or_missing(sem, "expert_capacity") ? -1 : sem["expert_capacity"].get<std::int64_t>();
+    o.batch_prioritized_routing = sem.at("batch_prioritized_routing").get<bool>();
+    o.normalize_router_prob_before_dropping =
+        sem.at("normalize_router_prob_before_dropping").get<bool>();
+    o.training = sem.at("training").get<bool>();
+    o.eval_capacity_token_fraction = sem.at("moe_eval_capacity_token_fraction").get<double>();
+    c = presets::nllb_moe(experts, o);
+  } else {
+    throw std::runtime_error("unknown HF family: " + family);
+  }
+  if (c.top_k != k)
+    throw std::runtime_error(family + ": the preset is not top-" + std::to_string(k));
+  c.loss.aux_coefficient = 1.0f;
+  c.loss.z_coefficient = 1.0f;
+  return c;
+}
+
+/// The valid mask [T] of an HF case: attention_mask (1 = real) or NLLB's padding_mask
+/// (1 = padding); empty when the case has neither.
+inline std::vector<std::uint8_t> hf_valid_mask(const json& cs) {
+  std::vector<std::uint8_t> v;
+  if (cs.contains("attention_mask"))
+    for (const auto& x : cs["attention_mask"]) v.push_back(x.get<int>() != 0 ? 1 : 0);
+  else if (cs.contains("padding_mask"))
+    for (const auto& x : cs["padding_mask"]) v.push_back(x.get<int>() != 0 ? 0 : 1);
+  return v;
+}
+
 /// One golden case, ready to route: its logits, bias and preset.
 struct golden_case {
   std::string file, name;
