@@ -41,16 +41,21 @@ struct dispatch_scratch {
   std::int32_t* d_per_token = nullptr;  ///< [T] first pending assignment / next candidate
   std::int32_t* d_seg = nullptr;        ///< [segments + 2] segment starts in a sorted array
   std::int64_t* d_num_pending = nullptr;  ///< [1] dropped assignments after the first grant
-  std::int64_t* d_group_base = nullptr;   ///< [segments] an expert's slots in earlier groups
+  std::int64_t* d_vload = nullptr;        ///< [groups * total_experts] load per (group, expert)
+  std::int64_t* d_group_base = nullptr;   ///< [groups * total_experts] slots in earlier groups
+  std::int32_t* d_group_first = nullptr;  ///< [groups] first / last position of a group's
+  std::int32_t* d_group_last = nullptr;   ///< [groups]   dropped assignments in reroute order
   void* d_cub = nullptr;                  ///< CUB temporary storage
   std::size_t cub_bytes = 0;
 };
 
-/// @brief Carves (base = the caller's buffer) or sizes (a sizing carver) the dispatch scratch.
-///        `segments` = capacity groups * total experts: the (group, expert) pairs a sort splits.
+/// @brief Carves (base = the caller's buffer) or sizes (a sizing carver) the dispatch scratch
+///        for `groups` capacity groups of `total_experts` experts.
 [[nodiscard]] inline dispatch_scratch carve_dispatch_scratch(workspace_carver& w,
                                                              std::int64_t tokens, std::int32_t k,
-                                                             std::int64_t segments) noexcept {
+                                                             std::int32_t total_experts,
+                                                             std::int64_t groups) noexcept {
+  const std::int64_t segments = groups * total_experts;
   const auto n = static_cast<std::size_t>(tokens * k);
   dispatch_scratch p;
   p.d_key32 = w.take<std::uint32_t>(n);
@@ -65,7 +70,10 @@ struct dispatch_scratch {
   p.d_per_token = w.take<std::int32_t>(static_cast<std::size_t>(tokens));
   p.d_seg = w.take<std::int32_t>(static_cast<std::size_t>(segments) + 2);
   p.d_num_pending = w.take<std::int64_t>(1);
+  p.d_vload = w.take<std::int64_t>(static_cast<std::size_t>(segments));
   p.d_group_base = w.take<std::int64_t>(static_cast<std::size_t>(segments));
+  p.d_group_first = w.take<std::int32_t>(static_cast<std::size_t>(groups));
+  p.d_group_last = w.take<std::int32_t>(static_cast<std::size_t>(groups));
   p.cub_bytes = cub_temp_bound(n);
   p.d_cub = w.take<std::byte>(p.cub_bytes);
   return p;

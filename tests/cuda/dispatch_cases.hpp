@@ -66,8 +66,8 @@ struct case_spec {
   cap_case cap = cap_case::factor;
   bool masked = false;     ///< pass a padding mask
   bool after_drop = true;  ///< renormalise after drop (else before)
-  /// capacity groups (capacity.group_tokens = T / groups) where T divides, the capacity is
-  /// bounded and the drop policy does not reroute (cuda::dispatch's limit)
+  /// capacity groups (capacity.group_tokens = T / groups) where T divides and the capacity is
+  /// bounded
   std::int64_t groups = 1;
   /// NLLB's random second-expert policy, where k = 2 and the drop policy does not reroute
   bool second_random = false;
@@ -93,7 +93,7 @@ inline case_spec spec_for(int i) {
   s.cap = static_cast<cap_case>((i / 2) % static_cast<int>(cap_case::count));
   s.masked = (i % 7) == 3;
   s.after_drop = (i % 5) != 4;
-  s.groups = (i % 3) == 1 ? 3 : 1;
+  s.groups = (i % 3) == 1 ? 4 : 1;
   s.second_random = (i % 4) == 2;
   return s;
 }
@@ -163,8 +163,7 @@ inline routing_config make_config(std::int32_t E, std::int32_t k, const case_spe
   }
   const bool reroutes =
       c.dispatch.dropped == drop_policy::fallback || c.dispatch.dropped == drop_policy::next_choice;
-  if (s.groups > 1 && T > 0 && T % s.groups == 0 && !reroutes &&
-      c.capacity.mode != capacity_mode::unbounded)
+  if (s.groups > 1 && T > 0 && T % s.groups == 0 && c.capacity.mode != capacity_mode::unbounded)
     c.capacity.group_tokens = T / s.groups;
   if (s.second_random && k == 2 && !reroutes)
     c.gating.second_expert = {second_expert_policy::random, 31, 4};

@@ -31,7 +31,7 @@ TEST_CASE("dispatch: every priority x drop policy x slot order x capacity mode",
   const shape shapes[] = {{7, 6, 2}, {300, 60, 4}, {300, 8, 8}, {1000, 64, 1}};
   std::uint64_t seed = 1;
   for (const auto& sh : shapes)
-    for (int prio = 0; prio < 4; ++prio)
+    for (int prio = 0; prio < 5; ++prio)
       for (int drop = 0; drop < static_cast<int>(drop_case::count); ++drop)
         for (int slots = 0; slots < 2; ++slots)
           for (int cap = 0; cap < static_cast<int>(cap_case::count); ++cap) {
@@ -42,6 +42,8 @@ TEST_CASE("dispatch: every priority x drop policy x slot order x capacity mode",
             s.cap = static_cast<cap_case>(cap);
             s.masked = (prio + cap) % 3 == 0;
             s.after_drop = (drop + slots) % 2 == 0;
+            s.groups = (drop + cap) % 2 == 0 ? 3 : 1;  // capacity groups where 3 divides T
+            s.second_random = (prio + drop) % 3 == 0;  // where k = 2
             check_dispatch_case(sh.T, sh.E, sh.k, s, seed++);
           }
 }
@@ -49,7 +51,7 @@ TEST_CASE("dispatch: every priority x drop policy x slot order x capacity mode",
 TEST_CASE("dispatch: policies on small shapes", "[cuda][dispatch][quick]") {
   // The reduced set compute-sanitizer runs: every priority and drop policy, both slot orders.
   std::uint64_t seed = 100;
-  for (int prio = 0; prio < 4; ++prio)
+  for (int prio = 0; prio < 5; ++prio)
     for (int drop = 0; drop < static_cast<int>(drop_case::count); ++drop)
       for (int slots = 0; slots < 2; ++slots) {
         case_spec s;
@@ -60,6 +62,8 @@ TEST_CASE("dispatch: policies on small shapes", "[cuda][dispatch][quick]") {
         s.masked = drop % 2 == 1;
         check_dispatch_case(7, 6, 2, s, seed++);
         if (slots == 0) check_dispatch_case(96, 60, 4, s, seed++);
+        s.groups = 4;  // four capacity groups of 24 tokens, every policy rerouting per group
+        check_dispatch_case(96, 60, 4, s, seed++);
       }
 }
 

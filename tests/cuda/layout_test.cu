@@ -49,11 +49,12 @@ TEST_CASE("layout: padded and compact over policies", "[cuda][layout][quick]") {
   for (int drop = 0; drop < static_cast<int>(drop_case::count); ++drop)
     for (int cap = 0; cap < static_cast<int>(cap_case::count); ++cap) {
       case_spec s;
-      s.prio = static_cast<priority>((drop + cap) % 4);
+      s.prio = static_cast<priority>((drop + cap) % 5);
       s.drop = static_cast<drop_case>(drop);
       s.cap = static_cast<cap_case>(cap);
       s.slots = static_cast<slot_order>(cap % 2);
       s.masked = drop == 1;
+      s.groups = cap % 2 == 0 ? 4 : 1;  // capacity groups where 4 divides T: padded C * 4 rows
       check_layouts(7, 6, 2, s, seed++);
       if (cap == 0 || cap == 2) check_layouts(200, 60, 4, s, seed++);
     }

@@ -20,7 +20,6 @@
 #include <moeroute/cuda/validate_params.hpp>
 #include <moeroute/dispatch_plan.hpp>
 #include <moeroute/kernels/dispatch.cuh>
-#include <moeroute/names.hpp>
 #include <moeroute/types.hpp>
 
 namespace moeroute::cuda {
@@ -56,11 +55,20 @@ namespace detail {
   }
 }
 
-/// Bits of the grant sort: the key and the segment index (groups * E stands for padding).
+/// Bits of the capacity group index in the reroute-order sort (0 without groups).
+[[nodiscard]] inline int dispatch_group_bits(const routing_config& cfg, std::int64_t tokens) {
+  const std::int64_t groups = cfg.capacity_groups(tokens);
+  return groups > 1 ? bits_for_value(static_cast<std::uint64_t>(groups - 1)) : 0;
+}
+
+/// Bits of the widest sort: the grant sort (key and segment index, groups * E standing for
+/// padding) or the reroute-order sort (dropped flag, group, key).
 [[nodiscard]] inline int dispatch_sort_bits(const routing_config& cfg, std::int64_t tokens) {
-  return dispatch_key_bits(cfg, tokens) +
-         bits_for_value(static_cast<std::uint64_t>(cfg.capacity_groups(tokens)) *
-                        static_cast<std::uint64_t>(cfg.num_experts));
+  const int key = dispatch_key_bits(cfg, tokens);
+  const int grant = key + bits_for_value(static_cast<std::uint64_t>(cfg.capacity_groups(tokens)) *
+                                         static_cast<std::uint64_t>(cfg.num_experts));
+  const int pending = key + dispatch_group_bits(cfg, tokens) + 1;
+  return grant > pending ? grant : pending;
 }
 
 }  // namespace detail
@@ -74,13 +82,6 @@ namespace detail {
                         "tokens * top_k = " + std::to_string(n) +
                             ": cuda::dispatch handles at most 2^31 - 2 assignments");
   if (p.tokens == 0) return status::success();
-  if (cfg.capacity_groups(p.tokens) > 1 && (cfg.dispatch.dropped == drop_policy::fallback ||
-                                            cfg.dispatch.dropped == drop_policy::next_choice))
-    return status::make(status_code::unsupported,
-                        "capacity.group_tokens with dispatch.dropped = " +
-                            std::string(to_string(cfg.dispatch.dropped)) +
-                            ": cuda::dispatch reroutes over the whole batch only (the CPU "
-                            "reference reroutes per group)");
   if (detail::dispatch_sort_bits(cfg, p.tokens) > 64)
     return status::make(status_code::unsupported,
                         "capacity groups * num_experts and the priority key need more than 64 "
@@ -143,6 +144,7 @@ class dispatch_run {
     s_.out = p.out;
     s_.scratch = w;
     key_bits_ = dispatch_key_bits(cfg, p.tokens);
+    group_bits_ = dispatch_group_bits(cfg, p.tokens);
   }
 
   /// Zeroes the accumulated counters, then: keys, the grant sort, capacity, the first C.
@@ -185,12 +187,19 @@ class dispatch_run {
   /// The dropped assignments in the global reroute order (pending, pos, num_pending).
   [[nodiscard]] status pending_order() {
     if (auto s = run("pending_keys_kernel", kernels::pending_keys_kernel<threads>, s_.n, key_bits_,
-                     cfg_.dispatch.prio == priority::batch_prioritized);
+                     group_bits_, cfg_.dispatch.prio == priority::batch_prioritized);
         !s)
       return s;
-    if (auto s = sort(key_bits_ + 1); !s) return s;
-    return run("pending_scatter_kernel", kernels::pending_scatter_kernel<threads>, s_.n,
-               sorted_keys_, sorted_vals_, key_bits_);
+    if (auto s = sort(key_bits_ + group_bits_ + 1); !s) return s;
+    if (auto s = run("pending_scatter_kernel", kernels::pending_scatter_kernel<threads>, s_.n,
+                     sorted_keys_, sorted_vals_, key_bits_ + group_bits_);
+        !s)
+      return s;
+    const auto group_bytes = static_cast<std::size_t>(s_.groups) * sizeof(std::int32_t);
+    for (std::int32_t* p : {s_.scratch.d_group_first, s_.scratch.d_group_last})
+      if (auto s = from_cuda(cudaMemsetAsync(p, 0xff, group_bytes, stream_), "cudaMemsetAsync"); !s)
+        return s;
+    return run("pending_groups_kernel", kernels::pending_groups_kernel<threads>, s_.n);
   }
 
   /// drop_policy::fallback: every dropped assignment tries the fallback expert, in order.
@@ -216,8 +225,8 @@ class dispatch_run {
                      dedicated);
         !s)
       return s;
-    return launch("fallback_load_kernel", kernels::fallback_load_kernel<32>, {1, 32, 0}, stream_,
-                  s_, target, dedicated);
+    return run("fallback_load_kernel", kernels::fallback_load_kernel<threads>, s_.groups, target,
+               dedicated);
   }
 
   /// drop_policy::next_choice: R rounds, each dropped assignment trying its token's next
@@ -238,18 +247,28 @@ class dispatch_run {
                        s_.tokens);
           !s)
         return s;
-      if (auto s = sort(bits_for_value(static_cast<std::uint64_t>(s_.experts))); !s) return s;
-      if (auto s = segment_starts(0, s_.experts); !s) return s;
+      // segments: (capacity group, target) pairs; groups * ET = no attempt
+      const std::int64_t segments = s_.groups * s_.total_experts;
+      if (auto s = sort(bits_for_value(static_cast<std::uint64_t>(segments))); !s) return s;
+      if (auto s = segment_starts(0, segments); !s) return s;
       if (auto s = run("next_choice_grant_kernel", kernels::next_choice_grant_kernel<threads>, s_.n,
                        sorted_keys_, sorted_vals_);
           !s)
         return s;
       if (auto s =
-              run("next_choice_load_kernel", kernels::next_choice_load_kernel<threads>, s_.experts);
+              run("next_choice_load_kernel", kernels::next_choice_load_kernel<threads>, segments);
           !s)
         return s;
     }
     return status::success();
+  }
+
+  /// Capacity groups with slot_order::priority: local slots become dense over the batch.
+  [[nodiscard]] status rebase() {
+    if (auto s = run("group_base_kernel", kernels::group_base_kernel<threads>, s_.total_experts);
+        !s)
+      return s;
+    return run("rebase_kernel", kernels::rebase_kernel<threads>, s_.n);
   }
 
   /// slot_order::token_index: each expert's holders ranked by assignment (= token) index.
@@ -333,6 +352,7 @@ class dispatch_run {
   cudaStream_t stream_;
   kernels::dispatch_state s_{};
   int key_bits_ = 32;
+  int group_bits_ = 0;
   const std::uint64_t* sorted_keys_ = nullptr;
   const std::int32_t* sorted_vals_ = nullptr;
 };
@@ -367,7 +387,7 @@ class dispatch_run {
     return s;
   workspace_carver carver(d_workspace, workspace_bytes);
   const dispatch_scratch w = carve_dispatch_scratch(
-      carver, p.tokens, cfg.top_k, cfg.capacity_groups(p.tokens) * cfg.total_experts());
+      carver, p.tokens, cfg.top_k, cfg.total_experts(), cfg.capacity_groups(p.tokens));
   detail::dispatch_run run(cfg, p, w, stream);
 
   if (auto s = run.grant(); !s) return s;
@@ -380,8 +400,11 @@ class dispatch_run {
     if (auto s = run.fallback(); !s) return s;
   if (next_choice)
     if (auto s = run.next_choice(); !s) return s;
-  if (cfg.dispatch.slots == slot_order::token_index)
+  if (cfg.dispatch.slots == slot_order::token_index) {
     if (auto s = run.renumber(); !s) return s;
+  } else if (cfg.capacity_groups(p.tokens) > 1) {
+    if (auto s = run.rebase(); !s) return s;
+  }
   return run.finalize();
 }
 

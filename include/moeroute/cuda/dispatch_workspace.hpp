@@ -21,8 +21,8 @@ namespace moeroute::cuda {
                                                           std::int64_t tokens) {
   if (tokens <= 0) return 0;
   workspace_carver w;
-  (void)carve_dispatch_scratch(w, tokens, cfg.top_k,
-                               cfg.capacity_groups(tokens) * cfg.total_experts());
+  (void)carve_dispatch_scratch(w, tokens, cfg.top_k, cfg.total_experts(),
+                               cfg.capacity_groups(tokens));
   return w.bytes();
 }
 

@@ -38,6 +38,11 @@ struct dispatch_state {
 
 namespace dispatch_detail {
 
+/// Capacity group of assignment a (0 without groups).
+__device__ inline std::int64_t group_of(const dispatch_state& s, std::int64_t a) {
+  return s.groups > 1 ? a / s.k / s.group_tokens : 0;
+}
+
 /// A second choice that lost NLLB's "random" draw: dropped before any capacity is counted.
 __device__ inline bool second_skipped(const dispatch_state& s, std::int64_t a) {
   return s.gated.d_second_skipped != nullptr && a % s.k == 1 &&
@@ -201,19 +206,24 @@ __global__ void __launch_bounds__(Threads)
   }
   __syncthreads();
   const std::int64_t C = s_cap;
+  const std::int64_t ET = s.total_experts;
   for (std::int32_t e = threadIdx.x; e < s.total_experts; e += Threads) {
     std::int64_t load = 0;  // a dedicated fallback's is filled by the reroute phase
-    for (std::int64_t q = 0; e < s.experts && q < s.groups; ++q) {
-      if (s.groups > 1) s.scratch.d_group_base[q * E + e] = load;  // dense slots per expert
-      const std::int64_t req = seg[q * E + e + 1] - seg[q * E + e];
-      load += (C < 0 || req < C) ? req : C;
+    for (std::int64_t q = 0; q < s.groups; ++q) {
+      std::int64_t granted = 0;
+      if (e < s.experts) {
+        const std::int64_t req = seg[q * E + e + 1] - seg[q * E + e];
+        granted = (C < 0 || req < C) ? req : C;
+      }
+      s.scratch.d_vload[q * ET + e] = granted;
+      load += granted;
     }
     s.out.d_load[e] = load;
   }
 }
 
 /// The first C requests of each (group, expert) segment (in priority order) are kept; slot =
-/// the expert's slots in earlier groups + rank.
+/// rank in the segment (local to the group until rebase_kernel).
 template <int Threads>
 __global__ void __launch_bounds__(Threads)
     dispatch_grant_kernel(const dispatch_state s, const std::uint64_t* __restrict__ d_sorted_keys,
@@ -228,11 +238,9 @@ __global__ void __launch_bounds__(Threads)
     if (group < s.groups * s.experts) {
       const std::int64_t rank = i - s.scratch.d_seg[group];
       if (C < 0 || rank < C) {
-        // capacity groups: an expert's slots stay dense, group q's after those of groups < q
-        const std::int64_t base = s.groups > 1 ? s.scratch.d_group_base[group] : 0;
         f = fate::kept;
         e = static_cast<std::int32_t>(group % s.experts);
-        slot = static_cast<std::int32_t>(base + rank);
+        slot = static_cast<std::int32_t>(rank);
       } else {
         f = fate::dropped;
       }
@@ -248,16 +256,19 @@ __global__ void __launch_bounds__(Threads)
 
 // ----- the global reroute order ------------------------------------------------------------
 
-/// Sort input for the global reroute order: dropped assignments first, by priority key.
+/// Sort input for the reroute order: dropped assignments first, capacity group by group, each
+/// by priority key: (not_dropped << (key_bits + group_bits)) | (group << key_bits) | key.
 template <int Threads>
 __global__ void __launch_bounds__(Threads)
-    pending_keys_kernel(const dispatch_state s, int key_bits, bool ranked) {
+    pending_keys_kernel(const dispatch_state s, int key_bits, int group_bits, bool ranked) {
   using namespace dispatch_detail;
   for (std::int64_t a = global_id(); a < s.n; a += grid_stride()) {
     const std::uint64_t not_dropped = s.out.d_fate[a] == fate::dropped ? 0u : 1u;
     // batch_prioritized: the choice rank above the 32-bit key, as in the grant sort
     const std::uint64_t rank = ranked ? static_cast<std::uint64_t>(a % s.k) << 32 : 0u;
-    s.scratch.d_keys_a[a] = (not_dropped << key_bits) | rank | s.scratch.d_key32[a];
+    const auto q = static_cast<std::uint64_t>(group_of(s, a));
+    s.scratch.d_keys_a[a] =
+        (not_dropped << (key_bits + group_bits)) | (q << key_bits) | rank | s.scratch.d_key32[a];
     s.scratch.d_vals_a[a] = static_cast<std::int32_t>(a);
   }
 }
@@ -276,6 +287,22 @@ __global__ void __launch_bounds__(Threads)
   }
   if (global_id() == 0)
     *s.scratch.d_num_pending = lower_bound_group(d_sorted_keys, s.n, key_bits, 1);
+}
+
+/// group_first[q] / group_last[q] = the first / last position of capacity group q's dropped
+/// assignments in the reroute order (left at -1 for a group with none).
+template <int Threads>
+__global__ void __launch_bounds__(Threads) pending_groups_kernel(const dispatch_state s) {
+  using namespace dispatch_detail;
+  const dispatch_scratch& w = s.scratch;
+  const std::int64_t np = *w.d_num_pending;
+  for (std::int64_t p = global_id(); p < np; p += grid_stride()) {
+    const std::int64_t q = group_of(s, w.d_pending[p]);
+    if (p == 0 || group_of(s, w.d_pending[p - 1]) != q)
+      w.d_group_first[q] = static_cast<std::int32_t>(p);
+    if (p == np - 1 || group_of(s, w.d_pending[p + 1]) != q)
+      w.d_group_last[q] = static_cast<std::int32_t>(p);
+  }
 }
 
 // ----- fallback policy ---------------------------------------------------------------------
@@ -324,8 +351,16 @@ __global__ void __launch_bounds__(Threads)
   }
 }
 
-/// Grants: the first `room` competitors (inclusive scan rank in flags) get new slots; shares
-/// and followers take their outcome from the token. Slots of shares are resolved later.
+/// Competitors of capacity group q before the reroute-order position of its first dropped
+/// assignment: subtracted from the inclusive scan to rank competitors inside their group.
+__device__ inline std::int64_t competitors_before(const dispatch_state& s, std::int64_t q) {
+  const std::int32_t first = s.scratch.d_group_first[q];
+  return first > 0 ? s.scratch.d_flags[first - 1] : 0;
+}
+
+/// Grants: in each capacity group the first `room` competitors (inclusive scan rank in flags,
+/// less the competitors of earlier groups) get new slots; shares and followers take their
+/// outcome from the token. Slots of shares are resolved later.
 template <int Threads>
 __global__ void __launch_bounds__(Threads)
     fallback_grant_kernel(const dispatch_state s, std::int32_t target, bool dedicated) {
@@ -333,13 +368,15 @@ __global__ void __launch_bounds__(Threads)
   const dispatch_scratch& w = s.scratch;
   const std::int64_t np = *w.d_num_pending;
   const std::int64_t cap = dedicated ? s.out.d_totals->fallback_capacity : s.out.d_totals->capacity;
-  const std::int64_t load = s.out.d_load[target];
   for (std::int64_t p = global_id(); p < np; p += grid_stride()) {
     const std::int32_t a = w.d_pending[p];
     const std::int32_t cls = w.d_vals_a[p];
+    const std::int64_t q = group_of(s, a);
+    const std::int64_t load = w.d_vload[q * s.total_experts + target];
+    const std::int64_t before = competitors_before(s, q);
     bool rerouted = cls == 2;
     if (cls == 1) {
-      const std::int64_t rank = w.d_flags[p] - 1;
+      const std::int64_t rank = w.d_flags[p] - 1 - before;
       if (has_room(cap, load, rank)) {
         rerouted = true;
         s.out.d_slot[a] = static_cast<std::int32_t>(load + rank);
@@ -347,7 +384,7 @@ __global__ void __launch_bounds__(Threads)
       }
     } else if (cls == 0) {
       const std::int32_t first = w.d_per_token[a / s.k];
-      rerouted = has_room(cap, load, w.d_flags[w.d_pos[first]] - 1);
+      rerouted = has_room(cap, load, w.d_flags[w.d_pos[first]] - 1 - before);
     }
     if (rerouted) {
       s.out.d_fate[a] = fate::rerouted;
@@ -356,32 +393,39 @@ __global__ void __launch_bounds__(Threads)
   }
 }
 
-/// load[target] += competitors granted.
+/// Per capacity group: load[group, target] += competitors granted; load[target] gets the sum
+/// (integer atomics: the total does not depend on the order they land in).
 template <int Threads>
 __global__ void __launch_bounds__(Threads)
     fallback_load_kernel(const dispatch_state s, std::int32_t target, bool dedicated) {
-  if (blockIdx.x != 0 || threadIdx.x != 0) return;
-  const std::int64_t np = *s.scratch.d_num_pending;
-  if (np == 0) return;
-  const std::int64_t competitors = s.scratch.d_flags[np - 1];
+  using namespace dispatch_detail;
+  const dispatch_scratch& w = s.scratch;
   const std::int64_t cap = dedicated ? s.out.d_totals->fallback_capacity : s.out.d_totals->capacity;
-  const std::int64_t load = s.out.d_load[target];
-  s.out.d_load[target] = load + dispatch_detail::granted_count(cap, load, competitors);
+  for (std::int64_t q = global_id(); q < s.groups; q += grid_stride()) {
+    if (w.d_group_first[q] < 0) continue;
+    const std::int64_t competitors = w.d_flags[w.d_group_last[q]] - competitors_before(s, q);
+    std::int64_t& load = w.d_vload[q * s.total_experts + target];
+    const std::int64_t granted = granted_count(cap, load, competitors);
+    load += granted;
+    if (granted > 0) add_count(&s.out.d_load[target], granted);
+  }
 }
 
 // ----- next_choice policy ------------------------------------------------------------------
 
 /// One reroute round, step 1: each still-dropped assignment (in reroute order) takes its
 /// token's next untried candidate. The m-th still-dropped assignment of a token in this round
-/// gets candidate next[t] + m, if that is < R. Sort input: key = target (E = no attempt).
+/// gets candidate next[t] + m, if that is < R. Sort input: key = the (capacity group, target)
+/// segment q * ET + c (groups * ET = no attempt).
 template <int Threads>
 __global__ void __launch_bounds__(Threads) next_choice_attempt_kernel(const dispatch_state s) {
   using namespace dispatch_detail;
   const dispatch_scratch& w = s.scratch;
   const std::int32_t k = s.k, R = s.reroute;
+  const std::int64_t ET = s.total_experts;
   const std::int64_t np = *w.d_num_pending;
   for (std::int64_t p = global_id(); p < s.n; p += grid_stride()) {
-    std::uint64_t target = static_cast<std::uint64_t>(s.experts);
+    auto target = static_cast<std::uint64_t>(s.groups * ET);
     if (p < np) {
       const std::int32_t a = w.d_pending[p];
       if (s.out.d_fate[a] == fate::dropped) {
@@ -393,7 +437,9 @@ __global__ void __launch_bounds__(Threads) next_choice_attempt_kernel(const disp
           if (b != a && pb >= 0 && pb < p && s.out.d_fate[b] == fate::dropped) ++m;
         }
         const std::int64_t idx = static_cast<std::int64_t>(w.d_per_token[t]) + m;
-        if (idx < R) target = static_cast<std::uint64_t>(s.gated.d_reroute_ids[t * R + idx]);
+        if (idx < R)
+          target =
+              static_cast<std::uint64_t>(group_of(s, a) * ET + s.gated.d_reroute_ids[t * R + idx]);
       }
     }
     w.d_keys_a[p] = target;
@@ -415,7 +461,8 @@ __global__ void __launch_bounds__(Threads) next_choice_advance_kernel(const disp
   }
 }
 
-/// Step 3 (after a stable sort by target): the first room(c) attempts at c get new slots.
+/// Step 3 (after a stable sort by segment): the first room attempts at (group, c) get new
+/// slots (local to the group until rebase_kernel).
 template <int Threads>
 __global__ void __launch_bounds__(Threads)
     next_choice_grant_kernel(const dispatch_state s,
@@ -424,35 +471,65 @@ __global__ void __launch_bounds__(Threads)
   using namespace dispatch_detail;
   const std::int32_t* seg = s.scratch.d_seg;
   const std::int64_t C = s.out.d_totals->capacity;
-  const std::int64_t attempts = seg[s.experts];
+  const std::int64_t attempts = seg[s.groups * s.total_experts];
   for (std::int64_t i = global_id(); i < attempts; i += grid_stride()) {
-    const std::int32_t c = static_cast<std::int32_t>(d_sorted_keys[i]);
-    const std::int64_t rank = i - seg[c];
-    const std::int64_t load = s.out.d_load[c];
+    const auto v = static_cast<std::int64_t>(d_sorted_keys[i]);
+    const std::int64_t rank = i - seg[v];
+    const std::int64_t load = s.scratch.d_vload[v];
     if (has_room(C, load, rank)) {
       const std::int32_t a = s.scratch.d_pending[d_sorted_vals[i]];
       s.out.d_fate[a] = fate::rerouted;
-      s.out.d_expert[a] = c;
+      s.out.d_expert[a] = static_cast<std::int32_t>(v % s.total_experts);
       s.out.d_slot[a] = static_cast<std::int32_t>(load + rank);
       s.scratch.d_holder[a] = 1;
     }
   }
 }
 
-/// Step 4: load[c] += granted at c; a round with any attempt counts in reroute_rounds.
+/// Step 4: load[group, c] += granted there, load[c] += the same (integer atomics); a round
+/// with any attempt counts in reroute_rounds.
 template <int Threads>
 __global__ void __launch_bounds__(Threads) next_choice_load_kernel(const dispatch_state s) {
   using namespace dispatch_detail;
   const std::int32_t* seg = s.scratch.d_seg;
   const std::int64_t C = s.out.d_totals->capacity;
-  for (std::int64_t c = global_id(); c < s.experts; c += grid_stride()) {
-    const std::int64_t load = s.out.d_load[c];
-    s.out.d_load[c] = load + granted_count(C, load, seg[c + 1] - seg[c]);
+  const std::int64_t ET = s.total_experts, segments = s.groups * ET;
+  for (std::int64_t v = global_id(); v < segments; v += grid_stride()) {
+    const std::int64_t granted = granted_count(C, s.scratch.d_vload[v], seg[v + 1] - seg[v]);
+    s.scratch.d_vload[v] += granted;
+    if (granted > 0) add_count(&s.out.d_load[v % ET], granted);
   }
-  if (global_id() == 0 && seg[s.experts] > 0) s.out.d_totals->reroute_rounds += 1;
+  if (global_id() == 0 && seg[segments] > 0) s.out.d_totals->reroute_rounds += 1;
 }
 
 // ----- slot numbering, shares, weights, counts ---------------------------------------------
+
+/// Capacity groups: group_base[q, e] = the slots expert e fills in groups before q.
+template <int Threads>
+__global__ void __launch_bounds__(Threads) group_base_kernel(const dispatch_state s) {
+  using namespace dispatch_detail;
+  const std::int64_t ET = s.total_experts;
+  for (std::int64_t e = global_id(); e < ET; e += grid_stride()) {
+    std::int64_t base = 0;
+    for (std::int64_t q = 0; q < s.groups; ++q) {
+      s.scratch.d_group_base[q * ET + e] = base;
+      base += s.scratch.d_vload[q * ET + e];
+    }
+  }
+}
+
+/// Capacity groups: a holder's local slot becomes dense over the batch (group q's slots of an
+/// expert follow those of groups < q), as reference::dispatch numbers them.
+template <int Threads>
+__global__ void __launch_bounds__(Threads) rebase_kernel(const dispatch_state s) {
+  using namespace dispatch_detail;
+  for (std::int64_t a = global_id(); a < s.n; a += grid_stride()) {
+    if (!s.scratch.d_holder[a]) continue;
+    s.out.d_slot[a] = static_cast<std::int32_t>(
+        s.out.d_slot[a] +
+        s.scratch.d_group_base[group_of(s, a) * s.total_experts + s.out.d_expert[a]]);
+  }
+}
 
 /// Sort input for token-index numbering: holders keyed by their expert (others last). Capacity
 /// groups are runs of tokens, so the rank by token index is dense across them too.
