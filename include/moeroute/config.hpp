@@ -114,13 +114,13 @@ struct gating_config {
 // Capacity
 
 enum class capacity_mode : std::uint8_t {
-  factor,  ///< C = round(factor * T * (k) / E), see capacity_config
-  fixed,   ///< C = capacity_config::fixed
+  factor,     ///< C = round(factor * T * (k) / E), see capacity_config
+  fixed,      ///< C = capacity_config::fixed
+  max_load,   ///< dropless: C = the largest number of assignments any expert received
+  unbounded,  ///< dropless with no per-expert bound at all (compact layout only)
   /// C = round(factor * T): a fraction of the tokens, not of the per-expert share (NLLB-MoE's
   /// eval capacity ceil(moe_eval_capacity_token_fraction * T)); k and share_rounding unused
   batch_fraction,
-  max_load,   ///< dropless: C = the largest number of assignments any expert received
-  unbounded,  ///< dropless with no per-expert bound at all (compact layout only)
 };
 
 /// How the factor product becomes an integer. nearest_even is Python's round() (flaxformer).
@@ -133,7 +133,7 @@ enum class share_rounding : std::uint8_t { none, ceil, floor };
 /// The factor rule (docs/numerics.md, "Capacity"), with T the tokens of one capacity group:
 ///   share = T / E, rounded by `share`           k_in = includes_k && !k_after_rounding
 ///   C = R(factor * share * (k_in ? k : 1)) * (k_after_rounding ? k : 1), R = `rounding`
-/// then C = max(C, min_capacity) (factor rules only) and C = min(C, T) with clamp_to_tokens.
+/// then C = max(C, min_capacity) (every mode but fixed) and C = min(C, T) with clamp_to_tokens.
 struct capacity_config {
   capacity_mode mode = capacity_mode::factor;
   double factor = 1.25;                                           ///< training capacity factor
@@ -143,8 +143,8 @@ struct capacity_config {
   bool k_after_rounding = false;
   share_rounding share = share_rounding::none;
   capacity_rounding rounding = capacity_rounding::ceil;
-  /// Lower bound of a factor or batch_fraction capacity (DeepSpeed, Switch: 4). A fixed
-  /// capacity is the capacity: validate() rejects a minimum with capacity_mode::fixed.
+  /// Lower bound of a factor, batch_fraction or max_load capacity (DeepSpeed, Switch: 4). A
+  /// fixed capacity is the capacity: validate() rejects a minimum with capacity_mode::fixed.
   std::int64_t min_capacity = 0;
   bool clamp_to_tokens = false;  ///< C = min(C, T): an expert can hold each token once
   /// Megatron: when C > T nothing is dropped (every expert could hold every token).
