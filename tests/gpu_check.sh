@@ -32,6 +32,11 @@ BUDGET=${GPU_CHECK_BUDGET:-470}
 DRY=${GPU_CHECK_DRY_RUN:-0}
 START=$(date +%s)
 export PATH="/usr/local/cuda/bin:$PATH"
+# The test binaries bake in the data directory of the tree they were built from; binaries
+# built elsewhere and carried here read this tree's copy instead.
+export MOEROUTE_GOLDEN_DIR=${MOEROUTE_GOLDEN_DIR:-$ROOT/tests/data/golden}
+export MOEROUTE_GOLDEN_GRAD_DIR=${MOEROUTE_GOLDEN_GRAD_DIR:-$ROOT/tests/data/golden-grad}
+export MOEROUTE_GOLDEN_HF_DIR=${MOEROUTE_GOLDEN_HF_DIR:-$ROOT/tests/data/golden-hf}
 
 STEPS_JSON=""
 FAILED=0
