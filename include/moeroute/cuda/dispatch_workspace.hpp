@@ -33,11 +33,12 @@ namespace moeroute::cuda {
 ///        capacity_mode::unbounded (padded needs a bound).
 [[nodiscard]] inline std::int64_t padded_max_rows(const routing_config& cfg, std::int64_t tokens) {
   if (cfg.capacity.mode == capacity_mode::unbounded) return -1;
-  const std::int64_t Q = cfg.capacity_groups(tokens);
   const std::int64_t C = expert_capacity(cfg, tokens, cfg.capacity_group_tokens(tokens));
-  std::int64_t rows = std::int64_t{cfg.num_experts} * C * Q;
-  if (cfg.has_dedicated_fallback())
-    rows += cfg.dispatch.fallback.capacity < 0 ? tokens : cfg.dispatch.fallback.capacity * Q;
+  std::int64_t rows = std::int64_t{cfg.num_experts} * expert_slots(cfg, tokens, C);
+  if (cfg.has_dedicated_fallback()) {
+    const std::int64_t fb = cfg.dispatch.fallback.capacity;
+    rows += fb < 0 ? tokens : expert_slots(cfg, tokens, fb);
+  }
   return rows;
 }
 

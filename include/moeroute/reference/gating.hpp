@@ -305,22 +305,19 @@ gating_output gating(const routing_config& cfg, std::span<const In> logits, std:
     if (g.renorm != renormalize::after_drop)
       for (std::int32_t j = 0; j < k; ++j) gt[j] *= g.scaling_factor;
 
-    // the token's batch priority: its top-1 clean score (the first P below for softmax)
-    if (wants_priority) {
-      if (g.score == score_function::softmax) {
-        detail::softmax_row(x.data(), E, aux_p.data());
-        out.token_priority[t] = *std::max_element(aux_p.begin(), aux_p.end());
-      } else {
-        out.token_priority[t] = detail::score_one(g.score, m);
-      }
-    }
+    // the token's batch priority: its top-1 clean score — for softmax the largest aux P,
+    // computed once here for both
+    const bool softmax_p = g.score == score_function::softmax;
+    if (softmax_p && (wants_priority || out.valid[t]))
+      detail::softmax_row(x.data(), E, aux_p.data());
+    if (wants_priority)
+      out.token_priority[t] =
+          softmax_p ? *std::max_element(aux_p.begin(), aux_p.end()) : detail::score_one(g.score, m);
 
     // 7. aux-loss inputs: P = softmax over all (clean) logits, or normalised per-expert scores
     if (!out.valid[t]) continue;
     ++out.valid_tokens;
-    if (g.score == score_function::softmax) {
-      detail::softmax_row(x.data(), E, aux_p.data());
-    } else {
+    if (!softmax_p) {
       detail::scores_row(g.score, x.data(), E, aux_p.data());
       float s = 0.0f;
       for (std::int32_t e = 0; e < E; ++e) s += aux_p[e];

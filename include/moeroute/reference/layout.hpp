@@ -127,10 +127,8 @@ inline layout_output layout(const routing_config& cfg, const dispatch_output& ds
       seg = (dsp.load[e] + block_size - 1) / block_size * block_size;
     } else {
       // C per capacity group, for each group of the batch
-      const std::int64_t groups = cfg.capacity_groups(dsp.tokens);
-      seg = e < dsp.experts
-                ? dsp.capacity * groups
-                : (dsp.fallback_capacity < 0 ? dsp.load[e] : dsp.fallback_capacity * groups);
+      const std::int64_t cap = e < dsp.experts ? dsp.capacity : dsp.fallback_capacity;
+      seg = cap < 0 ? dsp.load[e] : expert_slots(cfg, dsp.tokens, cap);
     }
     L.offsets[e + 1] = L.offsets[e] + seg;
   }

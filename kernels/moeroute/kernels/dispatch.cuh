@@ -27,7 +27,8 @@ struct dispatch_state {
   std::int64_t tokens = 0, n = 0;  ///< T and n = T * k
   std::int32_t k = 0, experts = 0, total_experts = 0;
   /// Capacity groups (capacity.group_tokens): `groups` of `group_tokens` tokens each; the grant
-  /// segments are (group, expert) pairs, segment q * experts + e. One group: the batch.
+  /// segments are (group, expert) pairs, segment q * experts + e. One group: the batch
+  /// (group_tokens = T).
   std::int64_t groups = 1, group_tokens = 0;
   std::int32_t reroute = 0;             ///< R
   const_gating_result gated{};          ///< d_ids, d_gates [T, k]; d_reroute_ids [T, R]
@@ -41,6 +42,11 @@ namespace dispatch_detail {
 /// Capacity group of assignment a (0 without groups).
 __device__ inline std::int64_t group_of(const dispatch_state& s, std::int64_t a) {
   return s.groups > 1 ? a / s.k / s.group_tokens : 0;
+}
+
+/// A real token (not padding).
+__device__ inline bool token_valid(const dispatch_state& s, std::int64_t t) {
+  return s.valid == nullptr || s.valid[t] != 0;
 }
 
 /// A second choice that lost NLLB's "random" draw: dropped before any capacity is counted.
@@ -137,8 +143,8 @@ __global__ void __launch_bounds__(Threads)
         break;  // the assignment index itself (stable sort order)
     }
     // padding tokens and skipped second choices sort past every segment
-    const bool competes = (s.valid == nullptr || s.valid[t] != 0) && !second_skipped(s, a);
-    const std::int64_t q = s.groups > 1 ? t / s.group_tokens : 0;
+    const bool competes = token_valid(s, t) && !second_skipped(s, a);
+    const std::int64_t q = group_of(s, a);
     const std::uint64_t group = static_cast<std::uint64_t>(
         competes ? q * s.experts + e : s.groups * static_cast<std::int64_t>(s.experts));
     const std::uint64_t rank =
@@ -196,8 +202,7 @@ __global__ void __launch_bounds__(Threads)
     std::int64_t C = rule.value;
     if (rule.from_max_load) {  // expert_capacity(): max(max_load, min_capacity), clamp, >= 0
       C = max_load > rule.min_capacity ? max_load : rule.min_capacity;
-      const std::int64_t group_tokens = s.groups > 1 ? s.group_tokens : s.tokens;
-      if (rule.clamp_to_tokens && C > group_tokens) C = group_tokens;
+      if (rule.clamp_to_tokens && C > s.group_tokens) C = s.group_tokens;
       if (C < 0) C = 0;
     }
     s_cap = C;
@@ -244,7 +249,7 @@ __global__ void __launch_bounds__(Threads)
       } else {
         f = fate::dropped;
       }
-    } else if ((s.valid == nullptr || s.valid[a / s.k] != 0) && second_skipped(s, a)) {
+    } else if (token_valid(s, a / s.k) && second_skipped(s, a)) {
       f = fate::dropped;  // lost the draw: dropped without competing
     }
     s.out.d_fate[a] = f;
