@@ -13,27 +13,13 @@
 #include <moeroute/cuda/validate_params.hpp>
 #include <moeroute/kernels/combine_backward.cuh>
 #include <moeroute/kernels/element.cuh>
+#include <moeroute/params/combine_backward.hpp>
 #include <moeroute/status.hpp>
 #include <moeroute/types.hpp>
 
 namespace moeroute::cuda {
 
-/// @brief Inputs and outputs of cuda::combine_backward. Element = float, __half or __nv_bfloat16.
-template <class Element>
-struct combine_backward_params {
-  const Element* d_expert_out = nullptr;  ///< [rows, d] the experts' outputs (forward input)
-  const Element* d_dy = nullptr;          ///< [T, d] dL/dy
-  std::int64_t rows = 0;                  ///< rows of the layout's buffers
-  std::int64_t tokens = 0;                ///< T
-  std::int64_t hidden = 0;                ///< d
-  /// From cuda::layout: d_row_token [rows], d_assignment_row [T, k]. Other fields not read.
-  const_layout_result layout{};
-  /// From cuda::dispatch: d_weight, d_fate [T, k]. Other fields not read.
-  const_dispatch_result dispatched{};
-  Element* d_grad_expert_out = nullptr;  ///< [rows, d] out (padding rows 0)
-  float* d_grad_weight = nullptr;        ///< [T, k] f32 out (0 for dropped / masked)
-  Element* d_grad_x = nullptr;           ///< [T, d] out or null: residual pass-through, else 0
-};
+using moeroute::combine_backward_params;
 
 /// @brief Checks config, shapes and pointers; names the first bad field.
 template <class Element>
@@ -41,26 +27,7 @@ template <class Element>
                               const combine_backward_params<Element>& p) {
   static_assert(kernels::is_routed_element_v<Element>,
                 "Element must be float, __half or __nv_bfloat16");
-  if (auto s = detail::validate_extents(cfg, p.tokens, p.rows, p.hidden); !s) return s;
-  // d = 0 leaves the [rows, d] and [T, d] buffers empty; d_grad_weight is still written (0).
-  if (p.rows > 0 && p.hidden > 0)
-    if (auto s = detail::require_pointers(
-            "with rows > 0", detail::required(p.d_expert_out, "d_expert_out"),
-            detail::required(p.layout.d_row_token, "layout.d_row_token"),
-            detail::required(p.d_grad_expert_out, "d_grad_expert_out"));
-        !s)
-      return s;
-  // The [T, .] inputs are empty with T = 0; rows may still be E * C > 0 (min_capacity), all of
-  // them padding then, and the rows kernel reads nothing but row_token for a padding row.
-  if (p.tokens == 0) return status::success();
-  if (p.hidden > 0)
-    if (auto s = detail::require_pointers("with tokens > 0", detail::required(p.d_dy, "d_dy")); !s)
-      return s;
-  return detail::require_pointers(
-      "with tokens > 0", detail::required(p.layout.d_assignment_row, "layout.d_assignment_row"),
-      detail::required(p.dispatched.d_weight, "dispatched.d_weight"),
-      detail::required(p.dispatched.d_fate, "dispatched.d_fate"),
-      detail::required(p.d_grad_weight, "d_grad_weight"));
+  return check_params(cfg, p);
 }
 
 /// @brief Combine backward: d expert_out (bitwise equal to reference::combine_backward: fp32,
@@ -89,18 +56,7 @@ template <class Element>
                 cfg.dispatch.dropped == drop_policy::residual, p.d_grad_weight, p.d_grad_x);
 }
 
-/// @brief Inputs and outputs of cuda::permute_backward.
-template <class Element>
-struct permute_backward_params {
-  const Element* d_grad_buf = nullptr;  ///< [rows, d] dL/d expert-buffer rows
-  std::int64_t rows = 0;                ///< rows of d_grad_buf
-  std::int64_t tokens = 0;              ///< T
-  std::int64_t hidden = 0;              ///< d
-  /// From cuda::layout: d_assignment_row [T, k] (-1 = none). Other fields not read.
-  const_layout_result layout{};
-  bool accumulate = false;      ///< add into d_grad_x (e.g. on the residual part)
-  Element* d_grad_x = nullptr;  ///< [T, d] out
-};
+using moeroute::permute_backward_params;
 
 /// @brief Checks config, shapes and pointers; names the first bad field.
 template <class Element>
@@ -108,16 +64,7 @@ template <class Element>
                               const permute_backward_params<Element>& p) {
   static_assert(kernels::is_routed_element_v<Element>,
                 "Element must be float, __half or __nv_bfloat16");
-  if (auto s = detail::validate_extents(cfg, p.tokens, p.rows, p.hidden); !s) return s;
-  if (p.tokens == 0 || p.hidden == 0) return status::success();
-  if (p.rows > 0)
-    if (auto s =
-            detail::require_pointers("with rows > 0", detail::required(p.d_grad_buf, "d_grad_buf"));
-        !s)
-      return s;
-  return detail::require_pointers(
-      "with tokens > 0", detail::required(p.layout.d_assignment_row, "layout.d_assignment_row"),
-      detail::required(p.d_grad_x, "d_grad_x"));
+  return check_params(cfg, p);
 }
 
 /// @brief Permute backward: d x[t] = sum of d buf over token t's distinct rows in rank order

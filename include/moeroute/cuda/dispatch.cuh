@@ -20,22 +20,12 @@
 #include <moeroute/cuda/validate_params.hpp>
 #include <moeroute/dispatch_plan.hpp>
 #include <moeroute/kernels/dispatch.cuh>
+#include <moeroute/params/dispatch.hpp>
 #include <moeroute/types.hpp>
 
 namespace moeroute::cuda {
 
-/// @brief Inputs and outputs of cuda::dispatch. Inputs are what the gating stage wrote.
-struct dispatch_params {
-  std::int64_t tokens = 0;  ///< T
-  /// From cuda::gating: d_ids [T, k] int32, d_gates [T, k] f32, d_reroute_ids [T, R] int32
-  /// (next_choice with R > 0 only), d_token_priority [T] f32 (batch_prioritized only),
-  /// d_second_skipped [T] uint8 (second_expert_policy::random only). Others are not read.
-  const_gating_result gated{};
-  const std::uint8_t* d_valid = nullptr;  ///< [T] uint8 1 = real token; null = all valid
-  /// Outputs: d_expert, d_slot, d_weight, d_fate [T, k]; d_requested, d_kept, d_rerouted,
-  /// d_dropped [E]; d_received, d_load [total_experts]; d_totals [1]. All written.
-  dispatch_result out{};
-};
+using moeroute::dispatch_params;
 
 namespace detail {
 
@@ -73,9 +63,10 @@ namespace detail {
 
 }  // namespace detail
 
-/// @brief Checks config, shapes and pointers; names the first bad field.
+/// @brief Checks config, shapes and pointers (check_params), then the limits of the GPU sort:
+///        at most 2^31 - 2 assignments, and keys of at most 64 bits.
 [[nodiscard]] inline status validate(const routing_config& cfg, const dispatch_params& p) {
-  if (auto s = detail::validate_extents(cfg, p.tokens); !s) return s;
+  if (auto s = check_params(cfg, p); !s) return s;
   const std::int64_t n = p.tokens * cfg.top_k;
   if (n > std::numeric_limits<std::int32_t>::max() - 1)
     return status::make(status_code::unsupported,
@@ -86,35 +77,7 @@ namespace detail {
     return status::make(status_code::unsupported,
                         "capacity groups * num_experts and the priority key need more than 64 "
                         "sort bits: fewer capacity groups or tokens per call");
-  if (cfg.dispatch.prio == priority::batch_prioritized)
-    if (auto s = detail::require_pointers(
-            "with dispatch.prio = batch_prioritized",
-            detail::required(p.gated.d_token_priority, "gated.d_token_priority"));
-        !s)
-      return s;
-  if (cfg.gating.second_expert.policy == second_expert_policy::random)
-    if (auto s = detail::require_pointers(
-            "with gating.second_expert.policy = random",
-            detail::required(p.gated.d_second_skipped, "gated.d_second_skipped"));
-        !s)
-      return s;
-  if (cfg.candidates_per_token() > cfg.top_k)
-    if (auto s = detail::require_pointers(
-            "with dispatch.dropped = next_choice (R > 0)",
-            detail::required(p.gated.d_reroute_ids, "gated.d_reroute_ids"));
-        !s)
-      return s;
-  const dispatch_result& o = p.out;
-  return detail::require_pointers(
-      "with tokens > 0", detail::required(p.gated.d_ids, "gated.d_ids"),
-      detail::required(p.gated.d_gates, "gated.d_gates"),
-      detail::required(o.d_expert, "out.d_expert"), detail::required(o.d_slot, "out.d_slot"),
-      detail::required(o.d_weight, "out.d_weight"), detail::required(o.d_fate, "out.d_fate"),
-      detail::required(o.d_requested, "out.d_requested"), detail::required(o.d_kept, "out.d_kept"),
-      detail::required(o.d_rerouted, "out.d_rerouted"),
-      detail::required(o.d_dropped, "out.d_dropped"),
-      detail::required(o.d_received, "out.d_received"), detail::required(o.d_load, "out.d_load"),
-      detail::required(o.d_totals, "out.d_totals"));
+  return status::success();
 }
 
 namespace detail {

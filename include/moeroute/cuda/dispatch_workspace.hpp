@@ -1,7 +1,7 @@
 // SPDX-License-Identifier: Apache-2.0
 // Pure C++ queries of the CUDA dispatch and layout launchers: the workspace size of
-// cuda::dispatch and the row bounds of both layouts. Includes no CUDA header, so a .cpp file
-// can size buffers before it ever touches the GPU.
+// cuda::dispatch, and (from layout_rows.hpp) the row bounds of both layouts. Includes no CUDA
+// header, so a .cpp file can size buffers before it ever touches the GPU.
 #pragma once
 
 #include <cstddef>
@@ -10,6 +10,7 @@
 #include <moeroute/capacity.hpp>
 #include <moeroute/config.hpp>
 #include <moeroute/dispatch_plan.hpp>
+#include <moeroute/layout_rows.hpp>
 #include <moeroute/types.hpp>
 #include <moeroute/workspace.hpp>
 
@@ -26,35 +27,9 @@ namespace moeroute::cuda {
   return w.bytes();
 }
 
-/// @brief Rows a padded layout can need for `tokens` tokens: E * C * Q for Q capacity groups
-///        (+ the dedicated fallback segment). With capacity_mode::max_load, C is bounded by
-///        expert_capacity(cfg, T, G) (an expert receives at most the G tokens of a group); an
-///        unbounded dedicated fallback holds at most T rows. Returns -1 for
-///        capacity_mode::unbounded (padded needs a bound).
-[[nodiscard]] inline std::int64_t padded_max_rows(const routing_config& cfg, std::int64_t tokens) {
-  if (cfg.capacity.mode == capacity_mode::unbounded) return -1;
-  const std::int64_t C = expert_capacity(cfg, tokens, cfg.capacity_group_tokens(tokens));
-  std::int64_t rows = std::int64_t{cfg.num_experts} * expert_slots(cfg, tokens, C);
-  if (cfg.has_dedicated_fallback()) {
-    const std::int64_t fb = cfg.dispatch.fallback.capacity;
-    rows += fb < 0 ? tokens : expert_slots(cfg, tokens, fb);
-  }
-  return rows;
-}
-
-/// @brief Rows a compact layout with segments aligned to `block_size` can need:
-///        T * k + total_experts * (block_size - 1) (every slot is held by one assignment).
-[[nodiscard]] inline std::int64_t compact_max_rows(const routing_config& cfg, std::int64_t tokens,
-                                                   std::int64_t block_size) {
-  return tokens * cfg.top_k + std::int64_t{cfg.total_experts()} * (block_size - 1);
-}
-
-/// @brief The rows a layout of `kind` needs for this config and batch: the size of the
-///        caller's row_token and expert buffers (-1: padded with an unbounded capacity).
-[[nodiscard]] inline std::int64_t layout_max_rows(const routing_config& cfg, std::int64_t tokens,
-                                                  layout_kind kind, std::int64_t block_size = 1) {
-  return kind == layout_kind::padded ? padded_max_rows(cfg, tokens)
-                                     : compact_max_rows(cfg, tokens, block_size);
-}
+// The row bounds of the layouts are shared by every backend (layout_rows.hpp).
+using moeroute::compact_max_rows;
+using moeroute::layout_max_rows;
+using moeroute::padded_max_rows;
 
 }  // namespace moeroute::cuda

@@ -12,22 +12,17 @@
 #include <moeroute/cuda/launch.cuh>
 #include <moeroute/cuda/validate_params.hpp>
 #include <moeroute/kernels/expert_bias_update.cuh>
+#include <moeroute/params/expert_bias_update.hpp>
 #include <moeroute/status.hpp>
 
 namespace moeroute::cuda {
 
-/// @brief The bias and the loads of cuda::expert_bias_update (E = cfg.num_experts).
-struct expert_bias_update_params {
-  float* d_bias = nullptr;               ///< [E] f32, updated in place
-  const std::int64_t* d_load = nullptr;  ///< [E] int64 loads summed over the step's micro-batches
-};
+using moeroute::expert_bias_update_params;
 
-/// @brief Checks config and pointers; names the first bad field.
+/// @brief Checks config, shapes and pointers; names the first bad field.
 [[nodiscard]] inline status validate(const routing_config& cfg,
                                      const expert_bias_update_params& p) {
-  if (auto s = validate(cfg); !s) return s;
-  return detail::require_pointers("", detail::required(p.d_bias, "d_bias"),
-                                  detail::required(p.d_load, "d_load"));
+  return check_params(cfg, p);
 }
 
 /// @brief bias += rate * sign(mean load - load), then optionally bias -= mean(bias), with rate

@@ -17,80 +17,21 @@
 #include <moeroute/gating_plan.hpp>
 #include <moeroute/kernels/gating.cuh>
 #include <moeroute/kernels/gating_reduce.cuh>
+#include <moeroute/params/gating.hpp>
 #include <moeroute/status.hpp>
 #include <moeroute/types.hpp>
 #include <moeroute/workspace.hpp>
 
 namespace moeroute::cuda {
 
-/// @brief Inputs and outputs of one gating call. Every output is written (never added to).
-///        R = cfg.candidates_per_token() - k reroute candidates; S = T / loss.sequence_length.
-/// @tparam Element the logits' type: float, __half or __nv_bfloat16
-template <class Element>
-struct gating_params {
-  const Element* d_logits = nullptr;  ///< [T, E] router logits
-  std::int64_t tokens = 0;            ///< T
-  const float* d_bias = nullptr;      ///< [E] f32 expert bias: required iff
-                                      ///< cfg.gating.expert_bias; finite (not checked)
-  const std::uint8_t* d_valid =
-      nullptr;  ///< [T] uint8 1 = real token, 0 = padding; null = all valid
-  /// Outputs: d_ids, d_gates [T, k]; d_reroute_ids [T, R] (needed iff R > 0); d_logsumexp [T];
-  /// sums: d_aux_score_sum, d_aux_count [E], d_valid_tokens, d_z_sum_squares [1],
-  /// d_nonfinite [1] (optional), d_seq_* (needed iff loss.sequence_length > 0);
-  /// d_token_priority [T] (needed iff dispatch.prio = batch_prioritized); d_second_skipped [T]
-  /// (needed iff gating.second_expert.policy = random).
-  gating_result out{};
-};
+using moeroute::gating_params;
 
-/// @brief Checks config, shape and pointers of a gating call; names the first bad field.
+/// @brief Checks config, shapes and pointers; names the first bad field.
 template <class Element>
 [[nodiscard]] status validate(const routing_config& cfg, const gating_params<Element>& p) {
   static_assert(kernels::is_routed_element_v<Element>,
                 "Element must be float, __half or __nv_bfloat16");
-  if (auto s = detail::validate_extents(cfg, p.tokens); !s) return s;
-  if (!cfg.gating.expert_bias && p.d_bias != nullptr)
-    return status::make(status_code::invalid_argument,
-                        "d_bias given but gating.expert_bias is false");
-  if (p.tokens == 0) return status::success();
-  if (cfg.gating.expert_bias)
-    if (auto s = detail::require_pointers("with gating.expert_bias = true",
-                                          detail::required(p.d_bias, "d_bias"));
-        !s)
-      return s;
-  const gating_result& o = p.out;
-  if (auto s = detail::require_pointers(
-          "with tokens > 0", detail::required(p.d_logits, "d_logits"),
-          detail::required(o.d_ids, "out.d_ids"), detail::required(o.d_gates, "out.d_gates"),
-          detail::required(o.d_logsumexp, "out.d_logsumexp"),
-          detail::required(o.sums.d_aux_score_sum, "out.sums.d_aux_score_sum"),
-          detail::required(o.sums.d_aux_count, "out.sums.d_aux_count"),
-          detail::required(o.sums.d_valid_tokens, "out.sums.d_valid_tokens"),
-          detail::required(o.sums.d_z_sum_squares, "out.sums.d_z_sum_squares"));
-      !s)
-    return s;
-  if (cfg.candidates_per_token() > cfg.top_k)
-    if (auto s = detail::require_pointers("with dispatch.dropped = next_choice (R > 0)",
-                                          detail::required(o.d_reroute_ids, "out.d_reroute_ids"));
-        !s)
-      return s;
-  if (cfg.dispatch.prio == priority::batch_prioritized)
-    if (auto s =
-            detail::require_pointers("with dispatch.prio = batch_prioritized",
-                                     detail::required(o.d_token_priority, "out.d_token_priority"));
-        !s)
-      return s;
-  if (cfg.gating.second_expert.policy == second_expert_policy::random)
-    if (auto s =
-            detail::require_pointers("with gating.second_expert.policy = random",
-                                     detail::required(o.d_second_skipped, "out.d_second_skipped"));
-        !s)
-      return s;
-  if (cfg.loss.sequence_length == 0) return status::success();
-  return detail::require_pointers(
-      "with loss.sequence_length > 0",
-      detail::required(o.sums.d_seq_score_sum, "out.sums.d_seq_score_sum"),
-      detail::required(o.sums.d_seq_count, "out.sums.d_seq_count"),
-      detail::required(o.sums.d_seq_tokens, "out.sums.d_seq_tokens"));
+  return check_params(cfg, p);
 }
 
 namespace detail {

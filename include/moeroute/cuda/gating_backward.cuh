@@ -15,63 +15,20 @@
 #include <moeroute/kernels/element.cuh>
 #include <moeroute/kernels/gating_backward.cuh>
 #include <moeroute/kernels/gating_semantics.cuh>
+#include <moeroute/params/gating_backward.hpp>
 #include <moeroute/status.hpp>
 #include <moeroute/types.hpp>
 
 namespace moeroute::cuda {
 
-/// @brief Inputs and output of cuda::gating_backward. Shapes: T = tokens, E = cfg.num_experts,
-///        k = cfg.top_k, S = T / loss.sequence_length. The forward's ids, fates and sums come from
-///        cuda::gating / cuda::dispatch (or all-reduced sums of a batch sharded over ranks).
-/// @tparam Element the logits' type: float, __half or __nv_bfloat16
-template <class Element>
-struct gating_backward_params {
-  const Element* d_logits = nullptr;      ///< [T, E] router logits (the forward's input)
-  std::int64_t tokens = 0;                ///< T
-  const std::uint8_t* d_valid = nullptr;  ///< [T] uint8 1 = real token; null = all valid
-  /// From cuda::gating: d_ids [T, k] (routing term); sums.d_aux_count [E] (aux term),
-  /// sums.d_valid_tokens [1] (null = T), sums.d_seq_count [S, E] and sums.d_seq_tokens [S]
-  /// (sequence term). The other fields are not read.
-  const_gating_result gated{};
-  /// From cuda::dispatch: d_fate [T, k] (routing term). The other fields are not read.
-  const_dispatch_result dispatched{};
-  const float* d_grad_weight = nullptr;  ///< [T, k] f32 dL/d combine weight; null = no routing term
-  gating_backward_weights
-      weights{};                   ///< dL/d(term); 0 skips a term (loss coefficients apply on top)
-  bool accumulate = true;          ///< add into d_grad_logits (true) or overwrite it
-  float* d_grad_logits = nullptr;  ///< [T, E] f32 out
-};
+using moeroute::gating_backward_params;
 
-/// @brief Checks config, shape and pointers; names the first bad field.
+/// @brief Checks config, shapes and pointers; names the first bad field.
 template <class Element>
 [[nodiscard]] status validate(const routing_config& cfg, const gating_backward_params<Element>& p) {
   static_assert(kernels::is_routed_element_v<Element>,
                 "Element must be float, __half or __nv_bfloat16");
-  if (auto s = detail::validate_extents(cfg, p.tokens); !s) return s;
-  if (p.tokens == 0) return status::success();
-  if (auto s = detail::require_pointers("with tokens > 0", detail::required(p.d_logits, "d_logits"),
-                                        detail::required(p.d_grad_logits, "d_grad_logits"));
-      !s)
-    return s;
-  if (p.d_grad_weight)
-    if (auto s = detail::require_pointers(
-            "with d_grad_weight", detail::required(p.gated.d_ids, "gated.d_ids"),
-            detail::required(p.dispatched.d_fate, "dispatched.d_fate"));
-        !s)
-      return s;
-  const bool aux = cfg.loss.aux_coefficient != 0.0f;
-  if (aux && p.weights.aux != 0.0)
-    if (auto s = detail::require_pointers(
-            "with an aux term (weights.aux and loss.aux_coefficient non-zero)",
-            detail::required(p.gated.sums.d_aux_count, "gated.sums.d_aux_count"));
-        !s)
-      return s;
-  if (!aux || cfg.loss.sequence_length == 0 || p.weights.sequence_aux == 0.0)
-    return status::success();
-  return detail::require_pointers(
-      "with a sequence-aux term (loss.sequence_length > 0)",
-      detail::required(p.gated.sums.d_seq_count, "gated.sums.d_seq_count"),
-      detail::required(p.gated.sums.d_seq_tokens, "gated.sums.d_seq_tokens"));
+  return check_params(cfg, p);
 }
 
 /// @brief d logits [T, E] of the routing term (d_grad_weight through the gates: score function,

@@ -12,47 +12,17 @@
 #include <moeroute/cuda/launch.cuh>
 #include <moeroute/cuda/validate_params.hpp>
 #include <moeroute/kernels/losses.cuh>
+#include <moeroute/params/losses.hpp>
 #include <moeroute/status.hpp>
 #include <moeroute/types.hpp>
 
 namespace moeroute::cuda {
 
-/// @brief Inputs (the gating sums) and outputs (device scalars) of cuda::losses.
-///        Any output pointer may be null: that value is not computed.
-struct loss_params {
-  std::int64_t tokens = 0;  ///< T of the gating call (0: nothing is written)
-  const_gating_sums
-      sums{};  ///< gating_params::out.sums (d_seq_* used iff loss.sequence_length > 0)
-  double* d_aux_loss = nullptr;           ///< [1] f64: coefficient * scale * sum_e f_e P_e
-  double* d_sequence_aux_loss = nullptr;  ///< [1] f64: mean over sequences with a valid token
-                                          ///<      (0 when loss.sequence_length == 0)
-  double* d_z_loss = nullptr;             ///< [1] f64: z_coefficient * sum lse^2 / T
-};
+using moeroute::loss_params;
 
-/// @brief Checks config, shape and pointers of a loss call; names the first bad field.
+/// @brief Checks config, shapes and pointers; names the first bad field.
 [[nodiscard]] inline status validate(const routing_config& cfg, const loss_params& p) {
-  if (auto s = detail::validate_extents(cfg, p.tokens); !s) return s;
-  if (p.tokens == 0) return status::success();
-  if (auto s = detail::require_pointers(
-          "with tokens > 0", detail::required(p.sums.d_valid_tokens, "sums.d_valid_tokens"));
-      !s)
-    return s;
-  if (p.d_aux_loss != nullptr || p.d_sequence_aux_loss != nullptr)
-    if (auto s = detail::require_pointers(
-            "with an aux output", detail::required(p.sums.d_aux_score_sum, "sums.d_aux_score_sum"),
-            detail::required(p.sums.d_aux_count, "sums.d_aux_count"));
-        !s)
-      return s;
-  if (p.d_z_loss != nullptr)
-    if (auto s = detail::require_pointers(
-            "with d_z_loss", detail::required(p.sums.d_z_sum_squares, "sums.d_z_sum_squares"));
-        !s)
-      return s;
-  if (p.d_sequence_aux_loss == nullptr || cfg.loss.sequence_length == 0) return status::success();
-  return detail::require_pointers("with d_sequence_aux_loss and loss.sequence_length > 0",
-                                  detail::required(p.sums.d_seq_score_sum, "sums.d_seq_score_sum"),
-                                  detail::required(p.sums.d_seq_count, "sums.d_seq_count"),
-                                  detail::required(p.sums.d_seq_tokens, "sums.d_seq_tokens"));
+  return check_params(cfg, p);
 }
 
 /// @brief Loss values from the gating sums, into device scalars (double).

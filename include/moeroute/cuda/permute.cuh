@@ -13,35 +13,19 @@
 #include <moeroute/cuda/validate_params.hpp>
 #include <moeroute/kernels/element.cuh>
 #include <moeroute/kernels/permute.cuh>
+#include <moeroute/params/permute.hpp>
 #include <moeroute/types.hpp>
 
 namespace moeroute::cuda {
 
-/// @brief Inputs and outputs of cuda::permute. Element = float, __half or __nv_bfloat16.
-template <class Element>
-struct permute_params {
-  const Element* d_x = nullptr;  ///< [T, d] hidden states
-  std::int64_t tokens = 0;       ///< T
-  std::int64_t hidden = 0;       ///< d
-  /// From cuda::layout: d_row_token [rows] int32 (-1 = padding), d_num_rows [1] int64 rows in
-  /// use (null = all `rows`). The other fields are not read.
-  const_layout_result layout{};
-  std::int64_t rows = 0;     ///< rows of layout.d_row_token and d_out (the layout's max_rows)
-  Element* d_out = nullptr;  ///< [rows, d] out: expert input buffer
-};
+using moeroute::permute_params;
 
 /// @brief Checks config, shapes and pointers; names the first bad field.
 template <class Element>
 [[nodiscard]] status validate(const routing_config& cfg, const permute_params<Element>& p) {
   static_assert(kernels::is_routed_element_v<Element>,
                 "Element must be float, __half or __nv_bfloat16");
-  if (auto s = detail::validate_extents(cfg, p.tokens, p.rows, p.hidden); !s) return s;
-  if (p.tokens == 0 || p.rows == 0 || p.hidden == 0) return status::success();
-  if (auto s = detail::require_pointers("with tokens > 0", detail::required(p.d_x, "d_x")); !s)
-    return s;
-  return detail::require_pointers("with rows > 0",
-                                  detail::required(p.layout.d_row_token, "layout.d_row_token"),
-                                  detail::required(p.d_out, "d_out"));
+  return check_params(cfg, p);
 }
 
 /// @brief out[row] = x[row_token[row]] for rows < *d_num_rows; padding rows (-1) get zeros.

@@ -1,0 +1,89 @@
+// SPDX-License-Identifier: Apache-2.0
+// Parameters of the gating stage (router logits -> top-k ids, gates, logsumexp and the
+// loss sums),
+// shared by every backend: cpu::gating and cuda::gating take the same struct and start their
+// validate() with the same check_params(). Pointers are named d_ (data) in both: device
+// memory for the CUDA backend, host memory for the CPU backend. Plain C++.
+#pragma once
+
+#include <cstdint>
+
+#include <moeroute/config.hpp>
+#include <moeroute/params/checks.hpp>
+#include <moeroute/status.hpp>
+#include <moeroute/types.hpp>
+
+namespace moeroute {
+
+/// @brief Inputs and outputs of one gating call. Every output is written (never added to).
+///        R = cfg.candidates_per_token() - k reroute candidates; S = T / loss.sequence_length.
+/// @tparam Element the logits' type: float, __half or __nv_bfloat16
+template <class Element>
+struct gating_params {
+  const Element* d_logits = nullptr;  ///< [T, E] router logits
+  std::int64_t tokens = 0;            ///< T
+  const float* d_bias = nullptr;      ///< [E] f32 expert bias: required iff
+                                      ///< cfg.gating.expert_bias; finite (not checked)
+  const std::uint8_t* d_valid =
+      nullptr;  ///< [T] uint8 1 = real token, 0 = padding; null = all valid
+  /// Outputs: d_ids, d_gates [T, k]; d_reroute_ids [T, R] (needed iff R > 0); d_logsumexp [T];
+  /// sums: d_aux_score_sum, d_aux_count [E], d_valid_tokens, d_z_sum_squares [1],
+  /// d_nonfinite [1] (optional), d_seq_* (needed iff loss.sequence_length > 0);
+  /// d_token_priority [T] (needed iff dispatch.prio = batch_prioritized); d_second_skipped [T]
+  /// (needed iff gating.second_expert.policy = random).
+  gating_result out{};
+};
+
+/// @brief Checks config, shape and pointers of a gating call; names the first bad field. Every
+/// backend's validate() runs this first.
+template <class Element>
+[[nodiscard]] status check_params(const routing_config& cfg, const gating_params<Element>& p) {
+  if (auto s = param_checks::validate_extents(cfg, p.tokens); !s) return s;
+  if (!cfg.gating.expert_bias && p.d_bias != nullptr)
+    return status::make(status_code::invalid_argument,
+                        "d_bias given but gating.expert_bias is false");
+  if (p.tokens == 0) return status::success();
+  if (cfg.gating.expert_bias)
+    if (auto s = param_checks::require_pointers("with gating.expert_bias = true",
+                                                param_checks::required(p.d_bias, "d_bias"));
+        !s)
+      return s;
+  const gating_result& o = p.out;
+  if (auto s = param_checks::require_pointers(
+          "with tokens > 0", param_checks::required(p.d_logits, "d_logits"),
+          param_checks::required(o.d_ids, "out.d_ids"),
+          param_checks::required(o.d_gates, "out.d_gates"),
+          param_checks::required(o.d_logsumexp, "out.d_logsumexp"),
+          param_checks::required(o.sums.d_aux_score_sum, "out.sums.d_aux_score_sum"),
+          param_checks::required(o.sums.d_aux_count, "out.sums.d_aux_count"),
+          param_checks::required(o.sums.d_valid_tokens, "out.sums.d_valid_tokens"),
+          param_checks::required(o.sums.d_z_sum_squares, "out.sums.d_z_sum_squares"));
+      !s)
+    return s;
+  if (cfg.candidates_per_token() > cfg.top_k)
+    if (auto s = param_checks::require_pointers(
+            "with dispatch.dropped = next_choice (R > 0)",
+            param_checks::required(o.d_reroute_ids, "out.d_reroute_ids"));
+        !s)
+      return s;
+  if (cfg.dispatch.prio == priority::batch_prioritized)
+    if (auto s = param_checks::require_pointers(
+            "with dispatch.prio = batch_prioritized",
+            param_checks::required(o.d_token_priority, "out.d_token_priority"));
+        !s)
+      return s;
+  if (cfg.gating.second_expert.policy == second_expert_policy::random)
+    if (auto s = param_checks::require_pointers(
+            "with gating.second_expert.policy = random",
+            param_checks::required(o.d_second_skipped, "out.d_second_skipped"));
+        !s)
+      return s;
+  if (cfg.loss.sequence_length == 0) return status::success();
+  return param_checks::require_pointers(
+      "with loss.sequence_length > 0",
+      param_checks::required(o.sums.d_seq_score_sum, "out.sums.d_seq_score_sum"),
+      param_checks::required(o.sums.d_seq_count, "out.sums.d_seq_count"),
+      param_checks::required(o.sums.d_seq_tokens, "out.sums.d_seq_tokens"));
+}
+
+}  // namespace moeroute
