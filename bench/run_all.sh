@@ -4,7 +4,7 @@
 #   1. moeroute-capacity on synthetic batches sized like a Mixtral 8x7B layer (E=8, k=2) and a
 #      DeepSeek-V3 layer (E=256, k=8, 8 groups / top-4): table, CSV, JSON and a plot per model,
 #      plus one combined plot;
-#   2. the Google Benchmark CPU reference stages (JSON);
+#   2. the Google Benchmark CPU reference stages (JSON), and the CPU backend beside them;
 #   3. expert parallelism: dispatch + combine over MPI for Mixtral- and DeepSeek-V3-sized layers
 #      at R = 2 and 4 beside the raw MPI_Alltoallv of the same bytes, and the capacity tool's
 #      cluster mode (--ep 64) on the same synthetic traffic;
@@ -65,6 +65,12 @@ fi
 
 log "CPU reference stages (Google Benchmark)"
 "$KERNELS" --benchmark_out="$OUT/kernels_cpu.json" --benchmark_out_format=json
+
+CPU_BENCH="$BUILD/bench/bench_cpu"
+if [ -x "$CPU_BENCH" ]; then
+  log "CPU backend beside the reference and a memcpy of the logits (Google Benchmark)"
+  "$CPU_BENCH" --benchmark_out="$OUT/cpu_backend.json" --benchmark_out_format=json
+fi
 
 EP_BENCH="$BUILD/bench/bench_ep_mpi"
 if [ -x "$EP_BENCH" ] && command -v mpiexec >/dev/null 2>&1; then

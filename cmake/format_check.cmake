@@ -2,7 +2,7 @@
 # git tracks (or, outside a git checkout, every one under include/, kernels/, tests/, bench/,
 # examples/) and fails, listing the files and the first diagnostics, on any drift.
 #   cmake -DCLANG_FORMAT=clang-format -DSOURCE_DIR=. -P cmake/format_check.cmake
-set(patterns *.hpp *.cpp *.cuh *.cu)
+set(patterns *.hpp *.cpp *.cuh *.cu *.inc)
 find_program(GIT git)
 set(files)
 if(GIT AND EXISTS ${SOURCE_DIR}/.git)

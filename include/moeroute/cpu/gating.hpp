@@ -1,0 +1,427 @@
+// SPDX-License-Identifier: Apache-2.0
+// CPU backend: fused gating. Router logits [T, E] (float, half_bits or bf16_bits) -> top-k
+// expert ids and gates, reroute candidates, logsumexp and the loss sums: the operation and
+// params of cuda::gating, one pass over each row. Formulas in docs/numerics.md ("Gating").
+#pragma once
+
+#include <algorithm>
+#include <cfloat>
+#include <cmath>
+#include <cstddef>
+#include <cstdint>
+#include <string>
+#include <type_traits>
+
+#include <moeroute/config.hpp>
+#include <moeroute/cpu/gating_plan.hpp>
+#include <moeroute/cpu/math.hpp>
+#include <moeroute/cpu/parallel.hpp>
+#include <moeroute/cpu/select.hpp>
+#include <moeroute/dtype.hpp>
+#include <moeroute/params/gating.hpp>
+#include <moeroute/rng.hpp>
+#include <moeroute/status.hpp>
+#include <moeroute/types.hpp>
+#include <moeroute/workspace.hpp>
+
+namespace moeroute::cpu {
+
+using moeroute::gating_params;
+
+/// The element types the CPU backend reads: float, half_bits and bf16_bits.
+template <class Element>
+inline constexpr bool is_element_v =
+    std::is_same_v<Element, float> || std::is_same_v<Element, half_bits> ||
+    std::is_same_v<Element, bf16_bits>;
+
+/// @brief Checks config, shape and pointers of a gating call (and that the bias is finite);
+///        names the first bad field.
+template <class Element>
+[[nodiscard]] status validate(const routing_config& cfg, const gating_params<Element>& p) {
+  static_assert(is_element_v<Element>, "Element must be float, half_bits or bf16_bits");
+  if (auto s = check_params(cfg, p); !s) return s;
+  if (p.tokens > 0 && cfg.gating.expert_bias)
+    for (std::int32_t e = 0; e < cfg.num_experts; ++e)
+      if (!std::isfinite(p.d_bias[e]))
+        return status::make(status_code::invalid_argument,
+                            "d_bias[" + std::to_string(e) + "] is not finite");
+  return status::success();
+}
+
+namespace detail {
+
+/// One task's slice of the workspace: its partial sums and its rows of scratch.
+struct gating_task_space {
+  double* scores;         // [E] sum of P over the task's valid tokens
+  std::int64_t* counts;   // [E] aux counts
+  double* z;              // [1] sum of logsumexp^2
+  std::int64_t* valid;    // [1] valid tokens
+  std::int64_t* bad;      // [1] non-finite logits
+  float* x;               // [E] sanitised logits
+  float* ex;              // [E] exp(x - max)
+  float* p;               // [E] softmax of the clean logits / normalised scores (aux P)
+  float* xn;              // [E] noisy logits
+  float* gate_scores;     // [E] scores the gates are taken from
+  float* sel;             // [E] selection values
+  std::uint8_t* allowed;  // [E] group limit mask
+  std::int32_t* order;    // [E] selection scratch (index sort for large k)
+};
+
+/// The gating workspace: per-task partials and scratch rows, carved in one fixed sequence.
+struct gating_space {
+  std::int32_t experts = 0;
+  double* scores = nullptr;         // [tasks, E]
+  std::int64_t* counts = nullptr;   // [tasks, E]
+  double* z = nullptr;              // [tasks]
+  std::int64_t* valid = nullptr;    // [tasks]
+  std::int64_t* bad = nullptr;      // [tasks]
+  float* rows = nullptr;            // [tasks, 6, E]
+  std::uint8_t* allowed = nullptr;  // [tasks, E]
+  std::int32_t* order = nullptr;    // [tasks, E]
+
+  /// Task i's slice.
+  [[nodiscard]] gating_task_space task(std::int64_t i) const noexcept {
+    const std::size_t e = static_cast<std::size_t>(experts), u = static_cast<std::size_t>(i);
+    float* r = rows + u * 6 * e;
+    return {scores + u * e, counts + u * e, z + u,     valid + u, bad + u,   r,
+            r + e,          r + 2 * e,      r + 3 * e, r + 4 * e, r + 5 * e, allowed + u * e,
+            order + u * e};
+  }
+};
+
+/// Carves (or, with a sizing carver, sizes) the gating workspace.
+inline gating_space carve_gating_space(workspace_carver& w, const gating_plan& plan,
+                                       std::int32_t E) {
+  const std::size_t n = static_cast<std::size_t>(plan.tasks), e = static_cast<std::size_t>(E);
+  gating_space s;
+  s.experts = E;
+  s.scores = w.take<double>(n * e);
+  s.counts = w.take<std::int64_t>(n * e);
+  s.z = w.take<double>(n);
+  s.valid = w.take<std::int64_t>(n);
+  s.bad = w.take<std::int64_t>(n);
+  s.rows = w.take<float>(n * 6 * e);
+  s.allowed = w.take<std::uint8_t>(n * e);
+  s.order = w.take<std::int32_t>(n * e);
+  return s;
+}
+
+/// The per-token step shared by every task: what reference::gating does for one token, with
+/// the vectorised row kernels of math.hpp.
+template <class Element>
+struct gating_agent {
+  const routing_config& cfg;
+  const gating_params<Element>& p;
+  std::int32_t E, k, R, G, per_group;
+  bool softmax_score, softmax_after, noise, noisy_gates, wants_priority, random_second;
+
+  gating_agent(const routing_config& c, const gating_params<Element>& params) : cfg(c), p(params) {
+    const auto& g = cfg.gating;
+    E = cfg.num_experts;
+    k = cfg.top_k;
+    R = cfg.candidates_per_token() - k;
+    G = g.group_limit.groups > 1 ? g.group_limit.groups : 1;
+    per_group = E / G;
+    softmax_score = g.score == score_function::softmax;
+    softmax_after = softmax_score && g.stage == softmax_stage::after_topk;
+    noise = cfg.noise_active();
+    noisy_gates = noise && g.noise.target == noise_target::selection_and_gates;
+    wants_priority = cfg.dispatch.prio == priority::batch_prioritized;
+    random_second = g.second_expert.policy == second_expert_policy::random;
+  }
+
+  /// scores of n values under the configured (per-expert or softmax) score function
+  void scores(const float* x, float m, float* ex_scratch, float* out) const {
+    switch (cfg.gating.score) {
+      case score_function::softmax:
+        math::normalize_row(ex_scratch, E, math::exp_row(x, E, m, ex_scratch), out);
+        return;
+      case score_function::sigmoid:
+        math::sigmoid_row(x, E, out);
+        return;
+      case score_function::sqrt_softplus:
+        for (std::int32_t e = 0; e < E; ++e) out[e] = score_one(x[e]);
+        return;
+    }
+  }
+
+  /// one value under a per-expert score function (the reference's formulas, libm)
+  float score_one(float x) const {
+    switch (cfg.gating.score) {
+      case score_function::sigmoid:
+        return 1.0f / (1.0f + std::exp(-x));
+      case score_function::sqrt_softplus: {
+        const float sp = x > 0.0f ? x + std::log1p(std::exp(-x)) : std::log1p(std::exp(x));
+        return std::sqrt(sp);
+      }
+      case score_function::softmax:
+        break;
+    }
+    return x;
+  }
+
+  float max_of(const float* v) const {
+    float m = -FLT_MAX;
+    for (std::int32_t e = 0; e < E; ++e) m = m > v[e] ? m : v[e];
+    return m;
+  }
+
+  void token(std::int64_t t, const gating_task_space& s, bool& is_valid, std::int64_t seq,
+             double* seq_scores, std::int64_t* seq_counts) const {
+    const auto& g = cfg.gating;
+    gating_result o = p.out;
+    float* x = s.x;
+    // 1. sanitise, exp(x - max), logsumexp
+    const float m = math::load_row(p.d_logits + t * E, E, x, *s.bad);
+    const double sum = math::exp_row(x, E, m, s.ex);
+    o.d_logsumexp[t] = static_cast<float>(static_cast<double>(m) + std::log(sum));
+    // aux P (softmax of the clean logits) is the gate score too when the gates are clean
+    if (softmax_score) math::normalize_row(s.ex, E, sum, s.p);
+
+    // 2. noise (Philox per (token, expert)), re-sanitised
+    const float* gate_logits = x;
+    if (noise) {
+      for (std::int32_t e = 0; e < E; ++e) {
+        const auto r = rng::draw(g.noise.seed, g.noise.offset, rng::stream_gating_noise,
+                                 static_cast<std::uint64_t>(t) * E + e);
+        const float z = g.noise.kind == noise_kind::gaussian ? rng::normal(r.v[0], r.v[1])
+                                                             : rng::gumbel(r.v[0]);
+        s.xn[e] = math::sanitize(x[e] + g.noise.scale * z);
+      }
+      if (noisy_gates) gate_logits = s.xn;
+    }
+    const float* xn = noise ? s.xn : x;
+
+    // 3. gate scores and selection values (+ bias)
+    const float* gate_scores = s.gate_scores;
+    if (softmax_after) {
+      std::fill(s.gate_scores, s.gate_scores + E, 0.0f);
+    } else if (softmax_score && !noisy_gates) {
+      gate_scores = s.p;
+    } else {
+      scores(gate_logits, max_of(gate_logits), s.ex, s.gate_scores);
+    }
+    const float* sel = nullptr;
+    if (g.select == select_from::scores) {
+      if (noise && !noisy_gates) {
+        scores(xn, max_of(xn), s.ex, s.sel);
+        sel = s.sel;
+      } else {
+        sel = gate_scores;
+      }
+    } else {
+      sel = xn;
+    }
+    const bool sampling = g.second_expert.policy == second_expert_policy::sampling;
+    if (g.expert_bias || sampling) {  // a writable copy
+      if (sel != s.sel) std::copy(sel, sel + E, s.sel);
+      sel = s.sel;
+    }
+    if (g.expert_bias)
+      for (std::int32_t e = 0; e < E; ++e) s.sel[e] = math::sanitize(s.sel[e] + p.d_bias[e]);
+
+    // 4. group limit
+    const std::uint8_t* allowed = nullptr;
+    if (G > 1) {
+      group_mask(cfg, sel, E, G, s.ex, s.order, s.allowed);
+      allowed = s.allowed;
+    }
+    // 4b. NLLB sampling: the first choice stays (pinned to FLT_MAX), the others by x + Gumbel
+    if (sampling) {
+      std::int32_t first[select_small_max];
+      float first_v[select_small_max];
+      top_n(sel, E, allowed, 1, first_v, first, s.order);
+      for (std::int32_t e = 0; e < E; ++e) {
+        if (e == first[0]) {
+          s.sel[e] = FLT_MAX;
+          continue;
+        }
+        const auto r = rng::draw(g.second_expert.seed, g.second_expert.offset,
+                                 rng::stream_second_expert, static_cast<std::uint64_t>(t) * E + e);
+        s.sel[e] = math::sanitize(x[e] + rng::gumbel(r.v[0]));
+      }
+    }
+
+    // 5. top-k (+ R), best first, ties to the lower index
+    std::int32_t chosen[select_small_max];
+    float chosen_v[select_small_max];
+    const std::int32_t n = k + R;
+    std::int32_t* ids = n <= select_small_max ? chosen : s.order;
+    top_n(sel, E, allowed, n, chosen_v, ids, s.order);
+    for (std::int32_t j = 0; j < k; ++j) o.d_ids[t * k + j] = ids[j];
+    for (std::int32_t r = 0; r < R; ++r) o.d_reroute_ids[t * R + r] = ids[k + r];
+
+    // 6. gates
+    float* gt = o.d_gates + t * k;
+    if (softmax_after) {
+      float gm = -FLT_MAX;
+      for (std::int32_t j = 0; j < k; ++j) gm = std::max(gm, gate_logits[ids[j]]);
+      double gs = 0.0;
+      for (std::int32_t j = 0; j < k; ++j) {
+        gt[j] = math::exp(gate_logits[ids[j]] - gm);
+        gs += gt[j];
+      }
+      for (std::int32_t j = 0; j < k; ++j) gt[j] = static_cast<float>(gt[j] / gs);
+    } else {
+      for (std::int32_t j = 0; j < k; ++j) gt[j] = gate_scores[ids[j]];
+      if (g.renorm == renormalize::before_drop) {
+        float total = 0.0f;
+        for (std::int32_t j = 0; j < k; ++j) total += gt[j];
+        const float denom = total + g.renorm_epsilon;
+        for (std::int32_t j = 0; j < k; ++j) gt[j] = denom > 0.0f ? gt[j] / denom : 0.0f;
+      }
+    }
+    if (random_second) {
+      const float p2 = gate_scores[ids[1]];
+      const auto r = rng::draw(g.second_expert.seed, g.second_expert.offset,
+                               rng::stream_second_expert, static_cast<std::uint64_t>(t));
+      o.d_second_skipped[t] = 2.0f * p2 > rng::uniform_open(r.v[0]) ? 0 : 1;
+    }
+    if (g.renorm != renormalize::after_drop)
+      for (std::int32_t j = 0; j < k; ++j) gt[j] *= g.scaling_factor;
+
+    // token priority: the top-1 clean score (the largest P for softmax)
+    if (wants_priority)
+      o.d_token_priority[t] = softmax_score ? static_cast<float>(1.0 / sum) : score_one(m);
+
+    // 7. aux inputs over valid tokens
+    is_valid = p.d_valid == nullptr || p.d_valid[t] != 0;
+    if (!is_valid) return;
+    if (!softmax_score) {
+      scores(x, m, s.ex, s.p);
+      float total = 0.0f;
+      for (std::int32_t e = 0; e < E; ++e) total += s.p[e];
+      const float denom = total + 1e-20f;
+      for (std::int32_t e = 0; e < E; ++e) s.p[e] = s.p[e] / denom;
+    }
+    math::accumulate_row(s.p, E, s.scores);
+    if (seq_scores != nullptr) math::accumulate_row(s.p, E, seq_scores + seq * E);
+    const std::int32_t counted = cfg.loss.counts == aux_counts::top1 ? 1 : k;
+    std::int32_t fresh[select_small_max];
+    const std::int32_t* count_ids = o.d_ids + t * k;
+    if (cfg.loss.count_source == aux_count_source::fresh_topk) {
+      std::int32_t* f = counted <= select_small_max ? fresh : s.order;
+      top_n(s.p, E, nullptr, counted, chosen_v, f, s.order);
+      count_ids = f;
+    }
+    for (std::int32_t j = 0; j < counted; ++j) {
+      ++s.counts[count_ids[j]];
+      if (seq_counts != nullptr) ++seq_counts[seq * E + count_ids[j]];
+    }
+    const double lse = o.d_logsumexp[t];
+    *s.z += lse * lse;
+  }
+};
+
+}  // namespace detail
+
+/// @brief Workspace bytes cpu::gating needs for `tokens` tokens under `cfg` (0 for T <= 0).
+[[nodiscard]] inline std::size_t gating_workspace_bytes(const routing_config& cfg,
+                                                        std::int64_t tokens) {
+  if (tokens <= 0) return 0;
+  workspace_carver w;
+  (void)detail::carve_gating_space(w, make_gating_plan(cfg, tokens), cfg.num_experts);
+  return w.bytes();
+}
+
+/// @brief Fused gating of T tokens on the CPU: the semantics of reference::gating and the
+///        params of cuda::gating (host pointers).
+/// @param cfg             a routing_config (checked with validate())
+/// @param p               pointers and shapes, see gating_params
+/// @param workspace       caller-owned memory of at least gating_workspace_bytes(cfg, T) bytes,
+///                        8-byte aligned; may be null when 0
+/// @param workspace_bytes its size
+/// @param ex              who runs the tasks (OpenMP / serial / the engine's parallel-for)
+/// @return success; invalid_config / invalid_shape / invalid_argument naming the field;
+///         workspace_too_small.
+/// @note Synchronous; never allocates or throws. Tasks are cut by make_gating_plan (shapes
+///       only) and their partial sums added in task order, so every output is bit-identical
+///       for any executor and thread count. Expert ids, reroute ids, counts and the random
+///       policies' draws equal the reference's whenever no two selection values lie within
+///       the scores' error of each other (exact logit ties go to the lower index, as there).
+///       Scores use math::exp (<= 2 ulp): gates, logsumexp and P are within a few ulp of the
+///       reference, sums within their double rounding (docs/numerics.md, "CPU backend").
+template <class Element>
+[[nodiscard]] status gating(const routing_config& cfg, const gating_params<Element>& p,
+                            void* workspace, std::size_t workspace_bytes, const executor& ex = {}) {
+  if (auto s = validate(cfg, p); !s) return s;
+  if (p.tokens == 0) return status::success();
+  if (auto s = param_checks::validate_workspace("gating", "gating_workspace_bytes", p.tokens,
+                                                gating_workspace_bytes(cfg, p.tokens), workspace,
+                                                workspace_bytes);
+      !s)
+    return s;
+  const gating_plan plan = make_gating_plan(cfg, p.tokens);
+  const std::int32_t E = cfg.num_experts;
+  workspace_carver carver(workspace, workspace_bytes);
+  const detail::gating_space space = detail::carve_gating_space(carver, plan, E);
+  const detail::gating_agent<Element> agent(cfg, p);
+  const std::int64_t S = cfg.loss.sequence_length > 0 ? plan.segments : 0;
+  double* seq_scores = S > 0 ? p.out.sums.d_seq_score_sum : nullptr;
+  std::int64_t* seq_counts = S > 0 ? p.out.sums.d_seq_count : nullptr;
+  parallel_for(ex, plan.tasks, [&](std::int64_t i) {
+    const detail::gating_task_space s = space.task(i);
+    std::fill(s.scores, s.scores + E, 0.0);
+    std::fill(s.counts, s.counts + E, std::int64_t{0});
+    *s.z = 0.0;
+    *s.valid = 0;
+    *s.bad = 0;
+    std::int64_t begin, end;
+    plan.range(i, begin, end);
+    // whole sequences: the task writes its sequences' sums directly, in token order
+    if (plan.whole_segments && S > 0) {
+      const std::int64_t L = plan.segment_tokens;
+      for (std::int64_t q = begin / L; q < end / L; ++q) {
+        std::fill(seq_scores + q * E, seq_scores + (q + 1) * E, 0.0);
+        std::fill(seq_counts + q * E, seq_counts + (q + 1) * E, std::int64_t{0});
+        p.out.sums.d_seq_tokens[q] = 0;
+      }
+    }
+    for (std::int64_t t = begin; t < end; ++t) {
+      bool valid = false;
+      const bool direct = plan.whole_segments && S > 0;
+      const std::int64_t q = S > 0 ? t / plan.segment_tokens : 0;
+      agent.token(t, s, valid, q, direct ? seq_scores : nullptr, direct ? seq_counts : nullptr);
+      if (!valid) continue;
+      ++*s.valid;
+      if (direct) ++p.out.sums.d_seq_tokens[q];
+    }
+  });
+
+  // Fixed-order reduction of the task partials.
+  gating_sums sums = p.out.sums;
+  std::fill(sums.d_aux_score_sum, sums.d_aux_score_sum + E, 0.0);
+  std::fill(sums.d_aux_count, sums.d_aux_count + E, std::int64_t{0});
+  double z = 0.0;
+  std::int64_t valid = 0, bad = 0;
+  for (std::int64_t i = 0; i < plan.tasks; ++i) {
+    const double* ps = space.scores + i * E;
+    const std::int64_t* pc = space.counts + i * E;
+    for (std::int32_t e = 0; e < E; ++e) {
+      sums.d_aux_score_sum[e] += ps[e];
+      sums.d_aux_count[e] += pc[e];
+    }
+    z += space.z[i];
+    valid += space.valid[i];
+    bad += space.bad[i];
+    if (S > 0 && !plan.whole_segments) {  // pieces of sequence i / pieces, in order
+      const std::int64_t q = i / plan.pieces;
+      if (i % plan.pieces == 0) {
+        std::fill(seq_scores + q * E, seq_scores + (q + 1) * E, 0.0);
+        std::fill(seq_counts + q * E, seq_counts + (q + 1) * E, std::int64_t{0});
+        sums.d_seq_tokens[q] = 0;
+      }
+      for (std::int32_t e = 0; e < E; ++e) {
+        seq_scores[q * E + e] += ps[e];
+        seq_counts[q * E + e] += pc[e];
+      }
+      sums.d_seq_tokens[q] += space.valid[i];
+    }
+  }
+  *sums.d_valid_tokens = valid;
+  *sums.d_z_sum_squares = z;
+  if (sums.d_nonfinite != nullptr) *sums.d_nonfinite = bad;
+  return status::success();
+}
+
+}  // namespace moeroute::cpu

@@ -1,0 +1,134 @@
+// SPDX-License-Identifier: Apache-2.0
+// The CPU backend's float kernels: a vectorisable exp with a stated error bound, loads of
+// float / half / bf16 rows with the reference's sanitising, and lane-split double sums. Plain
+// C++ written so that GCC and Clang vectorise the loops for whatever ISA the consumer targets
+// (SSE2 by default; AVX2 / AVX-512 with -march=...): no intrinsics, no per-element branches.
+#pragma once
+
+#include <bit>
+#include <cfloat>
+#include <cmath>
+#include <cstdint>
+#include <type_traits>
+
+#include <moeroute/dtype.hpp>
+
+namespace moeroute::cpu::math {
+
+/// Lanes of the double accumulators: 8 fills an AVX-512 register and is a fixed number, so a
+/// sum's rounding does not depend on the ISA the code was compiled for.
+inline constexpr int sum_lanes = 8;
+
+/// @brief exp(y) in float for any float y that is not NaN: Cody-Waite reduction to
+///        r in [-ln2/2, ln2/2], a degree-6 minimax polynomial, and a two-step scaling by 2^n so
+///        that subnormal results come out (y in [-103.9, -87.3]) and y > 88.73 gives +inf.
+///        Below -103.9 the result is 0 (as is expf's, to within its smallest subnormal).
+/// @note Error bound: at most 2 ulp from the correctly rounded exp for normal results, and at
+///       most 1 ulp of the smallest normal (2^-149 absolute) for subnormal ones; checked over
+///       every 61st float of [-104, 89] by tests/cpu/math_test.cpp. Monotonic on that grid.
+[[nodiscard]] inline float exp(float y) noexcept {
+  y = y < -104.0f ? -104.0f : (y > 89.0f ? 89.0f : y);
+  constexpr float log2e = 1.44269504088896341f;
+  constexpr float magic = 12582912.0f;  // 1.5 * 2^23: adding it rounds to an integer
+  const float n = (y * log2e + magic) - magic;
+  const float r = (y - n * 0.693359375f) - n * -2.12194440e-4f;  // ln2 = hi + lo
+  float p = 1.9875691500e-4f;
+  p = p * r + 1.3981999507e-3f;
+  p = p * r + 8.3334519073e-3f;
+  p = p * r + 4.1665795894e-2f;
+  p = p * r + 1.6666665459e-1f;
+  p = p * r + 5.0000001201e-1f;
+  p = p * (r * r) + r + 1.0f;
+  const std::int32_t ni = static_cast<std::int32_t>(n);  // in [-150, 129]
+  const std::int32_t n1 = ni / 2, n2 = ni - n1;          // each in [-75, 65]: normal scales
+  const float s1 = std::bit_cast<float>((n1 + 127) << 23);
+  const float s2 = std::bit_cast<float>((n2 + 127) << 23);
+  return p * s1 * s2;
+}
+
+/// NaN -> -FLT_MAX, +-Inf -> +-FLT_MAX (the reference's sanitise), branch-free.
+[[nodiscard]] inline float sanitize(float x) noexcept {
+  x = x != x ? -FLT_MAX : x;
+  return x < -FLT_MAX ? -FLT_MAX : (x > FLT_MAX ? FLT_MAX : x);
+}
+
+/// 1 when x is NaN or +-Inf.
+[[nodiscard]] inline std::int32_t nonfinite(float x) noexcept {
+  return (std::bit_cast<std::uint32_t>(x) & 0x7F800000u) == 0x7F800000u ? 1 : 0;
+}
+
+/// One element as float: exact for float, half and bf16 (bf16 is a shift, so it vectorises).
+template <class Element>
+[[nodiscard]] inline float load(const Element& v) noexcept {
+  if constexpr (std::is_same_v<Element, bf16_bits>) {
+    return std::bit_cast<float>(static_cast<std::uint32_t>(v.bits) << 16);
+  } else {
+    return to_float(v);
+  }
+}
+
+/// Lanes of the running max: a multiple of every float vector width.
+inline constexpr int max_lanes = 16;
+
+/// @brief x[i] = sanitize(row[i]) for i < n; returns the max of x and adds the count of
+///        non-finite inputs to `bad`. (Simple loops over fixed lanes so that they vectorise.)
+template <class Element>
+[[nodiscard]] inline float load_row(const Element* __restrict row, std::int32_t n,
+                                    float* __restrict x, std::int64_t& bad) noexcept {
+  std::int32_t nf = 0;
+  for (std::int32_t i = 0; i < n; ++i) {
+    const float v = load(row[i]);
+    nf += nonfinite(v);
+    x[i] = sanitize(v);
+  }
+  bad += nf;
+  float lane[max_lanes];
+  for (int l = 0; l < max_lanes; ++l) lane[l] = -FLT_MAX;
+  std::int32_t i = 0;
+  for (; i + max_lanes <= n; i += max_lanes)
+    for (int l = 0; l < max_lanes; ++l) lane[l] = lane[l] > x[i + l] ? lane[l] : x[i + l];
+  float m = -FLT_MAX;
+  for (int l = 0; l < max_lanes; ++l) m = m > lane[l] ? m : lane[l];
+  for (; i < n; ++i) m = m > x[i] ? m : x[i];
+  return m;
+}
+
+/// @brief The sum of v[0, n) in double: sum_lanes fixed lanes, then lane by lane, then the
+///        tail — one order for every ISA.
+[[nodiscard]] inline double sum_row(const float* __restrict v, std::int32_t n) noexcept {
+  double lane[sum_lanes] = {};
+  std::int32_t i = 0;
+  for (; i + sum_lanes <= n; i += sum_lanes)
+    for (int l = 0; l < sum_lanes; ++l) lane[l] += static_cast<double>(v[i + l]);
+  double s = 0.0;
+  for (int l = 0; l < sum_lanes; ++l) s += lane[l];
+  for (; i < n; ++i) s += static_cast<double>(v[i]);
+  return s;
+}
+
+/// @brief ex[i] = exp(x[i] - m) for i < n; returns sum_row(ex).
+[[nodiscard]] inline double exp_row(const float* __restrict x, std::int32_t n, float m,
+                                    float* __restrict ex) noexcept {
+  for (std::int32_t i = 0; i < n; ++i) ex[i] = exp(x[i] - m);
+  return sum_row(ex, n);
+}
+
+/// @brief p[i] = float(ex[i] / sum) for i < n (by a multiply with 1 / sum in double).
+inline void normalize_row(const float* __restrict ex, std::int32_t n, double sum,
+                          float* __restrict p) noexcept {
+  const double inv = 1.0 / sum;
+  for (std::int32_t i = 0; i < n; ++i) p[i] = static_cast<float>(static_cast<double>(ex[i]) * inv);
+}
+
+/// @brief acc[i] += v[i] in double (a partial sum a task owns).
+inline void accumulate_row(const float* __restrict v, std::int32_t n,
+                           double* __restrict acc) noexcept {
+  for (std::int32_t i = 0; i < n; ++i) acc[i] += static_cast<double>(v[i]);
+}
+
+/// @brief sigmoid(x) = 1 / (1 + exp(-x)) for i < n with the exp above.
+inline void sigmoid_row(const float* __restrict x, std::int32_t n, float* __restrict out) noexcept {
+  for (std::int32_t i = 0; i < n; ++i) out[i] = 1.0f / (1.0f + exp(-x[i]));
+}
+
+}  // namespace moeroute::cpu::math

@@ -1,0 +1,191 @@
+// SPDX-License-Identifier: Apache-2.0
+// Selection for the CPU backend: the n best of a row (larger value first, ties to the lower
+// index, as the reference and the kernels rank) and the group-limit mask. Small n keeps a
+// sorted run of n in registers while scanning once; large n sorts an index array.
+#pragma once
+
+#include <algorithm>
+#include <cstdint>
+#include <cstring>
+#include <limits>
+
+#include <moeroute/config.hpp>
+
+namespace moeroute::cpu::detail {
+
+/// n up to this is selected by one insertion scan; beyond it by a partial sort of indices.
+inline constexpr std::int32_t select_small_max = 16;
+
+/// Strict "better than": larger value, then lower index.
+[[nodiscard]] inline bool better(float va, std::int32_t a, float vb, std::int32_t b) noexcept {
+  return va > vb || (va == vb && a < b);
+}
+
+/// 16 floats / ints as a GCC / Clang generic vector: lowered to AVX-512, AVX2 or SSE2,
+/// whatever the consumer targets. (Loops with a per-lane index test do not auto-vectorise.)
+using f32x16 = float __attribute__((vector_size(64)));
+using i32x16 = std::int32_t __attribute__((vector_size(64)));
+inline constexpr std::int32_t select_lanes = 16;
+
+// Vectors pass by reference only: by value, their calling convention would depend on the ISA
+// (-Wpsabi), and these helpers are always inlined anyway.
+
+/// r = m ? a : b per lane (m lanes all ones or zero). A C-style cast between generic vectors
+/// of one size reinterprets the bits, in registers.
+template <class F, class I>
+inline void blend(F& r, const I& m, const F& a, const F& b) noexcept {
+  r = (F)((m & (I)a) | (~m & (I)b));
+}
+
+/// The better of two (value, index) lane sets, lane by lane: the larger value, then the lower
+/// index (a lane holding nothing has value -inf and index -1).
+template <class F, class I>
+inline void better_of(F& v, I& i, const F& w, const I& j) noexcept {
+  const I gain = (w > v) | ((w == v) & (j < i));
+  blend(v, gain, w, v);
+  i = (gain & j) | (~gain & i);
+}
+
+/// @brief The best (value, lowest index) of 16 lanes, by halving: 16 -> 8 -> 4 -> 2 -> 1.
+inline void reduce_best(const f32x16& v16, const i32x16& i16, float& best,
+                        std::int32_t& at) noexcept {
+  using f8 = float __attribute__((vector_size(32)));
+  using i8 = std::int32_t __attribute__((vector_size(32)));
+  using f4 = float __attribute__((vector_size(16)));
+  using i4 = std::int32_t __attribute__((vector_size(16)));
+  // __builtin_shufflevector (GCC >= 12, Clang) keeps the halves in registers
+  f8 v8 = __builtin_shufflevector(v16, v16, 0, 1, 2, 3, 4, 5, 6, 7);
+  i8 j8 = __builtin_shufflevector(i16, i16, 0, 1, 2, 3, 4, 5, 6, 7);
+  const f8 w8 = __builtin_shufflevector(v16, v16, 8, 9, 10, 11, 12, 13, 14, 15);
+  const i8 k8 = __builtin_shufflevector(i16, i16, 8, 9, 10, 11, 12, 13, 14, 15);
+  better_of(v8, j8, w8, k8);
+  f4 v4 = __builtin_shufflevector(v8, v8, 0, 1, 2, 3);
+  i4 j4 = __builtin_shufflevector(j8, j8, 0, 1, 2, 3);
+  const f4 w4 = __builtin_shufflevector(v8, v8, 4, 5, 6, 7);
+  const i4 k4 = __builtin_shufflevector(j8, j8, 4, 5, 6, 7);
+  better_of(v4, j4, w4, k4);
+  float bv = v4[0];
+  std::int32_t bi = j4[0];
+  for (int l = 1; l < 4; ++l)
+    if (v4[l] > bv || (v4[l] == bv && j4[l] < bi)) {
+      bv = v4[l];
+      bi = j4[l];
+    }
+  best = bv;
+  at = bi;
+}
+
+/// @brief The best entry of v[0, size) that ranks below (pv, pi) — a smaller value, or an
+///        equal one at a larger index — as its index (-1 if none) and value `best`. One pass
+///        of 16 lanes, each keeping its best (value, lowest index), then the 16 reduced.
+inline std::int32_t best_below(const float* v, std::int32_t size, float pv, std::int32_t pi,
+                               float& best) noexcept {
+  constexpr float none = -std::numeric_limits<float>::infinity();
+  const i32x16 iota = {0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15};
+  const f32x16 vnone = f32x16{} + none;
+  f32x16 lane_v = vnone;
+  i32x16 lane_i = i32x16{} - 1;
+  std::int32_t i = 0;
+  for (; i + select_lanes <= size; i += select_lanes) {
+    f32x16 x;
+    std::memcpy(&x, v + i, sizeof x);
+    const i32x16 idx = iota + i;
+    const i32x16 below = (x < pv) | ((x == pv) & (idx > pi));
+    f32x16 c;
+    blend(c, below, x, vnone);
+    const i32x16 gain = c > lane_v;  // strictly: a lane keeps its lowest index on ties
+    blend(lane_v, gain, c, lane_v);
+    lane_i = (gain & idx) | (~gain & lane_i);
+  }
+  float m;
+  std::int32_t at;
+  reduce_best(lane_v, lane_i, m, at);
+  const auto offer = [&](float x, std::int32_t j) {
+    if (!(x < pv || (x == pv && j > pi))) return;
+    if (x > m || (x == m && (at < 0 || j < at))) {
+      m = x;
+      at = j;
+    }
+  };
+  for (; i < size; ++i) offer(v[i], i);
+  best = m;
+  return at;
+}
+
+/// @brief The n best of v[0, size) among allowed[i] != 0 (allowed null: all), best first, into
+///        ids[0, n) and their values into vals[0, n) (vals only for n <= select_small_max).
+///        `scratch` [size] is used for n > select_small_max and may alias `ids`. The caller
+///        guarantees at least n allowed entries.
+inline void top_n(const float* v, std::int32_t size, const std::uint8_t* allowed, std::int32_t n,
+                  float* vals, std::int32_t* ids, std::int32_t* scratch) {
+  if (n <= select_small_max) {
+    std::int32_t have = 0;
+    float worst = 0.0f;  // vals[have - 1] once have == n
+    // scanning in index order, an equal value never beats an entry already held
+    const auto offer = [&](std::int32_t i) {
+      const float x = v[i];
+      if (have == n && !(x > worst)) return;
+      std::int32_t pos = have < n ? have : n - 1;
+      while (pos > 0 && x > vals[pos - 1]) {
+        vals[pos] = vals[pos - 1];
+        ids[pos] = ids[pos - 1];
+        --pos;
+      }
+      vals[pos] = x;
+      ids[pos] = i;
+      if (have < n) ++have;
+      worst = vals[have - 1];
+    };
+    if (allowed == nullptr) {  // n passes of best_below: vectorised, no data-dependent scan
+      float pv = std::numeric_limits<float>::infinity();
+      std::int32_t pi = -1;
+      for (std::int32_t j = 0; j < n; ++j) {
+        pi = best_below(v, size, pv, pi, pv);
+        vals[j] = pv;
+        ids[j] = pi;
+      }
+      return;
+    }
+    for (std::int32_t i = 0; i < size; ++i)
+      if (allowed[i] != 0) offer(i);
+    return;
+  }
+  std::int32_t m = 0;
+  for (std::int32_t i = 0; i < size; ++i)
+    if (allowed == nullptr || allowed[i] != 0) scratch[m++] = i;
+  std::partial_sort(scratch, scratch + n, scratch + m,
+                    [v](std::int32_t a, std::int32_t b) { return better(v[a], a, v[b], b); });
+  if (ids != scratch) std::copy(scratch, scratch + n, ids);
+}
+
+/// @brief The group limit: each of G groups of E / G experts scores the sum (in double, best
+///        first) of its group_score_take(cfg) best selection values; the group_topk best groups
+///        (ties to the lower group) are allowed. `group_scores` [G] and `scratch` [E] are
+///        scratch; allowed [E] is written.
+inline void group_mask(const routing_config& cfg, const float* sel, std::int32_t E, std::int32_t G,
+                       float* group_scores, std::int32_t* scratch, std::uint8_t* allowed) {
+  const std::int32_t per_group = E / G, take = group_score_take(cfg);
+  float vals[select_small_max];
+  std::int32_t ids[select_small_max];
+  for (std::int32_t grp = 0; grp < G; ++grp) {
+    const float* v = sel + grp * per_group;
+    double s = 0.0;
+    if (take <= select_small_max) {
+      top_n(v, per_group, nullptr, take, vals, ids, scratch);
+      for (std::int32_t i = 0; i < take; ++i) s += vals[i];
+    } else {
+      top_n(v, per_group, nullptr, take, vals, scratch, scratch);
+      for (std::int32_t i = 0; i < take; ++i) s += v[scratch[i]];
+    }
+    group_scores[grp] = static_cast<float>(s);
+  }
+  const std::int32_t keep = cfg.gating.group_limit.group_topk;
+  std::int32_t* chosen = keep <= select_small_max ? ids : scratch;
+  top_n(group_scores, G, nullptr, keep, vals, chosen, scratch);
+  std::fill(allowed, allowed + E, std::uint8_t{0});
+  for (std::int32_t i = 0; i < keep; ++i)
+    std::fill(allowed + chosen[i] * per_group, allowed + (chosen[i] + 1) * per_group,
+              std::uint8_t{1});
+}
+
+}  // namespace moeroute::cpu::detail

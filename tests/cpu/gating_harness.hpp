@@ -1,0 +1,120 @@
+// SPDX-License-Identifier: Apache-2.0
+// Test harness for the CPU backend's gating: runs cpu::gating on host buffers and compares
+// every output with reference::gating (common/gating_compare.hpp). Every call runs the
+// backend three ways — serial, OpenMP, and a parallel-for hook that runs the tasks in
+// reverse order — and requires the three to agree bit for bit before comparing.
+#pragma once
+
+#include <cstdint>
+#include <cstring>
+#include <span>
+#include <string>
+#include <vector>
+
+#include <moeroute/config.hpp>
+#include <moeroute/cpu/gating.hpp>
+#include <moeroute/reference/gating.hpp>
+
+#include "../common/gating_compare.hpp"
+
+namespace moeroute::test {
+
+/// A parallel-for hook that runs the tasks last to first: any dependence of a result on the
+/// task order shows up as a difference from the serial run.
+inline void reverse_order_run(void*, std::int64_t tasks, void (*task)(void*, std::int64_t),
+                              void* arg) {
+  for (std::int64_t i = tasks - 1; i >= 0; --i) task(arg, i);
+}
+
+/// Host buffers of one cpu::gating call.
+template <class In>
+struct cpu_gating_buffers {
+  std::vector<In> logits;  // (+ misalign elements in front)
+  std::vector<float> bias;
+  std::vector<std::uint8_t> valid;
+  gating_outputs g;
+  std::vector<unsigned char> workspace;
+  gating_params<In> p;
+
+  cpu_gating_buffers(const routing_config& cfg, const std::vector<In>& h_logits, std::int64_t T,
+                     const std::vector<float>& h_bias, const std::vector<std::uint8_t>& h_valid,
+                     std::size_t misalign_elements)
+      : logits(h_logits.size() + misalign_elements), bias(h_bias), valid(h_valid) {
+    std::copy(h_logits.begin(), h_logits.end(), logits.begin() + misalign_elements);
+    const std::int64_t S = cfg.loss.sequence_length > 0 ? T / cfg.loss.sequence_length : 0;
+    const std::size_t E = static_cast<std::size_t>(cfg.num_experts),
+                      t = static_cast<std::size_t>(T);
+    const std::size_t k = static_cast<std::size_t>(cfg.top_k);
+    const std::size_t R = static_cast<std::size_t>(cfg.candidates_per_token() - cfg.top_k);
+    g.ids.assign(t * k, -7);
+    g.gates.assign(t * k, -7.0f);
+    g.reroute_ids.assign(t * R, -7);
+    g.logsumexp.assign(t, -7.0f);
+    g.token_priority.assign(cfg.dispatch.prio == priority::batch_prioritized ? t : 0, -7.0f);
+    g.second_skipped.assign(cfg.gating.second_expert.policy == second_expert_policy::random ? t : 0,
+                            7);
+    g.aux_score_sum.assign(E, -7.0);
+    g.aux_count.assign(E, -7);
+    g.seq_score_sum.assign(static_cast<std::size_t>(S) * E, -7.0);
+    g.seq_count.assign(static_cast<std::size_t>(S) * E, -7);
+    g.seq_tokens.assign(static_cast<std::size_t>(S), -7);
+    workspace.assign(cpu::gating_workspace_bytes(cfg, T), 0xAB);
+    p.d_logits = logits.data() + misalign_elements;
+    p.tokens = T;
+    p.d_bias = bias.empty() ? nullptr : bias.data();
+    p.d_valid = valid.empty() ? nullptr : valid.data();
+    p.out.d_ids = g.ids.data();
+    p.out.d_gates = g.gates.data();
+    p.out.d_reroute_ids = g.reroute_ids.data();
+    p.out.d_logsumexp = g.logsumexp.data();
+    p.out.d_token_priority = g.token_priority.data();
+    p.out.d_second_skipped = g.second_skipped.data();
+    p.out.sums = {g.aux_score_sum.data(), g.aux_count.data(), &g.valid_tokens,
+                  &g.z_sum_squares,       &g.nonfinite,       g.seq_score_sum.data(),
+                  g.seq_count.data(),     g.seq_tokens.data()};
+  }
+
+  gating_outputs run(const routing_config& cfg, const cpu::executor& ex) {
+    g.st = cpu::gating(cfg, p, workspace.data(), workspace.size(), ex);
+    return g;
+  }
+};
+
+/// "" when two runs wrote the same bits everywhere.
+inline std::string same_bits(const gating_outputs& a, const gating_outputs& b, const char* how) {
+  const auto eq = [](const auto& x, const auto& y) {
+    return x.size() == y.size() &&
+           (x.empty() || std::memcmp(x.data(), y.data(), x.size() * sizeof(x[0])) == 0);
+  };
+  const bool same = a.st.code == b.st.code && eq(a.ids, b.ids) && eq(a.gates, b.gates) &&
+                    eq(a.reroute_ids, b.reroute_ids) && eq(a.logsumexp, b.logsumexp) &&
+                    eq(a.token_priority, b.token_priority) &&
+                    eq(a.second_skipped, b.second_skipped) &&
+                    eq(a.aux_score_sum, b.aux_score_sum) && eq(a.aux_count, b.aux_count) &&
+                    eq(a.seq_score_sum, b.seq_score_sum) && eq(a.seq_count, b.seq_count) &&
+                    eq(a.seq_tokens, b.seq_tokens) && a.valid_tokens == b.valid_tokens &&
+                    a.nonfinite == b.nonfinite &&
+                    std::memcmp(&a.z_sum_squares, &b.z_sum_squares, sizeof(double)) == 0;
+  return same ? "" : std::string("the ") + how + " run differs from the serial run";
+}
+
+/// Runs reference and CPU backend on the same inputs and compares; "" when they agree.
+template <class In>
+std::string check_gating(const routing_config& cfg, const std::vector<In>& logits, std::int64_t T,
+                         const std::vector<float>& bias = {},
+                         const std::vector<std::uint8_t>& valid = {},
+                         std::size_t misalign_elements = 0) {
+  const auto ref =
+      reference::gating<In>(cfg, std::span<const In>(logits), T, std::span<const float>(bias),
+                            std::span<const std::uint8_t>(valid));
+  cpu_gating_buffers<In> b(cfg, logits, T, bias, valid, misalign_elements);
+  const gating_outputs serial = b.run(cfg, cpu::executor::serial());
+  if (auto m = same_bits(serial, b.run(cfg, cpu::executor{}), "OpenMP"); !m.empty()) return m;
+  if (auto m = same_bits(serial, b.run(cfg, cpu::executor{&reverse_order_run, nullptr, 0}),
+                         "reverse-order");
+      !m.empty())
+    return m;
+  return compare(ref, serial);
+}
+
+}  // namespace moeroute::test
