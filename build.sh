@@ -17,10 +17,12 @@ log() { printf '\n==> %s\n' "$*"; }
 PACKAGES=(cmake make g++ catch2 libfmt-dev libbenchmark-dev libcli11-dev nlohmann-json3-dev
           python3 python3-numpy python3-matplotlib clang libclang-rt-dev clang-format
           libopenmpi-dev openmpi-bin)
+# Only `./build.sh bench` needs these: the PyTorch baseline of the CPU backend benchmark.
+BENCH_PACKAGES=(python3-torch)
 
-install_deps() {
+install_deps() {  # [extra packages...]
   local missing=()
-  for p in "${PACKAGES[@]}"; do
+  for p in "${PACKAGES[@]}" "$@"; do
     dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
   done
   if ((${#missing[@]})); then
@@ -52,7 +54,7 @@ cmd_test() {
 }
 
 cmd_bench() {
-  install_deps
+  install_deps "${BENCH_PACKAGES[@]}"
   configure_build release
   if [ -x bench/run_all.sh ]; then
     bench/run_all.sh "$ROOT/build/release"

@@ -1,8 +1,13 @@
 // SPDX-License-Identifier: Apache-2.0
-// Google Benchmark of the CPU backend (include/moeroute/cpu/) beside the reference it must
-// agree with, measured in the same run: gating over the model shapes of shapes.hpp at
-// T = 4096 and 16384, one thread and every thread, with ns per logit and the speed-up over
-// reference::gating; plus a memcpy of the logits, the machine's bandwidth baseline.
+// Google Benchmark of the CPU backend (include/moeroute/cpu/) beside its baselines, measured
+// in the same run:
+//   - gating over the model shapes of shapes.hpp at T = 4096 and 16384, one thread and every
+//     thread, ns per logit, beside reference::gating (the speed-up the docs quote);
+//   - dispatch + layout (capacity factor 1.25) and the losses at T = 16384;
+//   - permute, combine and their backward passes in bf16 (d = 2048, T = 4096), each beside a
+//     single-thread memcpy moving the same bytes (`memcpy/read+write=<bytes>`, reads + writes
+//     counted as for the operations), so % of memcpy bandwidth reads straight off the
+//     bytes_per_second column.
 // Built with -march=native (MOEROUTE_BENCH_NATIVE) and OpenMP when available.
 // JSON with --benchmark_out=FILE --benchmark_out_format=json.
 #include <cstdint>
@@ -12,9 +17,10 @@
 
 #include <benchmark/benchmark.h>
 
-#include <moeroute/cpu/gating.hpp>
-#include <moeroute/reference/gating.hpp>
+#include <moeroute/cpu.hpp>
+#include <moeroute/reference.hpp>
 
+#include "cpu_route.hpp"
 #include "scenarios.hpp"
 #include "shapes.hpp"
 
@@ -23,81 +29,62 @@ namespace {
 using namespace moeroute;
 using namespace moeroute::bench;
 
-/// Host buffers for one cpu::gating call of T tokens.
-struct gating_buffers {
-  std::vector<std::int32_t> ids, reroute;
-  std::vector<float> gates, lse, priority;
-  std::vector<std::uint8_t> skipped;
-  std::vector<double> aux_sum, seq_sum;
-  std::vector<std::int64_t> aux_count, seq_count, seq_tokens;
-  std::int64_t valid_tokens = 0, nonfinite = 0;
-  double z = 0.0;
-  std::vector<unsigned char> workspace;
-  gating_params<float> p;
-
-  gating_buffers(const routing_config& cfg, const std::vector<float>& logits,
-                 const std::vector<float>& bias, std::int64_t T) {
-    const std::size_t t = static_cast<std::size_t>(T), k = static_cast<std::size_t>(cfg.top_k),
-                      E = static_cast<std::size_t>(cfg.num_experts);
-    const std::size_t S =
-        cfg.loss.sequence_length > 0 ? static_cast<std::size_t>(T / cfg.loss.sequence_length) : 0;
-    ids.resize(t * k);
-    gates.resize(t * k);
-    reroute.resize(t * static_cast<std::size_t>(cfg.candidates_per_token() - cfg.top_k));
-    lse.resize(t);
-    priority.resize(t);
-    skipped.resize(t);
-    aux_sum.resize(E);
-    aux_count.resize(E);
-    seq_sum.resize(S * E);
-    seq_count.resize(S * E);
-    seq_tokens.resize(S);
-    workspace.resize(cpu::gating_workspace_bytes(cfg, T));
-    p.d_logits = logits.data();
-    p.tokens = T;
-    p.d_bias = bias.empty() ? nullptr : bias.data();
-    p.out = {ids.data(),
-             gates.data(),
-             reroute.data(),
-             lse.data(),
-             {aux_sum.data(), aux_count.data(), &valid_tokens, &z, &nonfinite, seq_sum.data(),
-              seq_count.data(), seq_tokens.data()},
-             priority.data(),
-             skipped.data()};
-  }
-};
-
-void set_counters(benchmark::State& st, std::int64_t T, std::int64_t E, double bytes_per_iter) {
+void set_rate(benchmark::State& st, std::int64_t T, double bytes_per_iter) {
   st.SetItemsProcessed(st.iterations() * T);
-  st.SetBytesProcessed(static_cast<std::int64_t>(st.iterations() * bytes_per_iter));
+  st.SetBytesProcessed(
+      static_cast<std::int64_t>(static_cast<double>(st.iterations()) * bytes_per_iter));
+}
+void set_ns_per_logit(benchmark::State& st, std::int64_t T, std::int64_t E) {
   st.counters["ns_per_logit"] =
       benchmark::Counter(static_cast<double>(st.iterations() * T * E),
                          benchmark::Counter::kIsRate | benchmark::Counter::kInvert);
 }
+cpu::executor executor_for(int threads) {
+  return threads == 1 ? cpu::executor::serial() : cpu::executor{};
+}
+const char* threads_name(int threads) { return threads == 1 ? "/threads=1" : "/threads=all"; }
 
-void register_all() {
+/// A single-thread memcpy moving `bytes` in all (bytes / 2 read, bytes / 2 written), counted as
+/// `bytes` per call like the operations it is the baseline of: the bandwidth columns compare
+/// directly.
+void register_memcpy(std::int64_t bytes) {
+  benchmark::RegisterBenchmark(
+      ("memcpy/read+write=" + std::to_string(bytes)).c_str(),
+      [bytes](benchmark::State& st) {
+        const std::size_t half = static_cast<std::size_t>(bytes / 2);
+        std::vector<unsigned char> src(half, 1), dst(half);
+        for (auto _ : st) {
+          std::memcpy(dst.data(), src.data(), half);
+          benchmark::DoNotOptimize(dst.data());
+          benchmark::ClobberMemory();
+        }
+        st.SetBytesProcessed(st.iterations() * static_cast<std::int64_t>(2 * half));
+      })
+      ->Unit(benchmark::kMicrosecond)
+      ->MinTime(0.2)
+      ->UseRealTime();
+}
+
+void register_gating() {
   for (const std::int64_t T : {std::int64_t{4096}, std::int64_t{16384}}) {
     for (const model_shape& m : model_shapes) {
       const std::string sfx = "/" + std::string(m.name) + "/T=" + std::to_string(T);
       const double bytes = static_cast<double>(T) * (m.experts * 4.0 + m.top_k * 8.0 + 4.0);
       for (const int threads : {1, 0}) {
-        const std::string name =
-            "cpu_gating" + sfx + (threads == 1 ? "/threads=1" : "/threads=all");
         benchmark::RegisterBenchmark(
-            name.c_str(),
+            ("cpu_gating" + sfx + threads_name(threads)).c_str(),
             [m, T, threads, bytes](benchmark::State& st) {
               const routing_config cfg = m.config();
               const auto logits =
                   make_logits(scenario_kind::uniform, T, m.experts, scenario_params{});
               const std::vector<float> bias(cfg.gating.expert_bias ? m.experts : 0, 0.0f);
-              gating_buffers b(cfg, logits, bias, T);
-              const cpu::executor ex = threads == 1 ? cpu::executor::serial() : cpu::executor{};
               for (auto _ : st) {
-                const status s = cpu::gating(cfg, b.p, b.workspace.data(), b.workspace.size(), ex);
-                if (!s) st.SkipWithError(s.message.c_str());
-                benchmark::DoNotOptimize(b.ids.data());
+                const cpu_gated g = cpu_gate(cfg, logits, T, bias, 1, executor_for(threads));
+                if (!g.st) st.SkipWithError(g.st.message.c_str());
+                benchmark::DoNotOptimize(g.g.ids.data());
               }
-              set_counters(st, T, m.experts, bytes);
+              set_rate(st, T, bytes);
+              set_ns_per_logit(st, T, m.experts);
             })
             ->Unit(benchmark::kMicrosecond)
             ->MinTime(0.2)
@@ -114,22 +101,8 @@ void register_all() {
               auto g = reference::gating<float>(cfg, logits, T, bias);
               benchmark::DoNotOptimize(g.ids.data());
             }
-            set_counters(st, T, m.experts, bytes);
-          })
-          ->Unit(benchmark::kMicrosecond)
-          ->MinTime(0.2);
-      // the baseline: copying the logits once (read + write), single thread
-      benchmark::RegisterBenchmark(
-          ("memcpy_logits" + sfx).c_str(),
-          [m, T](benchmark::State& st) {
-            const std::size_t n = static_cast<std::size_t>(T * m.experts);
-            std::vector<float> src(n, 1.0f), dst(n);
-            for (auto _ : st) {
-              std::memcpy(dst.data(), src.data(), n * sizeof(float));
-              benchmark::DoNotOptimize(dst.data());
-              benchmark::ClobberMemory();
-            }
-            st.SetBytesProcessed(static_cast<std::int64_t>(st.iterations() * n * sizeof(float)));
+            set_rate(st, T, bytes);
+            set_ns_per_logit(st, T, m.experts);
           })
           ->Unit(benchmark::kMicrosecond)
           ->MinTime(0.2);
@@ -137,13 +110,174 @@ void register_all() {
   }
 }
 
+/// dispatch + layout + losses on one gating (capacity factor 1.25, the model's priority).
+void register_dispatch() {
+  const std::int64_t T = 16384;
+  for (const model_shape& m : model_shapes) {
+    const std::string sfx = "/" + std::string(m.name) + "/T=" + std::to_string(T);
+    benchmark::RegisterBenchmark(
+        ("cpu_dispatch_layout_losses_cf1.25" + sfx).c_str(),
+        [m, T](benchmark::State& st) {
+          const routing_config cfg = m.capacity_config(1.25);
+          const auto logits = make_logits(scenario_kind::zipf, T, m.experts, scenario_params{});
+          const std::vector<float> bias(cfg.gating.expert_bias ? m.experts : 0, 0.0f);
+          const cpu_gated g = cpu_gate(cfg, logits, T, bias, 1, cpu::executor::serial());
+          for (auto _ : st) {
+            const cpu_routed r = cpu_route_rest(cfg, g, true, 1, 1, cpu::executor::serial());
+            if (!r.st) st.SkipWithError(r.st.message.c_str());
+            benchmark::DoNotOptimize(r.dispatch.slot.data());
+          }
+          set_rate(st, T, static_cast<double>(T * m.top_k) * 24.0);
+        })
+        ->Unit(benchmark::kMicrosecond)
+        ->MinTime(0.2)
+        ->UseRealTime();
+  }
+}
+
+/// A routed batch and its layout, for the row operations.
+struct routed_rows {
+  routing_config cfg;
+  std::int64_t T = 0, d = 0, rows = 0, used_rows = 0;
+  reference::dispatch_output dsp;
+  reference::layout_output L;
+  dispatch_totals totals{};
+  std::vector<bf16_bits> x, buf, y, grad;
+  const_dispatch_result dview() const {
+    return {dsp.expert.data(),
+            dsp.slot.data(),
+            dsp.weight.data(),
+            dsp.fates.data(),
+            dsp.requested.data(),
+            dsp.kept.data(),
+            dsp.rerouted.data(),
+            dsp.dropped.data(),
+            dsp.received.data(),
+            dsp.load.data(),
+            &totals};
+  }
+  const_layout_result lview() const {
+    return {L.offsets.data(), L.rows_used.data(), L.row_token.data(), L.assignment_row.data(),
+            nullptr,          &L.num_rows};
+  }
+};
+
+routed_rows make_rows(const model_shape& m, std::int64_t T, std::int64_t d) {
+  routed_rows r;
+  r.cfg = m.capacity_config(1.25);
+  r.T = T;
+  r.d = d;
+  const auto logits = make_logits(scenario_kind::uniform, T, m.experts, scenario_params{});
+  const std::vector<float> bias(r.cfg.gating.expert_bias ? m.experts : 0, 0.0f);
+  const auto g = reference::gating<float>(r.cfg, logits, T, bias);
+  r.dsp = reference::dispatch(r.cfg, g);
+  r.totals = r.dsp.totals();
+  r.L = reference::layout(r.cfg, r.dsp, layout_kind::padded);
+  r.rows = r.L.num_rows;
+  for (std::int32_t t : r.L.row_token) r.used_rows += t >= 0 ? 1 : 0;
+  r.x.assign(static_cast<std::size_t>(T * d), from_float<bf16_bits>(0.5f));
+  r.buf.assign(static_cast<std::size_t>(r.rows * d), from_float<bf16_bits>(0.25f));
+  r.y.assign(static_cast<std::size_t>(T * d), bf16_bits{});
+  r.grad.assign(static_cast<std::size_t>(std::max(r.rows, T) * d), bf16_bits{});
+  return r;
+}
+
+void register_rows() {
+  const std::int64_t T = 4096, d = 2048;
+  for (const model_shape& m : model_shapes) {
+    if (m.top_k > 2 && m.experts > 128) continue;  // the DeepSeek-V3 buffer: 1.1 GB, skipped
+    const std::string sfx =
+        "/" + std::string(m.name) + "/T=" + std::to_string(T) + "/d=" + std::to_string(d);
+    const routed_rows probe = make_rows(m, T, 1);
+    const double el = sizeof(bf16_bits);
+    // bytes each op must move at the least (reads + writes of live rows / tokens)
+    const double permute_bytes = 2.0 * static_cast<double>(probe.rows) * d * el;
+    const double combine_bytes = static_cast<double>(probe.used_rows + T) * d * el;
+    const double combine_bwd_bytes =
+        static_cast<double>(probe.rows + 2 * probe.used_rows + T) * d * el;
+    const double permute_bwd_bytes = static_cast<double>(probe.used_rows + T) * d * el;
+    for (const double b : {permute_bytes, combine_bytes, combine_bwd_bytes, permute_bwd_bytes})
+      register_memcpy(static_cast<std::int64_t>(b));
+    for (const int threads : {1, 0}) {
+      const cpu::executor ex = executor_for(threads);
+      benchmark::RegisterBenchmark(("cpu_permute_bf16" + sfx + threads_name(threads)).c_str(),
+                                   [m, T, d, ex, permute_bytes](benchmark::State& st) {
+                                     routed_rows r = make_rows(m, T, d);
+                                     const permute_params<bf16_bits> p{
+                                         r.x.data(), T, d, r.lview(), r.rows, r.buf.data()};
+                                     for (auto _ : st) {
+                                       if (auto s = cpu::permute(r.cfg, p, ex); !s)
+                                         st.SkipWithError(s.message.c_str());
+                                       benchmark::ClobberMemory();
+                                     }
+                                     set_rate(st, T, permute_bytes);
+                                   })
+          ->Unit(benchmark::kMicrosecond)
+          ->MinTime(0.2)
+          ->UseRealTime();
+      benchmark::RegisterBenchmark(("cpu_combine_bf16" + sfx + threads_name(threads)).c_str(),
+                                   [m, T, d, ex, combine_bytes](benchmark::State& st) {
+                                     routed_rows r = make_rows(m, T, d);
+                                     const combine_params<bf16_bits> p{
+                                         r.buf.data(), r.rows,    T,          d,
+                                         r.lview(),    r.dview(), r.x.data(), r.y.data()};
+                                     for (auto _ : st) {
+                                       if (auto s = cpu::combine(r.cfg, p, ex); !s)
+                                         st.SkipWithError(s.message.c_str());
+                                       benchmark::ClobberMemory();
+                                     }
+                                     set_rate(st, T, combine_bytes);
+                                   })
+          ->Unit(benchmark::kMicrosecond)
+          ->MinTime(0.2)
+          ->UseRealTime();
+      benchmark::RegisterBenchmark(
+          ("cpu_combine_backward_bf16" + sfx + threads_name(threads)).c_str(),
+          [m, T, d, ex, combine_bwd_bytes](benchmark::State& st) {
+            routed_rows r = make_rows(m, T, d);
+            std::vector<float> dw(static_cast<std::size_t>(T * m.top_k));
+            const combine_backward_params<bf16_bits> p{
+                r.buf.data(), r.y.data(), r.rows,        T,         d,
+                r.lview(),    r.dview(),  r.grad.data(), dw.data(), nullptr};
+            for (auto _ : st) {
+              if (auto s = cpu::combine_backward(r.cfg, p, ex); !s)
+                st.SkipWithError(s.message.c_str());
+              benchmark::ClobberMemory();
+            }
+            set_rate(st, T, combine_bwd_bytes);
+          })
+          ->Unit(benchmark::kMicrosecond)
+          ->MinTime(0.2)
+          ->UseRealTime();
+      benchmark::RegisterBenchmark(
+          ("cpu_permute_backward_bf16" + sfx + threads_name(threads)).c_str(),
+          [m, T, d, ex, permute_bwd_bytes](benchmark::State& st) {
+            routed_rows r = make_rows(m, T, d);
+            const permute_backward_params<bf16_bits> p{r.buf.data(), r.rows, T,         d,
+                                                       r.lview(),    false,  r.y.data()};
+            for (auto _ : st) {
+              if (auto s = cpu::permute_backward(r.cfg, p, ex); !s)
+                st.SkipWithError(s.message.c_str());
+              benchmark::ClobberMemory();
+            }
+            set_rate(st, T, permute_bwd_bytes);
+          })
+          ->Unit(benchmark::kMicrosecond)
+          ->MinTime(0.2)
+          ->UseRealTime();
+    }
+  }
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
-  register_all();
+  register_gating();
+  register_dispatch();
+  register_rows();
   benchmark::Initialize(&argc, argv);
   if (benchmark::ReportUnrecognizedArguments(argc, argv)) return 1;
-  benchmark::AddCustomContext("moeroute", "CPU backend beside the reference, same run");
+  benchmark::AddCustomContext("moeroute", "CPU backend beside the reference and memcpy, same run");
   benchmark::RunSpecifiedBenchmarks();
   benchmark::Shutdown();
   return 0;

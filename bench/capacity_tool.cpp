@@ -126,7 +126,8 @@ std::string fmt_time(double us) {
 const char* csv_header =
     "scenario,tokens,experts,top_k,factor,capacity,priority,policy,layout,assignments,kept,"
     "rerouted,dropped,drop_rate,fully_dropped_tokens,rows,empty_rows,padding_waste,max_load,"
-    "mean_load,max_over_mean,dead_experts,buffer_bytes,aux_loss,z_loss,cpu_us,gpu_us";
+    "mean_load,max_over_mean,dead_experts,buffer_bytes,aux_loss,z_loss,cpu_us,gpu_us,gating_us,"
+    "check";
 
 void write_csv(std::ostream& os, const std::vector<sweep_row>& rows) {
   os << csv_header << '\n';
@@ -134,11 +135,12 @@ void write_csv(std::ostream& os, const std::vector<sweep_row>& rows) {
     const auto& s = r.stats;
     os << fmt::format(
         "{},{},{},{},{},{},{},{},{},{},{},{},{},{:.6f},{},{},{},{:.6f},{},{:.3f},{:.4f},{},{},{:."
-        "6g},{:.6g},{:.2f},\n",
+        "6g},{:.6g},{:.2f},,{:.2f},{}\n",
         r.scenario, r.tokens, r.experts, r.top_k, r.factor, r.capacity, r.priority_name,
         r.policy_name, r.layout_name, s.assignments, s.kept, s.rerouted, s.dropped, s.drop_rate,
         s.fully_dropped_tokens, s.rows, s.empty_rows, s.padding_waste, s.max_load, s.mean_load,
-        r.max_over_mean, s.dead_experts, r.buffer_bytes, r.aux_loss, r.z_loss, r.cpu_us);
+        r.max_over_mean, s.dead_experts, r.buffer_bytes, r.aux_loss, r.z_loss, r.cpu_us,
+        r.gating_us, r.check);
   }
 }
 
@@ -175,6 +177,8 @@ nlohmann::json to_json(const std::vector<sweep_row>& rows, const nlohmann::json&
     o["z_loss"] = r.z_loss;
     o["cpu_us"] = r.cpu_us;
     o["gpu_us"] = nullptr;
+    o["gating_us"] = r.gating_us;
+    if (!r.check.empty()) o["check"] = r.check;
     j["rows"].push_back(o);
   }
   return j;
@@ -207,9 +211,10 @@ void write_table(std::ostream& os, const std::vector<sweep_row>& rows,
   }
   os << "\ndrop% = dropped / routed assignments; tok.drop = tokens with no expert at all;\n"
         "pad% = empty rows / buffer rows of the layout; buffer = layout rows x hidden x dtype;\n"
-        "cpu/call = one reference::route + layout on this CPU (the reference, not a tuned "
-        "kernel).\n"
-        "GPU column: not measured — this tool times the CPU reference only; GPU kernel timings\n"
+        "cpu/call = one routing call on this CPU: gating + dispatch + layout + losses on the CPU\n"
+        "backend (gating is computed once per batch and shared by the rows), or reference::route\n"
+        "+ layout with --backend reference.\n"
+        "GPU column: not measured — this tool times the CPU only; GPU kernel timings\n"
         "come from bench_kernels_cuda (docs/performance.md).\n";
 }
 
@@ -346,8 +351,9 @@ int run(int argc, char** argv) {
   std::int64_t tokens = 4096, hidden = 0, block_size = 16, layer = -1;
   std::int32_t experts = 0, top_k = 0;
   scenario_params sp;
-  int repeats = 1;
-  bool quiet = false;
+  int repeats = 1, threads = 0;
+  bool quiet = false, check = false;
+  std::string backend = "cpu";
   std::int32_t ep_ranks = 0;
   std::string placement_spec = "contiguous", ep_scopes = "dropless,per_source,global";
 
@@ -400,6 +406,15 @@ int run(int argc, char** argv) {
                  "compact layout segment alignment (grouped-GEMM tile rows)")
       ->capture_default_str();
   app.add_option("--repeat", repeats, "timed routing calls per row (minimum reported)")
+      ->capture_default_str();
+  app.add_option("--backend", backend,
+                 "route on the fast CPU backend (cpu: gating once per batch) or the reference")
+      ->capture_default_str();
+  app.add_flag("--check", check,
+               "cpu backend: also route every row on the reference: the same gating ids, gates "
+               "within 1e-5, and exactly the reference's dispatch and layout on that gating "
+               "(else exit 1); the 'check' column also counts fates that differ end to end");
+  app.add_option("--threads", threads, "cpu backend threads (0 = all, with OpenMP)")
       ->capture_default_str();
   app.add_option("--format", format, "stdout/--out format: table, csv, json")
       ->capture_default_str();
@@ -460,6 +475,11 @@ int run(int argc, char** argv) {
   if (block_size < 1 || block_size > (1 << 20))
     throw usage_error("--block-size must be in [1, 2^20]");
   if (repeats < 1 || repeats > 1000) throw usage_error("--repeat must be in [1, 1000]");
+  if (backend != "cpu" && backend != "reference")
+    throw usage_error("--backend: '" + backend + "' is not one of cpu, reference");
+  if (check && backend != "cpu")
+    throw usage_error("--check compares the cpu backend: --backend cpu");
+  if (threads < 0 || threads > 4096) throw usage_error("--threads must be in [0, 4096]");
   if (hidden < 0 || hidden > max_hidden) throw usage_error("--hidden must be in [1, 2^20]");
   if (!std::isfinite(sp.zipf_s) || sp.zipf_s < 0 || sp.zipf_s > 100)
     throw usage_error("--zipf-s must be in [0, 100]");
@@ -482,6 +502,9 @@ int run(int argc, char** argv) {
   so.hidden = hidden > 0 ? hidden : preset->default_hidden;
   so.buffer_dtype = bdt;
   so.repeats = repeats;
+  so.reference_backend = backend == "reference";
+  so.check = check;
+  so.executor = cpu::executor::openmp(threads);
 
   // ---- inputs
   std::vector<sweep_input> inputs;
@@ -615,7 +638,8 @@ int run(int argc, char** argv) {
 
   // ---- output
   const std::string setup =
-      fmt::format("preset {} | d={} {} | layout {}", preset->name, so.hidden, to_string(bdt),
+      fmt::format("preset {} | d={} {} | backend {}{} | layout {}", preset->name, so.hidden,
+                  to_string(bdt), backend, check ? " (checked against the reference)" : "",
                   layout_name == "auto"
                       ? "padded (factors) / compact/" + std::to_string(block_size) + " (dropless)"
                       : layout_name);
@@ -628,7 +652,8 @@ int run(int argc, char** argv) {
   meta["hidden"] = so.hidden;
   meta["dtype"] = to_string(bdt);
   meta["input"] = npy.empty() ? "synthetic" : npy;
-  meta["gpu"] = "not measured (CPU reference only)";
+  meta["gpu"] = "not measured (CPU only)";
+  meta["backend"] = backend;
   meta["skipped"] = skipped;
 
   write_outputs(
@@ -639,6 +664,31 @@ int run(int argc, char** argv) {
     std::ofstream f(json_path);
     f << to_json(rows, meta).dump(2) << '\n';
     if (!f) throw std::runtime_error("cannot write --json file '" + json_path + "'");
+  }
+  if (check) {
+    std::size_t bad = 0;
+    std::size_t near = 0;
+    for (const auto& r : rows) near += r.check.rfind("ok,", 0) == 0 ? 1 : 0;
+    for (const auto& r : rows)
+      if (r.check.rfind("ok", 0) != 0) {
+        if (bad++ == 0)
+          std::fprintf(stderr,
+                       "moeroute-capacity: --check: %s factor %s %s/%s: the cpu backend differs "
+                       "from the reference in %s\n",
+                       r.scenario.c_str(), r.factor.c_str(), r.priority_name.c_str(),
+                       r.policy_name.c_str(), r.check.c_str());
+      }
+    if (bad > 0) {
+      std::fprintf(stderr, "moeroute-capacity: --check: %zu of %zu rows differ\n", bad,
+                   rows.size());
+      return 1;
+    }
+    if (!quiet)
+      std::fprintf(stderr,
+                   "moeroute-capacity: --check: all %zu rows decide as the reference does on "
+                   "the same gating; %zu of them rank some near-equal gates differently end to "
+                   "end (the 'check' column counts the fates)\n",
+                   rows.size(), near);
   }
   if (!plot_path.empty()) {
     std::string csv_for_plot = csv_path;

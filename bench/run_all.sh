@@ -68,8 +68,14 @@ log "CPU reference stages (Google Benchmark)"
 
 CPU_BENCH="$BUILD/bench/bench_cpu"
 if [ -x "$CPU_BENCH" ]; then
-  log "CPU backend beside the reference and a memcpy of the logits (Google Benchmark)"
+  log "CPU backend beside the reference and a memcpy (Google Benchmark)"
   "$CPU_BENCH" --benchmark_out="$OUT/cpu_backend.json" --benchmark_out_format=json
+fi
+if [ -n "$PY" ] && "$PY" -c "import torch" 2>/dev/null; then
+  log "CPU backend vs the PyTorch baseline of Megatron-Core's router (same logits, same run)"
+  "$PY" "$ROOT/bench/compare_torch.py" "$BUILD" --json "$OUT/cpu_vs_torch.json"
+else
+  echo "no python3 with torch: the PyTorch comparison is skipped (apt-get install python3-torch)" >&2
 fi
 
 EP_BENCH="$BUILD/bench/bench_ep_mpi"

@@ -1,6 +1,8 @@
 // SPDX-License-Identifier: Apache-2.0
-// The capacity sweep: one batch of router logits, routed on the CPU reference under every
-// (capacity factor, priority, drop policy), measured with reference::compute_stats.
+// The capacity sweep: one batch of router logits, routed under every (capacity factor,
+// priority, drop policy) on the fast CPU backend (gating once per batch and gating variant,
+// cpu_route.hpp) or on the reference, measured with reference::compute_stats; --check routes
+// every row on both and requires the same decisions.
 #pragma once
 
 #include <algorithm>
@@ -8,6 +10,7 @@
 #include <cmath>
 #include <cstdint>
 #include <cstdio>
+#include <deque>
 #include <functional>
 #include <limits>
 #include <optional>
@@ -21,6 +24,8 @@
 #include <moeroute/dtype.hpp>
 #include <moeroute/names.hpp>
 #include <moeroute/reference.hpp>
+
+#include "cpu_route.hpp"
 
 namespace moeroute::bench {
 
@@ -55,7 +60,10 @@ struct sweep_options {
   std::int64_t block_size = 16;  ///< compact layout segment alignment
   std::int64_t hidden = 4096;
   dtype buffer_dtype = dtype::bf16;
-  int repeats = 1;  ///< timed calls per row; the minimum is reported
+  int repeats = 1;                 ///< timed calls per row; the minimum is reported
+  bool reference_backend = false;  ///< route on reference:: instead of the CPU backend
+  bool check = false;              ///< also route on the reference and compare (CPU backend)
+  cpu::executor executor{};        ///< the CPU backend's threads
 };
 
 /// One row of the result table.
@@ -71,7 +79,9 @@ struct sweep_row {
   double max_over_mean = 0.0;
   std::int64_t buffer_bytes = 0;  ///< layout rows * hidden * element size
   double aux_loss = 0.0, z_loss = 0.0;
-  double cpu_us = 0.0;  ///< one route() + layout on the CPU reference, microseconds
+  double cpu_us = 0.0;     ///< one routing call (gating + dispatch + layout + losses), microseconds
+  double gating_us = 0.0;  ///< of which gating (once per batch and gating variant)
+  std::string check;       ///< --check: "ok", or what differs from the reference
 };
 
 /// @brief Configs of a sweep in order: factor-major, then priority, then policy.
@@ -97,9 +107,10 @@ inline status sweep_config(const sweep_options& o, const factor_choice& f,
   return validate(out);
 }
 
-/// @brief Routes one input under one config and measures it.
+/// @brief Routes one input under one config and measures it; `gated` is the input's CPU
+///        gating for cfg's gating variant (unused with the reference backend).
 inline sweep_row run_one(const sweep_options& o, const sweep_input& in, const routing_config& cfg,
-                         const factor_choice& f) {
+                         const factor_choice& f, const cpu_gated& gated) {
   sweep_row r;
   r.scenario = in.name;
   r.tokens = in.tokens;
@@ -114,24 +125,41 @@ inline sweep_row run_one(const sweep_options& o, const sweep_input& in, const ro
   r.layout_name = padded ? "padded" : "compact/" + std::to_string(o.block_size);
   const std::vector<float> bias(cfg.gating.expert_bias ? cfg.num_experts : 0, 0.0f);
 
-  reference::routing_result res;
-  reference::layout_output L;
-  double best = INFINITY;
-  for (int rep = 0; rep < (o.repeats < 1 ? 1 : o.repeats); ++rep) {
-    const auto t0 = std::chrono::steady_clock::now();
-    res = reference::route<float>(cfg, in.logits, in.tokens, bias);
-    L = padded ? reference::layout(cfg, res.dispatch, layout_kind::padded)
-               : reference::layout(cfg, res.dispatch, layout_kind::compact, o.block_size);
-    const auto t1 = std::chrono::steady_clock::now();
-    best = std::min(best, std::chrono::duration<double, std::micro>(t1 - t0).count());
+  if (!o.reference_backend) {
+    const cpu_gated& g = gated;
+    if (!g.st) throw error(g.st);
+    const cpu_routed c = cpu_route_rest(cfg, g, padded, o.block_size, o.repeats, o.executor);
+    if (!c.st) throw error(c.st);
+    r.gating_us = g.us;
+    r.cpu_us = g.us + c.us;
+    r.capacity = c.dispatch.capacity;
+    r.stats = reference::compute_stats(c.dispatch, c.layout);
+    r.aux_loss = c.aux_loss;
+    r.z_loss = c.z_loss;
+    if (o.check) {
+      const auto want = reference::route<float>(cfg, in.logits, in.tokens, bias);
+      r.check = check_against_reference(cfg, g, c, want, padded, o.block_size);
+    }
+  } else {
+    reference::routing_result res;
+    reference::layout_output L;
+    double best = INFINITY;
+    for (int rep = 0; rep < (o.repeats < 1 ? 1 : o.repeats); ++rep) {
+      const auto t0 = std::chrono::steady_clock::now();
+      res = reference::route<float>(cfg, in.logits, in.tokens, bias);
+      L = padded ? reference::layout(cfg, res.dispatch, layout_kind::padded)
+                 : reference::layout(cfg, res.dispatch, layout_kind::compact, o.block_size);
+      const auto t1 = std::chrono::steady_clock::now();
+      best = std::min(best, std::chrono::duration<double, std::micro>(t1 - t0).count());
+    }
+    r.cpu_us = best;
+    r.capacity = res.dispatch.capacity;
+    r.stats = reference::compute_stats(res.dispatch, L);
+    r.aux_loss = res.losses.aux.value;
+    r.z_loss = res.losses.z.value;
   }
-  r.cpu_us = best;
-  r.capacity = res.dispatch.capacity;
-  r.stats = reference::compute_stats(res.dispatch, L);
   r.max_over_mean = r.stats.mean_load > 0 ? r.stats.max_load / r.stats.mean_load : 0.0;
   r.buffer_bytes = r.stats.rows * o.hidden * static_cast<std::int64_t>(size_of(o.buffer_dtype));
-  r.aux_loss = res.losses.aux.value;
-  r.z_loss = res.losses.z.value;
   return r;
 }
 
@@ -149,7 +177,17 @@ inline std::vector<sweep_row> run_sweep(const sweep_options& o,
   const std::size_t total =
       inputs.size() * o.factors.size() * o.priorities.size() * o.policies.size();
   std::size_t i = 0;
-  for (const auto& in : inputs)
+  for (const auto& in : inputs) {
+    // the CPU backend gates each batch once per gating variant of the sweep's configs
+    std::deque<cpu_gated> gatings;  // stable references
+    const auto gating_for = [&](const routing_config& cfg) -> const cpu_gated& {
+      for (const auto& g : gatings)
+        if (g.variant == variant_of(cfg)) return g;
+      const std::vector<float> bias(cfg.gating.expert_bias ? cfg.num_experts : 0, 0.0f);
+      gatings.push_back(cpu_gate(cfg, in.logits, in.tokens, bias, o.repeats, o.executor));
+      return gatings.back();
+    };
+    static const cpu_gated none{};
     for (const auto& f : o.factors)
       for (const auto& p : o.priorities)
         for (const auto& d : o.policies) {
@@ -163,8 +201,9 @@ inline std::vector<sweep_row> run_sweep(const sweep_options& o,
             if (skipped) skipped(what + ": " + s.message);
             continue;
           }
-          rows.push_back(run_one(o, in, cfg, f));
+          rows.push_back(run_one(o, in, cfg, f, o.reference_backend ? none : gating_for(cfg)));
         }
+  }
   if (progress) progress(total, total, "done");
   return rows;
 }

@@ -72,7 +72,11 @@ def case_synthetic():
     check(c > u > 0, f"collapsed drops {c} should exceed uniform drops {u} > 0")
     # same inputs -> same results (everything but the timing column)
     rc2, out2, _ = run(*args)
-    strip = lambda t: [",".join(line.split(",")[:-2]) for line in t.splitlines()]
+    timing = {"cpu_us", "gpu_us", "gating_us"}
+    def strip(text):
+        lines = text.splitlines()
+        keep = [i for i, name in enumerate(lines[0].split(",")) if name not in timing]
+        return [",".join(line.split(",")[i] for i in keep) for line in lines]
     check(rc2 == 0 and strip(out) == strip(out2), "two identical sweeps differ")
     # table and json formats
     rc, out, err = run("--scenario", "homogeneous", "--tokens", "128", "--experts", "8", "--factors", "1.25")
@@ -224,6 +228,9 @@ def case_bad_args():
         (["--set", "gating.score=fast"], "must be one of softmax"),
         (["--set", "top_k=3"], "--top-k"),
         (["--set", "gating.scaling_factor=-1"], "gating.scaling_factor"),
+        (["--backend", "gpu"], "--backend"),
+        (["--backend", "reference", "--check"], "--check"),
+        (["--threads", "-1"], "--threads"),
     ]
     for argv, msg in cases:
         rc, out, err = run(*argv)
@@ -319,8 +326,35 @@ def case_ep():
     check(rc == 2 and "--scopes" in err, f"bad scope: exit {rc}, {err}")
 
 
+def case_backends():
+    """The CPU backend (default) and the reference decide the same on every row: --check passes
+    and both backends' CSV agree in every column but the timings and the check."""
+    common = ["--scenario", "uniform,zipf,collapsed", "--tokens", "600", "--experts", "12",
+              "--top-k", "2", "--preset", "deepspeed_topk", "--factors", "0.5,1.0,dropless",
+              "--priorities", "all", "--policies", "all", "--format", "csv", "-q"]
+    rc, cpu, err = run(*common, "--check")
+    check(rc == 0, f"--check exit {rc}: {err.strip()[:300]}")
+    rows = csv_rows(cpu)
+    check(len(rows) > 50, f"{len(rows)} rows")
+    check(all(r["check"].startswith("ok") for r in rows), "every row checks ok")
+    check(all(float(r["gating_us"]) > 0 for r in rows), "gating_us is timed")
+    rc, ref, err = run(*common, "--backend", "reference")
+    check(rc == 0, f"--backend reference exit {rc}: {err.strip()[:300]}")
+    skip = {"cpu_us", "gpu_us", "gating_us", "check", "aux_loss", "z_loss"}
+    for a, b in zip(rows, csv_rows(ref)):
+        for key in a:
+            if key in skip:
+                continue
+            check(a[key] == b[key], f"{a['scenario']} {a['factor']} {a['priority']} {a['policy']}: "
+                                    f"{key} cpu {a[key]} vs reference {b[key]}")
+        for key in ("aux_loss", "z_loss"):  # sums of scores within float rounding
+            check(abs(float(a[key]) - float(b[key])) <= 1e-5 * abs(float(b[key])) + 1e-12,
+                  f"{key} cpu {a[key]} vs reference {b[key]}")
+
+
 {"synthetic": case_synthetic, "npy": case_npy, "npy_layers_f16": case_npy_layers_f16,
- "malformed": case_malformed, "bad_args": case_bad_args, "plot": case_plot, "ep": case_ep}[CASE]()
+ "malformed": case_malformed, "bad_args": case_bad_args, "plot": case_plot, "ep": case_ep,
+ "backends": case_backends}[CASE]()
 if failures:
     print(f"{len(failures)} check(s) failed in case {CASE}", file=sys.stderr)
     sys.exit(1)

@@ -26,12 +26,16 @@
 #include <moeroute/presets.hpp>
 #include <moeroute/reference.hpp>
 
-#include "backward_cases.hpp"
+#include "../common/backward_cases.hpp"
 #include "device_forward.cuh"
 
 using namespace moeroute;
 namespace ref = moeroute::reference;
 using cuda::device_buffer;
+using moeroute::test::grid_logit_case;
+using moeroute::test::grid_logit_cases;
+using moeroute::test::grid_logits;
+using moeroute::test::grid_valid;
 using moeroute::test::random_logits;
 using moeroute::test::random_values;
 
@@ -78,137 +82,6 @@ auto as_device(const device_buffer<Bits>& b) {
 
 // ---------------------------------------------------------------------------------------------
 // Logit gradients
-
-struct grid_logit_case {
-  std::string name;
-  routing_config cfg;
-  bool bias = false;
-  bool sequence = false;  // loss.sequence_length set per T
-};
-
-std::vector<grid_logit_case> grid_logit_cases() {
-  std::vector<grid_logit_case> v;
-  v.push_back({"Switch top-1, residual, tight capacity", presets::switch_top1(5, 0.5, 1)});
-  v.push_back({"seed top-2: softmax, before-drop, residual", presets::seed_reference(8, 2, 0.75)});
-  v.push_back({"Mixtral: softmax after top-k, unbounded", presets::mixtral(8, 2)});
-  {
-    presets::megatron_options mo;
-    mo.capacity_factor = 1.0;
-    mo.pre_softmax = true;
-    v.push_back({"Megatron pre-softmax, score-per-expert drops", presets::megatron(8, 2, mo)});
-  }
-  {
-    auto c = presets::deepspeed_top2(6, 0.5, 1);
-    c.dispatch.dropped = drop_policy::fallback;
-    c.dispatch.fallback.expert = 2;
-    v.push_back({"DeepSpeed top-2 after-drop, fallback to routed expert 2", c});
-  }
-  v.push_back(
-      {"DeepSpeed top-k = E = 6, after-drop, drops", presets::deepspeed_topk(6, 6, 0.5, 1)});
-  v.push_back(
-      {"DeepSeek-V3: sigmoid, groups, bias, scaling 2.5", presets::deepseek_v3(16, 4, 4, 2), true});
-  v.push_back({"sigmoid after-drop, dedicated fallback (expert E), capacity 1",
-               parse_config("num_experts=7 top_k=3 gating.score=sigmoid gating.renorm=after_drop "
-                            "gating.scaling_factor=1.5 capacity.mode=fixed capacity.fixed=1 "
-                            "dispatch.dropped=fallback dispatch.fallback.capacity=2")});
-  v.push_back({"sqrt-softplus, no renorm, next-choice reroute",
-               parse_config("num_experts=9 top_k=2 gating.score=sqrt_softplus capacity.factor=0.5 "
-                            "capacity.min_capacity=1 dispatch.dropped=next_choice "
-                            "dispatch.reroute.max_candidates=3")});
-  // everything dropped: S = 0, the clamp
-  v.push_back({"sqrt-softplus after-drop, capacity 0",
-               parse_config("num_experts=5 top_k=2 gating.score=sqrt_softplus "
-                            "gating.renorm=after_drop capacity.mode=fixed capacity.fixed=0")});
-  {
-    auto c = presets::seed_reference(8, 2, 1.0);
-    c.gating.noise.kind = noise_kind::gaussian;
-    c.gating.noise.scale = 0.7f;
-    c.gating.noise.seed = 5;
-    c.gating.noise.offset = 3;
-    c.gating.noise.target = noise_target::selection_and_gates;
-    v.push_back({"Gaussian noise on the gates, before-drop", c});
-  }
-  {
-    auto c = presets::deepseek_v3(8, 2, 0, 0);
-    c.gating.noise.kind = noise_kind::gumbel;
-    c.gating.noise.scale = 0.5f;
-    c.gating.noise.seed = 11;
-    c.gating.noise.target = noise_target::selection_and_gates;
-    c.capacity.mode = capacity_mode::factor;
-    c.capacity.factor = 0.75;
-    v.push_back({"Gumbel noise on sigmoid gates, drops", c, true});
-  }
-  {
-    auto c = presets::mixtral(6, 2);
-    c.gating.noise.kind = noise_kind::gaussian;
-    c.gating.noise.scale = 1.0f;
-    c.gating.noise.target = noise_target::selection_only;
-    v.push_back({"selection-only noise (gates from clean logits)", c});
-  }
-  {
-    auto c = presets::mixtral(5, 5);
-    c.loss.aux_coefficient = 0.5f;
-    v.push_back({"softmax after top-k, k = E = 5, sequence aux", c, false, true});
-  }
-  {
-    auto c = presets::deepseek_v3(8, 2, 4, 2);
-    c.loss.z_coefficient = 0.0f;
-    c.loss.aux_coefficient = 0.01f;
-    v.push_back({"DeepSeek-V3 sequence aux, no z-loss", c, true, true});
-  }
-  {
-    auto c = presets::qwen_moe(37, 3, false);
-    c.loss.aux_coefficient = 0.0f;
-    c.loss.z_coefficient = 0.25f;
-    v.push_back({"E = 37, k = 3, z-loss only", c});
-  }
-  {
-    auto c = presets::deepspeed_topk(40, 8, 1.0, 1);
-    c.gating.score = score_function::sigmoid;
-    c.loss.counts = aux_counts::all_k;
-    c.loss.scale = aux_scale::normalized;
-    v.push_back({"E = 40, k = 8, sigmoid after-drop, normalized aux", c});
-  }
-  {
-    auto c = presets::switch_top1(3, 1.0, 1);
-    c.gating.score = score_function::sigmoid;
-    c.gating.scaling_factor = 0.5f;
-    c.loss.aux_coefficient = 0.0f;
-    c.loss.z_coefficient = 0.0f;
-    v.push_back({"sigmoid top-1, routing term only", c});
-  }
-  return v;
-}
-
-/// Logits of T tokens with special rows: 1 all very negative (gates underflow), 2 NaN / +Inf /
-/// -Inf entries, 4 all equal (ties), 5 per-expert gates of about 1e-8, so that k of them sum
-/// below FLT_EPSILON while the gradient through the after-drop clamp is still ~1e-3.
-std::vector<float> grid_logits(std::int64_t T, std::int32_t E, std::uint32_t seed,
-                               score_function f = score_function::softmax) {
-  auto x = random_logits(T, E, seed);
-  if (T > 5 && f != score_function::softmax)  // sigmoid(-18.5) ~ 9e-9; sqrt(softplus(-37)) ~ 9e-9
-    for (std::int32_t e = 0; e < E; ++e)
-      x[5 * E + e] =
-          (f == score_function::sigmoid ? -18.5f : -37.0f) - 0.0625f * static_cast<float>(e);
-  if (T > 1)
-    for (std::int32_t e = 0; e < E; ++e) x[1 * E + e] = -40.0f - static_cast<float>(e);
-  if (T > 2) {
-    x[2 * E + 0] = std::numeric_limits<float>::quiet_NaN();
-    if (E > 1) x[2 * E + 1] = std::numeric_limits<float>::infinity();
-    if (E > 2) x[2 * E + 2] = -std::numeric_limits<float>::infinity();
-  }
-  if (T > 4)
-    for (std::int32_t e = 0; e < E; ++e) x[4 * E + e] = 0.25f;
-  return x;
-}
-
-std::vector<std::uint8_t> grid_valid(std::int64_t T) {
-  if (T < 7) return {};
-  std::vector<std::uint8_t> v(T, 1);
-  for (std::int64_t t = 0; t < T; ++t)
-    if (t % 5 == 3 || (t >= 60 && t < 120)) v[t] = 0;  // [60, 120): whole sequences of padding
-  return v;
-}
 
 template <class Bits>
 void check_grid_logit_grads(const grid_logit_case& c, std::int64_t T, std::uint32_t seed) {

@@ -21,7 +21,7 @@
 #include <moeroute/presets.hpp>
 #include <moeroute/reference.hpp>
 
-#include "backward_cases.hpp"
+#include "../common/backward_cases.hpp"
 #include "device_forward.cuh"
 
 using namespace moeroute;

@@ -35,6 +35,8 @@ for exe in "$BUILD"/tests/fuzz/fuzz_*; do
   [ -x "$exe" ] && [ -f "$exe" ] || continue
   name=$(basename "$exe")
   seeds="$ROOT/tests/fuzz/corpus/$name"
+  # fuzz_cpu decodes the same inputs as fuzz_route: it starts from that corpus
+  [ "$name" = fuzz_cpu ] && seeds="$ROOT/tests/fuzz/corpus/fuzz_route"
   work="$BUILD/corpus/$name"
   mkdir -p "$seeds" "$work"
   args=(-max_len="${MAX_LEN[$name]:-4096}" -timeout=10 -rss_limit_mb=2048

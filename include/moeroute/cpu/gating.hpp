@@ -160,10 +160,9 @@ struct gating_agent {
     return x;
   }
 
+  /// the max of a row (softmax only: the per-expert scores do not need it)
   float max_of(const float* v) const {
-    float m = -FLT_MAX;
-    for (std::int32_t e = 0; e < E; ++e) m = m > v[e] ? m : v[e];
-    return m;
+    return cfg.gating.score == score_function::softmax ? math::max_row(v, E) : 0.0f;
   }
 
   void token(std::int64_t t, const gating_task_space& s, bool& is_valid, std::int64_t seq,
@@ -195,7 +194,9 @@ struct gating_agent {
     // 3. gate scores and selection values (+ bias)
     const float* gate_scores = s.gate_scores;
     if (softmax_after) {
-      std::fill(s.gate_scores, s.gate_scores + E, 0.0f);
+      // the reference leaves its score row at 0 here; only these two read it
+      if (random_second || g.select == select_from::scores)
+        std::fill(s.gate_scores, s.gate_scores + E, 0.0f);
     } else if (softmax_score && !noisy_gates) {
       gate_scores = s.p;
     } else {
@@ -230,7 +231,7 @@ struct gating_agent {
     if (sampling) {
       std::int32_t first[select_small_max];
       float first_v[select_small_max];
-      top_n(sel, E, allowed, 1, first_v, first, s.order);
+      top_n(sel, E, allowed, 1, first_v, first, s.order, s.ex);
       for (std::int32_t e = 0; e < E; ++e) {
         if (e == first[0]) {
           s.sel[e] = FLT_MAX;
@@ -247,23 +248,26 @@ struct gating_agent {
     float chosen_v[select_small_max];
     const std::int32_t n = k + R;
     std::int32_t* ids = n <= select_small_max ? chosen : s.order;
-    top_n(sel, E, allowed, n, chosen_v, ids, s.order);
+    top_n(sel, E, allowed, n, chosen_v, ids, s.order, s.ex);
     for (std::int32_t j = 0; j < k; ++j) o.d_ids[t * k + j] = ids[j];
     for (std::int32_t r = 0; r < R; ++r) o.d_reroute_ids[t * R + r] = ids[k + r];
 
-    // 6. gates
+    // 6. gates. Where they depend on the k chosen experts only (softmax after top-k, and the
+    //    per-expert score functions) they are computed with libm's exp, as the reference does,
+    //    so they are its bits: priorities that rank by gate then order exactly as it does.
     float* gt = o.d_gates + t * k;
     if (softmax_after) {
       float gm = -FLT_MAX;
       for (std::int32_t j = 0; j < k; ++j) gm = std::max(gm, gate_logits[ids[j]]);
       double gs = 0.0;
       for (std::int32_t j = 0; j < k; ++j) {
-        gt[j] = math::exp(gate_logits[ids[j]] - gm);
+        gt[j] = std::exp(gate_logits[ids[j]] - gm);
         gs += gt[j];
       }
       for (std::int32_t j = 0; j < k; ++j) gt[j] = static_cast<float>(gt[j] / gs);
     } else {
-      for (std::int32_t j = 0; j < k; ++j) gt[j] = gate_scores[ids[j]];
+      for (std::int32_t j = 0; j < k; ++j)
+        gt[j] = softmax_score ? gate_scores[ids[j]] : score_one(gate_logits[ids[j]]);
       if (g.renorm == renormalize::before_drop) {
         float total = 0.0f;
         for (std::int32_t j = 0; j < k; ++j) total += gt[j];
@@ -272,7 +276,7 @@ struct gating_agent {
       }
     }
     if (random_second) {
-      const float p2 = gate_scores[ids[1]];
+      const float p2 = softmax_score ? gate_scores[ids[1]] : score_one(gate_logits[ids[1]]);
       const auto r = rng::draw(g.second_expert.seed, g.second_expert.offset,
                                rng::stream_second_expert, static_cast<std::uint64_t>(t));
       o.d_second_skipped[t] = 2.0f * p2 > rng::uniform_open(r.v[0]) ? 0 : 1;
@@ -288,10 +292,13 @@ struct gating_agent {
     is_valid = p.d_valid == nullptr || p.d_valid[t] != 0;
     if (!is_valid) return;
     if (!softmax_score) {
-      scores(x, m, s.ex, s.p);
-      float total = 0.0f;
-      for (std::int32_t e = 0; e < E; ++e) total += s.p[e];
-      const float denom = total + 1e-20f;
+      // the per-expert scores of the clean logits: the gate scores already, unless noisy
+      if (!noisy_gates && !softmax_after) {
+        std::copy(gate_scores, gate_scores + E, s.p);
+      } else {
+        scores(x, m, s.ex, s.p);
+      }
+      const float denom = math::sum_row_f32(s.p, E) + 1e-20f;
       for (std::int32_t e = 0; e < E; ++e) s.p[e] = s.p[e] / denom;
     }
     math::accumulate_row(s.p, E, s.scores);

@@ -9,6 +9,7 @@
 #include <cfloat>
 #include <cmath>
 #include <cstdint>
+#include <cstring>
 #include <type_traits>
 
 #include <moeroute/dtype.hpp>
@@ -67,8 +68,73 @@ template <class Element>
   }
 }
 
-/// Lanes of the running max: a multiple of every float vector width.
-inline constexpr int max_lanes = 16;
+// Row reductions in GCC / Clang generic vectors: the running max / sums stay in registers and
+// the lanes are folded by halves (16 -> 8 -> 4 -> 2 -> 1), a fixed order, so the rounding of a
+// sum is the same for every ISA the vectors are lowered to.
+using f32x16 = float __attribute__((vector_size(64)));
+using f32x8 = float __attribute__((vector_size(32)));
+using f32x4 = float __attribute__((vector_size(16)));
+using f64x8 = double __attribute__((vector_size(64)));
+using f64x4 = double __attribute__((vector_size(32)));
+using f64x2 = double __attribute__((vector_size(16)));
+
+/// The max of 16 lanes, folded by halves.
+[[nodiscard]] inline float fold_max(const f32x16& v) noexcept {
+  const f32x8 a = __builtin_shufflevector(v, v, 0, 1, 2, 3, 4, 5, 6, 7);
+  const f32x8 b = __builtin_shufflevector(v, v, 8, 9, 10, 11, 12, 13, 14, 15);
+  const f32x8 c = a > b ? a : b;
+  const f32x4 d = __builtin_shufflevector(c, c, 0, 1, 2, 3);
+  const f32x4 e = __builtin_shufflevector(c, c, 4, 5, 6, 7);
+  const f32x4 f = d > e ? d : e;
+  const float g = f[0] > f[2] ? f[0] : f[2], h = f[1] > f[3] ? f[1] : f[3];
+  return g > h ? g : h;
+}
+
+/// The sum of 16 float lanes: (l + l+8), then (+4), (+2), (+1).
+[[nodiscard]] inline float fold_sum(const f32x16& v) noexcept {
+  const f32x8 c = __builtin_shufflevector(v, v, 0, 1, 2, 3, 4, 5, 6, 7) +
+                  __builtin_shufflevector(v, v, 8, 9, 10, 11, 12, 13, 14, 15);
+  const f32x4 f =
+      __builtin_shufflevector(c, c, 0, 1, 2, 3) + __builtin_shufflevector(c, c, 4, 5, 6, 7);
+  return (f[0] + f[2]) + (f[1] + f[3]);
+}
+
+/// The sum of 8 double lanes: (l + l+4), then (+2), (+1).
+[[nodiscard]] inline double fold_sum(const f64x8& v) noexcept {
+  const f64x4 c =
+      __builtin_shufflevector(v, v, 0, 1, 2, 3) + __builtin_shufflevector(v, v, 4, 5, 6, 7);
+  const f64x2 f = __builtin_shufflevector(c, c, 0, 1) + __builtin_shufflevector(c, c, 2, 3);
+  return f[0] + f[1];
+}
+
+/// @brief The max of v[0, n) (no NaN): 16 lanes folded by halves, then the tail.
+[[nodiscard]] inline float max_row(const float* __restrict v, std::int32_t n) noexcept {
+  f32x16 lane = f32x16{} - FLT_MAX;
+  std::int32_t i = 0;
+  for (; i + 16 <= n; i += 16) {
+    f32x16 x;
+    std::memcpy(&x, v + i, sizeof x);
+    lane = lane > x ? lane : x;
+  }
+  float m = fold_max(lane);
+  for (; i < n; ++i) m = m > v[i] ? m : v[i];
+  return m;
+}
+
+/// @brief The sum of v[0, n) in float: 16 lanes folded by halves, then the tail (the reference
+///        adds sequentially; this differs by float rounding only).
+[[nodiscard]] inline float sum_row_f32(const float* __restrict v, std::int32_t n) noexcept {
+  f32x16 lane = {};
+  std::int32_t i = 0;
+  for (; i + 16 <= n; i += 16) {
+    f32x16 x;
+    std::memcpy(&x, v + i, sizeof x);
+    lane += x;
+  }
+  float s = fold_sum(lane);
+  for (; i < n; ++i) s += v[i];
+  return s;
+}
 
 /// @brief x[i] = sanitize(row[i]) for i < n; returns the max of x and adds the count of
 ///        non-finite inputs to `bad`. (Simple loops over fixed lanes so that they vectorise.)
@@ -82,26 +148,20 @@ template <class Element>
     x[i] = sanitize(v);
   }
   bad += nf;
-  float lane[max_lanes];
-  for (int l = 0; l < max_lanes; ++l) lane[l] = -FLT_MAX;
-  std::int32_t i = 0;
-  for (; i + max_lanes <= n; i += max_lanes)
-    for (int l = 0; l < max_lanes; ++l) lane[l] = lane[l] > x[i + l] ? lane[l] : x[i + l];
-  float m = -FLT_MAX;
-  for (int l = 0; l < max_lanes; ++l) m = m > lane[l] ? m : lane[l];
-  for (; i < n; ++i) m = m > x[i] ? m : x[i];
-  return m;
+  return max_row(x, n);
 }
 
-/// @brief The sum of v[0, n) in double: sum_lanes fixed lanes, then lane by lane, then the
-///        tail — one order for every ISA.
+/// @brief The sum of v[0, n) in double: 8 lanes folded by halves, then the tail — one order
+///        for every ISA.
 [[nodiscard]] inline double sum_row(const float* __restrict v, std::int32_t n) noexcept {
-  double lane[sum_lanes] = {};
+  f64x8 lane = {};
   std::int32_t i = 0;
-  for (; i + sum_lanes <= n; i += sum_lanes)
-    for (int l = 0; l < sum_lanes; ++l) lane[l] += static_cast<double>(v[i + l]);
-  double s = 0.0;
-  for (int l = 0; l < sum_lanes; ++l) s += lane[l];
+  for (; i + sum_lanes <= n; i += sum_lanes) {
+    f32x8 x;
+    std::memcpy(&x, v + i, sizeof x);
+    lane += __builtin_convertvector(x, f64x8);
+  }
+  double s = fold_sum(lane);
   for (; i < n; ++i) s += static_cast<double>(v[i]);
   return s;
 }

@@ -64,13 +64,17 @@ inline void reduce_best(const f32x16& v16, const i32x16& i16, float& best,
   const f4 w4 = __builtin_shufflevector(v8, v8, 4, 5, 6, 7);
   const i4 k4 = __builtin_shufflevector(j8, j8, 4, 5, 6, 7);
   better_of(v4, j4, w4, k4);
-  float bv = v4[0];
-  std::int32_t bi = j4[0];
-  for (int l = 1; l < 4; ++l)
-    if (v4[l] > bv || (v4[l] == bv && j4[l] < bi)) {
-      bv = v4[l];
-      bi = j4[l];
-    }
+  using f2 = float __attribute__((vector_size(8)));
+  using i2 = std::int32_t __attribute__((vector_size(8)));
+  f2 v2 = __builtin_shufflevector(v4, v4, 0, 1);
+  i2 j2 = __builtin_shufflevector(j4, j4, 0, 1);
+  const f2 w2 = __builtin_shufflevector(v4, v4, 2, 3);
+  const i2 k2 = __builtin_shufflevector(j4, j4, 2, 3);
+  better_of(v2, j2, w2, k2);
+  // the last pair without a branch: random data would mispredict it half the time
+  const bool second = v2[1] > v2[0] || (v2[1] == v2[0] && j2[1] < j2[0]);
+  const float bv = second ? v2[1] : v2[0];
+  const std::int32_t bi = second ? j2[1] : j2[0];
   best = bv;
   at = bi;
 }
@@ -112,12 +116,70 @@ inline std::int32_t best_below(const float* v, std::int32_t size, float pv, std:
   return at;
 }
 
+/// @brief The two best of v[0, size) (size >= 2) in one pass: each of 16 lanes keeps its best
+///        and second best; the best of the lanes' bests wins, and the second is the best of
+///        the other lanes' bests and the winner's second. Ties to the lower index throughout.
+inline void top2(const float* v, std::int32_t size, float* vals, std::int32_t* ids) noexcept {
+  constexpr float none = -std::numeric_limits<float>::infinity();
+  const i32x16 iota = {0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15};
+  const f32x16 vnone = f32x16{} + none;
+  f32x16 v1 = vnone, v2 = vnone;
+  i32x16 i1 = i32x16{} - 1, i2 = i32x16{} - 1;
+  std::int32_t i = 0;
+  for (; i + select_lanes <= size; i += select_lanes) {
+    f32x16 x;
+    std::memcpy(&x, v + i, sizeof x);
+    const i32x16 idx = iota + i;
+    const i32x16 gain1 = x > v1;             // strictly: equal values keep the lower index
+    const i32x16 gain2 = ~gain1 & (x > v2);  // a new second best
+    f32x16 down;                             // what becomes the second: the old best, or x
+    blend(down, gain1, v1, x);
+    const i32x16 down_i = (gain1 & i1) | (~gain1 & idx);
+    blend(v2, gain1 | gain2, down, v2);
+    i2 = ((gain1 | gain2) & down_i) | (~(gain1 | gain2) & i2);
+    blend(v1, gain1, x, v1);
+    i1 = (gain1 & idx) | (~gain1 & i1);
+  }
+  float m1, m2;
+  std::int32_t a1, a2;
+  reduce_best(v1, i1, m1, a1);
+  const i32x16 winner = i1 == a1;
+  f32x16 cand;
+  blend(cand, winner, v2, v1);
+  reduce_best(cand, (winner & i2) | (~winner & i1), m2, a2);
+  // the tail (indices above every lane's): an equal value never displaces
+  for (; i < size; ++i) {
+    const float x = v[i];
+    if (a1 < 0 || x > m1) {
+      m2 = m1;
+      a2 = a1;
+      m1 = x;
+      a1 = i;
+    } else if (a2 < 0 || x > m2) {
+      m2 = x;
+      a2 = i;
+    }
+  }
+  vals[0] = m1;
+  ids[0] = a1;
+  vals[1] = m2;
+  ids[1] = a2;
+}
+
 /// @brief The n best of v[0, size) among allowed[i] != 0 (allowed null: all), best first, into
 ///        ids[0, n) and their values into vals[0, n) (vals only for n <= select_small_max).
-///        `scratch` [size] is used for n > select_small_max and may alias `ids`. The caller
-///        guarantees at least n allowed entries.
+///        `scratch` [size] is used for n > select_small_max and may alias `ids`; `masked`
+///        [size] (optional) holds a copy of v with the disallowed entries at -inf, so that a
+///        group-limited selection runs the same vectorised passes. The caller guarantees at
+///        least n allowed entries. The values must not be -inf (selection values are finite).
 inline void top_n(const float* v, std::int32_t size, const std::uint8_t* allowed, std::int32_t n,
-                  float* vals, std::int32_t* ids, std::int32_t* scratch) {
+                  float* vals, std::int32_t* ids, std::int32_t* scratch, float* masked = nullptr) {
+  if (allowed != nullptr && masked != nullptr && n <= select_small_max) {
+    constexpr float none = -std::numeric_limits<float>::infinity();
+    for (std::int32_t i = 0; i < size; ++i) masked[i] = allowed[i] != 0 ? v[i] : none;
+    v = masked;
+    allowed = nullptr;
+  }
   if (n <= select_small_max) {
     std::int32_t have = 0;
     float worst = 0.0f;  // vals[have - 1] once have == n
@@ -136,6 +198,10 @@ inline void top_n(const float* v, std::int32_t size, const std::uint8_t* allowed
       if (have < n) ++have;
       worst = vals[have - 1];
     };
+    if (allowed == nullptr && n == 2 && size >= 2) {
+      top2(v, size, vals, ids);
+      return;
+    }
     if (allowed == nullptr) {  // n passes of best_below: vectorised, no data-dependent scan
       float pv = std::numeric_limits<float>::infinity();
       std::int32_t pi = -1;

@@ -1,0 +1,244 @@
+// SPDX-License-Identifier: Apache-2.0
+// CPU backend: the backward passes of combine and permute — the operations and params of
+// cuda::combine_backward / cuda::permute_backward. d expert_out and d x are bit-identical to
+// the reference's (fp32, rank order, no fma contraction in this file); d weight is a dot
+// product summed in 16 fixed lanes (the reference: sequentially), within fp32 rounding.
+#pragma once
+
+#include <algorithm>
+#include <cstdint>
+#include <cstring>
+#include <string>
+
+#include <moeroute/config.hpp>
+#include <moeroute/cpu/gating.hpp>
+#include <moeroute/cpu/parallel.hpp>
+#include <moeroute/cpu/rows.hpp>
+#include <moeroute/params/combine_backward.hpp>
+#include <moeroute/status.hpp>
+#include <moeroute/types.hpp>
+
+MOEROUTE_PRECISE_FP_BEGIN
+namespace moeroute::cpu {
+
+using moeroute::combine_backward_params;
+using moeroute::permute_backward_params;
+
+/// @brief Checks config, shapes and pointers (check_params); names the first bad field.
+template <class Element>
+[[nodiscard]] status validate(const routing_config& cfg,
+                              const combine_backward_params<Element>& p) {
+  static_assert(is_element_v<Element>, "Element must be float, half_bits or bf16_bits");
+  return check_params(cfg, p);
+}
+
+/// @brief Checks config, shapes and pointers (check_params); names the first bad field.
+template <class Element>
+[[nodiscard]] status validate(const routing_config& cfg,
+                              const permute_backward_params<Element>& p) {
+  static_assert(is_element_v<Element>, "Element must be float, half_bits or bf16_bits");
+  return check_params(cfg, p);
+}
+
+namespace detail {
+
+/// The first bad entry of a layout's assignment rows / row tokens, or success.
+[[nodiscard]] inline status check_layout_rows(const std::int64_t* assignment_row, std::int64_t n,
+                                              const std::int32_t* row_token, std::int64_t rows,
+                                              std::int64_t tokens) {
+  for (std::int64_t a = 0; a < n; ++a)
+    if (assignment_row[a] < -1 || assignment_row[a] >= rows)
+      return status::make(status_code::invalid_argument,
+                          "layout.d_assignment_row[" + std::to_string(a) + "] = " +
+                              std::to_string(assignment_row[a]) + " is outside [-1, rows)");
+  if (row_token != nullptr)
+    for (std::int64_t r = 0; r < rows; ++r)
+      if (row_token[r] < -1 || row_token[r] >= tokens)
+        return status::make(status_code::invalid_argument,
+                            "layout.d_row_token[" + std::to_string(r) +
+                                "] = " + std::to_string(row_token[r]) + " is outside [-1, tokens)");
+  return status::success();
+}
+
+/// sum_c a[c] * b[c] in fp32, 16 fixed lanes then lane by lane then the tail
+[[nodiscard]] inline float dot(const float* __restrict a, const float* __restrict b,
+                               std::int64_t n) noexcept {
+  constexpr int lanes = 16;
+  float lane[lanes] = {};
+  std::int64_t c = 0;
+  for (; c + lanes <= n; c += lanes)
+    for (int l = 0; l < lanes; ++l) lane[l] += a[c + l] * b[c + l];
+  float s = 0.0f;
+  for (int l = 0; l < lanes; ++l) s += lane[l];
+  for (; c < n; ++c) s += a[c] * b[c];
+  return s;
+}
+
+}  // namespace detail
+
+/// @brief Combine backward on the CPU: d expert_out [rows, d] (padding rows 0), d weight [T, k]
+///        (0 for assignments without a row) and, when d_grad_x is given, the residual
+///        pass-through d x [T, d] (dy for a valid token with no row under drop_policy::residual,
+///        else 0). Rows and tokens run in fixed blocks on `ex`.
+/// @note Synchronous, no allocation. T = 0: d_grad_expert_out (all padding) gets 0.
+template <class Element>
+[[nodiscard]] status combine_backward(const routing_config& cfg,
+                                      const combine_backward_params<Element>& p,
+                                      const executor& ex = {}) {
+  if (auto s = validate(cfg, p); !s) return s;
+  const std::int32_t k = cfg.top_k;
+  const std::int64_t d = p.hidden, n = p.tokens * k;
+  if (auto s = detail::check_layout_rows(p.layout.d_assignment_row, n,
+                                         p.rows > 0 && d > 0 ? p.layout.d_row_token : nullptr,
+                                         p.rows, p.tokens);
+      !s)
+    return s;
+  // d expert_out, row by row: the assignments of the row's token that hold it, in rank order
+  if (p.rows > 0 && d > 0) {
+    const std::int64_t tasks = task_count(p.rows, std::max<std::int64_t>(1, 8192 / d + 1));
+    parallel_for(ex, tasks, [&](std::int64_t i) {
+      std::int64_t begin, end;
+      task_range(p.rows, tasks, i, begin, end);
+      float acc[rows::tile], v[rows::tile];
+      for (std::int64_t r = begin; r < end; ++r) {
+        const std::int32_t t = p.layout.d_row_token[r];
+        std::int64_t c0 = 0;
+        if constexpr (rows::has_vec16<Element>) {  // 16 columns at a time, in registers
+          float wt[32];
+          std::int32_t live = 0;
+          if (t >= 0 && k <= 32)
+            for (std::int32_t j = 0; j < k; ++j)
+              if (p.layout.d_assignment_row[t * k + j] == r)
+                wt[live++] = p.dispatched.d_weight[t * k + j];
+          if (t < 0 || k <= 32)
+            for (; c0 + 16 <= d; c0 += 16) {
+              rows::f32x16 a = {}, x;
+              if (live > 0) rows::load16(p.d_dy + t * d + c0, x);
+              for (std::int32_t j = 0; j < live; ++j) a += wt[j] * x;
+              rows::store16(a, p.d_grad_expert_out + r * d + c0);
+            }
+        }
+        for (; c0 < d; c0 += rows::tile) {
+          const std::int64_t w = std::min(rows::tile, d - c0);
+          std::fill(acc, acc + w, 0.0f);
+          if (t >= 0) {
+            rows::load(p.d_dy + t * d + c0, w, v);
+            for (std::int32_t j = 0; j < k; ++j) {
+              if (p.layout.d_assignment_row[t * k + j] != r) continue;
+              const float wt = p.dispatched.d_weight[t * k + j];
+              for (std::int64_t c = 0; c < w; ++c) acc[c] += wt * v[c];
+            }
+          }
+          rows::store(acc, w, p.d_grad_expert_out + r * d + c0);
+        }
+      }
+    });
+  }
+  if (p.tokens == 0) return status::success();
+  // d weight and the residual pass-through, token by token
+  const bool residual = cfg.dispatch.dropped == drop_policy::residual;
+  const std::int64_t tasks = task_count(p.tokens, std::max<std::int64_t>(1, 8192 / (d + 1) + 1));
+  parallel_for(ex, tasks, [&](std::int64_t i) {
+    std::int64_t begin, end;
+    task_range(p.tokens, tasks, i, begin, end);
+    float dy[rows::tile], v[rows::tile];
+    for (std::int64_t t = begin; t < end; ++t) {
+      bool any = false;
+      for (std::int32_t j = 0; j < k; ++j) {
+        const std::int64_t a = t * k + j;
+        const std::int64_t row = p.layout.d_assignment_row[a];
+        float total = 0.0f;
+        if (row >= 0 && holds_row(p.dispatched.d_fate[a])) {
+          any = true;
+          for (std::int64_t c0 = 0; c0 < d; c0 += rows::tile) {
+            const std::int64_t w = std::min(rows::tile, d - c0);
+            rows::load(p.d_dy + t * d + c0, w, dy);
+            rows::load(p.d_expert_out + row * d + c0, w, v);
+            total += detail::dot(dy, v, w);
+          }
+        }
+        p.d_grad_weight[a] = total;
+      }
+      if (p.d_grad_x == nullptr || d == 0) continue;
+      const bool pass = residual && !any && p.dispatched.d_fate[t * k] != fate::masked;
+      if (pass) {
+        std::memcpy(static_cast<void*>(p.d_grad_x + t * d), p.d_dy + t * d,
+                    static_cast<std::size_t>(d) * sizeof(Element));
+      } else {
+        std::memset(static_cast<void*>(p.d_grad_x + t * d), 0,
+                    static_cast<std::size_t>(d) * sizeof(Element));
+      }
+    }
+  });
+  return status::success();
+}
+
+/// @brief Permute backward on the CPU: d x[t] = (accumulate ? d x[t] : 0) + the sum of
+///        d buf over token t's distinct rows in rank order (fp32): bit-identical to
+///        reference::permute_backward. Tokens run in fixed blocks on `ex`.
+/// @note Synchronous, no allocation. T = 0 or d = 0: success, nothing written.
+template <class Element>
+[[nodiscard]] status permute_backward(const routing_config& cfg,
+                                      const permute_backward_params<Element>& p,
+                                      const executor& ex = {}) {
+  if (auto s = validate(cfg, p); !s) return s;
+  if (p.tokens == 0 || p.hidden == 0) return status::success();
+  const std::int32_t k = cfg.top_k;
+  const std::int64_t d = p.hidden;
+  if (auto s = detail::check_layout_rows(p.layout.d_assignment_row, p.tokens * k, nullptr, p.rows,
+                                         p.tokens);
+      !s)
+    return s;
+  const std::int64_t tasks = task_count(p.tokens, std::max<std::int64_t>(1, 8192 / d + 1));
+  parallel_for(ex, tasks, [&](std::int64_t i) {
+    std::int64_t begin, end;
+    task_range(p.tokens, tasks, i, begin, end);
+    float acc[rows::tile], v[rows::tile];
+    for (std::int64_t t = begin; t < end; ++t) {
+      const std::int64_t* rows_of = p.layout.d_assignment_row + t * k;
+      std::int64_t c0 = 0;
+      if constexpr (rows::has_vec16<Element>) {  // 16 columns at a time, in registers
+        const Element* distinct[32];
+        std::int32_t live = 0;
+        if (k <= 32)
+          for (std::int32_t j = 0; j < k; ++j) {
+            const std::int64_t row = rows_of[j];
+            bool seen = row < 0;
+            for (std::int32_t i2 = 0; i2 < j && !seen; ++i2) seen = rows_of[i2] == row;
+            if (!seen) distinct[live++] = p.d_grad_buf + row * d;
+          }
+        if (k <= 32)
+          for (; c0 + 16 <= d; c0 += 16) {
+            rows::f32x16 a = {}, x;
+            if (p.accumulate) rows::load16(p.d_grad_x + t * d + c0, a);
+            for (std::int32_t j = 0; j < live; ++j) {
+              rows::load16(distinct[j] + c0, x);
+              a += x;
+            }
+            rows::store16(a, p.d_grad_x + t * d + c0);
+          }
+      }
+      for (; c0 < d; c0 += rows::tile) {
+        const std::int64_t w = std::min(rows::tile, d - c0);
+        if (p.accumulate) {
+          rows::load(p.d_grad_x + t * d + c0, w, acc);
+        } else {
+          std::fill(acc, acc + w, 0.0f);
+        }
+        for (std::int32_t j = 0; j < k; ++j) {
+          const std::int64_t row = rows_of[j];
+          bool seen = row < 0;
+          for (std::int32_t i2 = 0; i2 < j && !seen; ++i2) seen = rows_of[i2] == row;
+          if (seen) continue;
+          rows::load(p.d_grad_buf + row * d + c0, w, v);
+          for (std::int64_t c = 0; c < w; ++c) acc[c] += v[c];
+        }
+        rows::store(acc, w, p.d_grad_x + t * d + c0);
+      }
+    }
+  });
+  return status::success();
+}
+
+}  // namespace moeroute::cpu
+MOEROUTE_PRECISE_FP_END

@@ -1,0 +1,63 @@
+// SPDX-License-Identifier: Apache-2.0
+// CPU backend: gather hidden states [T, d] into an expert layout [rows, d] — the operation and
+// params of cuda::permute, the bits of reference::permute. Each row is one contiguous copy.
+#pragma once
+
+#include <algorithm>
+#include <cstdint>
+#include <cstring>
+#include <string>
+
+#include <moeroute/config.hpp>
+#include <moeroute/cpu/gating.hpp>
+#include <moeroute/cpu/parallel.hpp>
+#include <moeroute/params/permute.hpp>
+#include <moeroute/status.hpp>
+#include <moeroute/types.hpp>
+
+namespace moeroute::cpu {
+
+using moeroute::permute_params;
+
+/// @brief Checks config, shapes and pointers (check_params); names the first bad field.
+template <class Element>
+[[nodiscard]] status validate(const routing_config& cfg, const permute_params<Element>& p) {
+  static_assert(is_element_v<Element>, "Element must be float, half_bits or bf16_bits");
+  return check_params(cfg, p);
+}
+
+/// @brief out[row] = x[row_token[row]] for rows < *layout.d_num_rows (all `rows` when null);
+///        padding rows (-1) get zeros. Rows run in fixed blocks on `ex`.
+/// @return success, or invalid_* naming the field (a row_token outside [-1, T) included).
+/// @note Synchronous, no allocation; an exact copy. T = 0 (or rows = 0, or d = 0): success,
+///       nothing written; rows in [num_rows, rows) are not touched.
+template <class Element>
+[[nodiscard]] status permute(const routing_config& cfg, const permute_params<Element>& p,
+                             const executor& ex = {}) {
+  if (auto s = validate(cfg, p); !s) return s;
+  if (p.tokens == 0 || p.rows == 0 || p.hidden == 0) return status::success();
+  const std::int64_t used = p.layout.d_num_rows ? std::min(*p.layout.d_num_rows, p.rows) : p.rows;
+  for (std::int64_t r = 0; r < used; ++r)
+    if (p.layout.d_row_token[r] < -1 || p.layout.d_row_token[r] >= p.tokens)
+      return status::make(status_code::invalid_argument,
+                          "layout.d_row_token[" + std::to_string(r) + "] = " +
+                              std::to_string(p.layout.d_row_token[r]) + " is outside [-1, tokens)");
+  const std::int64_t d = p.hidden;
+  const std::size_t bytes = static_cast<std::size_t>(d) * sizeof(Element);
+  const std::int64_t tasks = task_count(used, std::max<std::int64_t>(1, 16384 / d + 1));
+  parallel_for(ex, tasks, [&](std::int64_t i) {
+    std::int64_t begin, end;
+    task_range(used, tasks, i, begin, end);
+    for (std::int64_t r = begin; r < end; ++r) {
+      const std::int32_t t = p.layout.d_row_token[r];
+      if (t < 0) {
+        std::memset(static_cast<void*>(p.d_out + r * d), 0, bytes);
+      } else {
+        std::memcpy(static_cast<void*>(p.d_out + r * d), p.d_x + t * d, bytes);
+      }
+    }
+  });
+  return status::success();
+}
+
+}  // namespace moeroute::cpu

@@ -1,0 +1,93 @@
+// SPDX-License-Identifier: Apache-2.0
+// Row kernels of the CPU backend's permute / combine family: a row of float, half_bits or
+// bf16_bits loaded into float and stored back with the reference's rounding (round to nearest
+// even), in column tiles that stay in L1, written as simple loops the compiler vectorises.
+#pragma once
+
+#include <bit>
+#include <cstdint>
+#include <cstring>
+#include <type_traits>
+
+#include <moeroute/cpu/math.hpp>
+#include <moeroute/dtype.hpp>
+
+namespace moeroute::cpu::rows {
+
+/// Columns per tile: a tile of floats per accumulator stays in L1 for any d.
+inline constexpr std::int64_t tile = 512;
+
+/// float -> bf16, round to nearest even, NaN kept quiet: the bits of dtype's to_bf16,
+/// branch-free so that a loop of it vectorises.
+[[nodiscard]] inline bf16_bits to_bf16_fast(float f) noexcept {
+  const std::uint32_t u = std::bit_cast<std::uint32_t>(f);
+  const std::uint32_t rounded = (u + 0x7FFFu + ((u >> 16) & 1u)) >> 16;
+  const std::uint32_t nan = (u >> 16) | 0x40u;
+  const bool is_nan = (u & 0x7FFFFFFFu) > 0x7F800000u;
+  return bf16_bits{static_cast<std::uint16_t>(is_nan ? nan : rounded)};
+}
+
+/// Asks for the cache lines of src[0, n) (a hint; no effect on results).
+template <class Element>
+inline void prefetch(const Element* src, std::int64_t n) noexcept {
+  constexpr std::int64_t per_line = 64 / static_cast<std::int64_t>(sizeof(Element));
+  for (std::int64_t c = 0; c < n; c += per_line) __builtin_prefetch(src + c);
+}
+
+/// dst[c] = float(src[c]) for c < n
+template <class Element>
+inline void load(const Element* __restrict src, std::int64_t n, float* __restrict dst) noexcept {
+  for (std::int64_t c = 0; c < n; ++c) dst[c] = math::load(src[c]);
+}
+
+/// dst[c] = Element(src[c]) for c < n (the reference's from_float rounding)
+template <class Element>
+inline void store(const float* __restrict src, std::int64_t n, Element* __restrict dst) noexcept {
+  if constexpr (std::is_same_v<Element, float>) {
+    for (std::int64_t c = 0; c < n; ++c) dst[c] = src[c];
+  } else if constexpr (std::is_same_v<Element, bf16_bits>) {
+    for (std::int64_t c = 0; c < n; ++c) dst[c] = to_bf16_fast(src[c]);
+  } else {
+    for (std::int64_t c = 0; c < n; ++c) dst[c] = from_float<Element>(src[c]);
+  }
+}
+
+// 16 columns at a time in GCC / Clang generic vectors (no intrinsics): bf16 and float rows
+// loaded to float and stored back with the same rounding as load() / store() above.
+using f32x16 = float __attribute__((vector_size(64)));
+using u32x16 = std::uint32_t __attribute__((vector_size(64)));
+using u16x16 = std::uint16_t __attribute__((vector_size(32)));
+
+/// Element types with a 16-column vector path.
+template <class Element>
+inline constexpr bool has_vec16 =
+    std::is_same_v<Element, float> || std::is_same_v<Element, bf16_bits>;
+
+/// r = float(src[0, 16))
+template <class Element>
+inline void load16(const Element* src, f32x16& r) noexcept {
+  if constexpr (std::is_same_v<Element, float>) {
+    std::memcpy(&r, src, sizeof r);
+  } else {
+    u16x16 h;
+    std::memcpy(&h, src, sizeof h);
+    r = (f32x16)(__builtin_convertvector(h, u32x16) << 16);
+  }
+}
+
+/// dst[0, 16) = Element(v) (round to nearest even; a NaN stays a quiet NaN)
+template <class Element>
+inline void store16(const f32x16& v, Element* dst) noexcept {
+  if constexpr (std::is_same_v<Element, float>) {
+    std::memcpy(static_cast<void*>(dst), &v, sizeof v);
+  } else {
+    const u32x16 u = (u32x16)v;
+    const u32x16 rounded = (u + 0x7FFFu + ((u >> 16) & 1u)) >> 16;
+    const u32x16 nan = (u32x16)((u & 0x7FFFFFFFu) > 0x7F800000u);
+    const u32x16 bits = (nan & ((u >> 16) | 0x40u)) | (~nan & rounded);
+    const u16x16 h = __builtin_convertvector(bits, u16x16);
+    std::memcpy(static_cast<void*>(dst), &h, sizeof h);
+  }
+}
+
+}  // namespace moeroute::cpu::rows

@@ -1,0 +1,169 @@
+// SPDX-License-Identifier: Apache-2.0
+// The CPU backend's dispatch (cpu::dispatch) against reference::dispatch on the reference's
+// own gating: fates, experts, slots, counts and totals exactly, weights bit for bit. The
+// grids of the CUDA dispatch tests: every priority x drop policy x slot order x capacity mode
+// (with capacity groups, padding, NLLB random second choices), a T x E x k shape grid and the
+// golden peer cases; plus the errors a bad gating output gets.
+#include <catch2/catch.hpp>
+
+#include <algorithm>
+#include <cstdint>
+#include <limits>
+#include <span>
+#include <string>
+#include <vector>
+
+#include <moeroute/cpu/dispatch.hpp>
+#include <moeroute/reference.hpp>
+
+#include "../common/dispatch_cases.hpp"
+#include "../common/dispatch_compare.hpp"
+#include "../common/golden.hpp"
+
+namespace moeroute::test {
+namespace {
+
+/// Host buffers of one cpu::dispatch call on a reference gating output.
+struct cpu_dispatch {
+  routing_config cfg;
+  const reference::gating_output& g;
+  host_dispatch h;
+  std::vector<unsigned char> ws;
+  dispatch_params params;
+
+  cpu_dispatch(const routing_config& c, const reference::gating_output& gating, bool pass_valid)
+      : cfg(c), g(gating), ws(cpu::dispatch_workspace_bytes(c, gating.tokens), 0xCD) {
+    const std::size_t n = g.ids.size();
+    h.expert.assign(n, 99);
+    h.slot.assign(n, 99);
+    h.weight.assign(n, -1.0f);
+    h.fates.assign(n, fate::kept);
+    h.requested.assign(c.num_experts, -1);
+    h.kept.assign(c.num_experts, -1);
+    h.rerouted.assign(c.num_experts, -1);
+    h.dropped.assign(c.num_experts, -1);
+    h.received.assign(c.total_experts(), -1);
+    h.load.assign(c.total_experts(), -1);
+    params.tokens = g.tokens;
+    params.gated.d_ids = g.ids.data();
+    params.gated.d_gates = g.gates.data();
+    params.gated.d_reroute_ids = g.reroute_ids.data();
+    params.gated.d_token_priority = g.token_priority.data();
+    params.gated.d_second_skipped = g.second_skipped.data();
+    params.d_valid = pass_valid ? g.valid.data() : nullptr;
+    params.out = {h.expert.data(),    h.slot.data(), h.weight.data(),   h.fates.data(),
+                  h.requested.data(), h.kept.data(), h.rerouted.data(), h.dropped.data(),
+                  h.received.data(),  h.load.data(), &h.totals};
+  }
+
+  [[nodiscard]] status run() { return cpu::dispatch(cfg, params, ws.data(), ws.size()); }
+};
+
+void check_case(std::int64_t T, std::int32_t E, std::int32_t k, const case_spec& s,
+                std::uint64_t seed) {
+  INFO(describe(s, T, E, k));
+  const routing_config cfg = make_config(E, k, s, T);
+  const auto gating = make_gating(cfg, T, seed, s.masked);
+  const auto want = reference::dispatch(cfg, gating);
+  cpu_dispatch c(cfg, gating, s.masked);
+  const auto st = c.run();
+  INFO(st.message);
+  REQUIRE(st.ok());
+  if (T == 0) return;
+  require_matches(c.h, want);
+  const host_dispatch first = c.h;
+  REQUIRE(c.run().ok());  // a rerun over the dirty workspace: the same bits
+  require_bitwise(c.h, first);
+}
+
+}  // namespace
+
+TEST_CASE("cpu dispatch: every priority x drop policy x slot order x capacity mode",
+          "[cpu][dispatch]") {
+  struct shape {
+    std::int64_t T;
+    std::int32_t E, k;
+  };
+  const shape shapes[] = {{7, 6, 2}, {300, 60, 4}, {300, 8, 8}, {1000, 64, 1}, {96, 60, 2}};
+  std::uint64_t seed = 1;
+  for (const auto& sh : shapes)
+    for (int prio = 0; prio < 5; ++prio)
+      for (int drop = 0; drop < static_cast<int>(drop_case::count); ++drop)
+        for (int slots = 0; slots < 2; ++slots)
+          for (int cap = 0; cap < static_cast<int>(cap_case::count); ++cap)
+            for (int groups : {1, 3, 4}) {
+              case_spec s;
+              s.prio = static_cast<priority>(prio);
+              s.drop = static_cast<drop_case>(drop);
+              s.slots = static_cast<slot_order>(slots);
+              s.cap = static_cast<cap_case>(cap);
+              s.masked = (prio + cap + groups) % 3 == 0;
+              s.after_drop = (drop + slots) % 2 == 0;
+              s.groups = groups;
+              s.second_random = (prio + drop + groups) % 3 == 0;
+              check_case(sh.T, sh.E, sh.k, s, seed++);
+            }
+}
+
+TEST_CASE("cpu dispatch: shape grid T x E x k", "[cpu][dispatch]") {
+  int i = 0;
+  for (std::int64_t T : {0, 1, 7, 1000, 16384})
+    for (std::int32_t E : {1, 6, 8, 60, 64, 128, 256, 384}) {
+      std::vector<std::int32_t> ks;
+      for (std::int32_t k : {1, 2, 4, 8, E})
+        if (k <= E && std::find(ks.begin(), ks.end(), k) == ks.end()) ks.push_back(k);
+      for (std::int32_t k : ks) {
+        if (T * k > (std::int64_t{1} << 20) || T * E > (std::int64_t{1} << 23)) continue;
+        check_case(T, E, k, spec_for(i), 1000 + static_cast<std::uint64_t>(i));
+        ++i;
+      }
+    }
+  CHECK(i > 100);
+}
+
+TEST_CASE("cpu dispatch: golden peer cases", "[cpu][dispatch][golden]") {
+  const auto cases = load_golden_cases(golden_directory("MOEROUTE_GOLDEN_DIR", "golden"));
+  REQUIRE(cases.size() > 100);
+  for (const auto& g : cases) {
+    INFO(g.file << " " << g.name);
+    const auto gat = reference::gating<float>(g.cfg, std::span<const float>(g.logits), g.tokens,
+                                              std::span<const float>(g.bias));
+    cpu_dispatch c(g.cfg, gat, false);
+    const auto st = c.run();
+    INFO(st.message);
+    REQUIRE(st.ok());
+    require_matches(c.h, reference::dispatch(g.cfg, gat));
+  }
+}
+
+TEST_CASE("cpu dispatch: a bad gating output gets an error naming the element", "[cpu][dispatch]") {
+  case_spec s;
+  const routing_config cfg = make_config(8, 2, s, 16);
+  auto gating = make_gating(cfg, 16, 5, false);
+  {
+    cpu_dispatch c(cfg, gating, false);
+    REQUIRE(c.run().ok());
+    REQUIRE(cpu::dispatch(cfg, c.params, c.ws.data(), c.ws.size() - 1).code ==
+            status_code::workspace_too_small);
+    auto p = c.params;
+    p.out.d_load = nullptr;
+    const auto st = cpu::dispatch(cfg, p, c.ws.data(), c.ws.size());
+    REQUIRE(st.code == status_code::invalid_argument);
+    REQUIRE(st.message.find("out.d_load") != std::string::npos);
+  }
+  gating.ids[5] = 8;
+  {
+    cpu_dispatch c(cfg, gating, false);
+    const auto st = c.run();
+    REQUIRE(st.code == status_code::invalid_argument);
+    REQUIRE(st.message.find("gated.d_ids[5]") != std::string::npos);
+  }
+  gating.ids[5] = 1;
+  gating.gates[3] = std::numeric_limits<float>::infinity();
+  cpu_dispatch c(cfg, gating, false);
+  const auto st = c.run();
+  REQUIRE(st.code == status_code::invalid_argument);
+  REQUIRE(st.message.find("gated.d_gates[3]") != std::string::npos);
+}
+
+}  // namespace moeroute::test
