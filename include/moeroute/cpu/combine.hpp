@@ -72,6 +72,11 @@ template <class Element>
         float wt[select_small_max_rows];
         std::int32_t live = 0;
         if (k <= select_small_max_rows) {
+          // the next token's rows are elsewhere in a large buffer: ask for them a token ahead
+          if (t + 1 < end)
+            for (std::int32_t j = 0; j < k; ++j)
+              if (const std::int64_t row = rows_of[(t + 1) * k + j]; row >= 0)
+                rows::prefetch(p.d_expert_out + row * d, d);
           for (std::int32_t j = 0; j < k; ++j)
             if (const std::int64_t row = rows_of[t * k + j]; row >= 0) {
               row_ptr[live] = p.d_expert_out + row * d;

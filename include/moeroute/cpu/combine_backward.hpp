@@ -150,7 +150,17 @@ template <class Element>
         float total = 0.0f;
         if (row >= 0 && holds_row(p.dispatched.d_fate[a])) {
           any = true;
-          for (std::int64_t c0 = 0; c0 < d; c0 += rows::tile) {
+          std::int64_t c0 = 0;
+          if constexpr (rows::has_vec16<Element>) {  // 16 lanes over the row, folded by halves
+            rows::f32x16 lanes = {}, g, x;
+            for (; c0 + 16 <= d; c0 += 16) {
+              rows::load16(p.d_dy + t * d + c0, g);
+              rows::load16(p.d_expert_out + row * d + c0, x);
+              lanes += g * x;
+            }
+            total = math::fold_sum(lanes);
+          }
+          for (; c0 < d; c0 += rows::tile) {
             const std::int64_t w = std::min(rows::tile, d - c0);
             rows::load(p.d_dy + t * d + c0, w, dy);
             rows::load(p.d_expert_out + row * d + c0, w, v);

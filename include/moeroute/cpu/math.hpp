@@ -78,18 +78,6 @@ using f64x8 = double __attribute__((vector_size(64)));
 using f64x4 = double __attribute__((vector_size(32)));
 using f64x2 = double __attribute__((vector_size(16)));
 
-/// The max of 16 lanes, folded by halves.
-[[nodiscard]] inline float fold_max(const f32x16& v) noexcept {
-  const f32x8 a = __builtin_shufflevector(v, v, 0, 1, 2, 3, 4, 5, 6, 7);
-  const f32x8 b = __builtin_shufflevector(v, v, 8, 9, 10, 11, 12, 13, 14, 15);
-  const f32x8 c = a > b ? a : b;
-  const f32x4 d = __builtin_shufflevector(c, c, 0, 1, 2, 3);
-  const f32x4 e = __builtin_shufflevector(c, c, 4, 5, 6, 7);
-  const f32x4 f = d > e ? d : e;
-  const float g = f[0] > f[2] ? f[0] : f[2], h = f[1] > f[3] ? f[1] : f[3];
-  return g > h ? g : h;
-}
-
 /// The sum of 16 float lanes: (l + l+8), then (+4), (+2), (+1).
 [[nodiscard]] inline float fold_sum(const f32x16& v) noexcept {
   const f32x8 c = __builtin_shufflevector(v, v, 0, 1, 2, 3, 4, 5, 6, 7) +
@@ -107,16 +95,30 @@ using f64x2 = double __attribute__((vector_size(16)));
   return f[0] + f[1];
 }
 
-/// @brief The max of v[0, n) (no NaN): 16 lanes folded by halves, then the tail.
+/// Lanes of a native float register (AVX-512: 16, AVX: 8, SSE2: 4), for the exact reductions
+/// (max), whose result does not depend on the width.
+#if defined(__AVX512F__)
+inline constexpr std::int32_t native_lanes = 16;
+#elif defined(__AVX__)
+inline constexpr std::int32_t native_lanes = 8;
+#else
+inline constexpr std::int32_t native_lanes = 4;
+#endif
+using f32n = float __attribute__((vector_size(4 * native_lanes)));
+using i32n = std::int32_t __attribute__((vector_size(4 * native_lanes)));
+
+/// @brief The max of v[0, n) (no NaN): native lanes, then lane by lane, then the tail.
 [[nodiscard]] inline float max_row(const float* __restrict v, std::int32_t n) noexcept {
-  f32x16 lane = f32x16{} - FLT_MAX;
+  f32n lane = f32n{} - FLT_MAX;
   std::int32_t i = 0;
-  for (; i + 16 <= n; i += 16) {
-    f32x16 x;
+  for (; i + native_lanes <= n; i += native_lanes) {
+    f32n x;
     std::memcpy(&x, v + i, sizeof x);
-    lane = lane > x ? lane : x;
+    const i32n keep = lane > x;
+    lane = (f32n)((keep & (i32n)lane) | (~keep & (i32n)x));
   }
-  float m = fold_max(lane);
+  float m = lane[0];
+  for (std::int32_t l = 1; l < native_lanes; ++l) m = m > lane[l] ? m : lane[l];
   for (; i < n; ++i) m = m > v[i] ? m : v[i];
   return m;
 }

@@ -21,11 +21,26 @@ inline constexpr std::int32_t select_small_max = 16;
   return va > vb || (va == vb && a < b);
 }
 
-/// 16 floats / ints as a GCC / Clang generic vector: lowered to AVX-512, AVX2 or SSE2,
-/// whatever the consumer targets. (Loops with a per-lane index test do not auto-vectorise.)
-using f32x16 = float __attribute__((vector_size(64)));
-using i32x16 = std::int32_t __attribute__((vector_size(64)));
+/// Lanes of the selection vectors: a native register of the target (AVX-512: 16, AVX: 8,
+/// SSE2: 4), so a generic vector is never split into memory round trips. Selection is exact,
+/// so the results do not depend on it.
+#if defined(__AVX512F__)
 inline constexpr std::int32_t select_lanes = 16;
+#elif defined(__AVX__)
+inline constexpr std::int32_t select_lanes = 8;
+#else
+inline constexpr std::int32_t select_lanes = 4;
+#endif
+/// select_lanes floats / ints as a GCC / Clang generic vector (no intrinsics).
+using f32v = float __attribute__((vector_size(4 * select_lanes)));
+using i32v = std::int32_t __attribute__((vector_size(4 * select_lanes)));
+
+/// 0, 1, ..., select_lanes - 1
+[[nodiscard]] inline i32v lane_iota() noexcept {
+  i32v v = {};
+  for (std::int32_t l = 0; l < select_lanes; ++l) v[l] = l;
+  return v;
+}
 
 // Vectors pass by reference only: by value, their calling convention would depend on the ISA
 // (-Wpsabi), and these helpers are always inlined anyway.
@@ -41,64 +56,82 @@ inline void blend(F& r, const I& m, const F& a, const F& b) noexcept {
 /// index (a lane holding nothing has value -inf and index -1).
 template <class F, class I>
 inline void better_of(F& v, I& i, const F& w, const I& j) noexcept {
-  const I gain = (w > v) | ((w == v) & (j < i));
+  // index -1 marks an empty lane (its value says nothing: -inf is a legal value)
+  const I gain = (j >= 0) & ((i < 0) | (w > v) | ((w == v) & (j < i)));
   blend(v, gain, w, v);
   i = (gain & j) | (~gain & i);
 }
 
-/// @brief The best (value, lowest index) of 16 lanes, by halving: 16 -> 8 -> 4 -> 2 -> 1.
-inline void reduce_best(const f32x16& v16, const i32x16& i16, float& best,
-                        std::int32_t& at) noexcept {
-  using f8 = float __attribute__((vector_size(32)));
-  using i8 = std::int32_t __attribute__((vector_size(32)));
-  using f4 = float __attribute__((vector_size(16)));
-  using i4 = std::int32_t __attribute__((vector_size(16)));
-  // __builtin_shufflevector (GCC >= 12, Clang) keeps the halves in registers
-  f8 v8 = __builtin_shufflevector(v16, v16, 0, 1, 2, 3, 4, 5, 6, 7);
-  i8 j8 = __builtin_shufflevector(i16, i16, 0, 1, 2, 3, 4, 5, 6, 7);
-  const f8 w8 = __builtin_shufflevector(v16, v16, 8, 9, 10, 11, 12, 13, 14, 15);
-  const i8 k8 = __builtin_shufflevector(i16, i16, 8, 9, 10, 11, 12, 13, 14, 15);
-  better_of(v8, j8, w8, k8);
-  f4 v4 = __builtin_shufflevector(v8, v8, 0, 1, 2, 3);
-  i4 j4 = __builtin_shufflevector(j8, j8, 0, 1, 2, 3);
-  const f4 w4 = __builtin_shufflevector(v8, v8, 4, 5, 6, 7);
-  const i4 k4 = __builtin_shufflevector(j8, j8, 4, 5, 6, 7);
-  better_of(v4, j4, w4, k4);
-  using f2 = float __attribute__((vector_size(8)));
-  using i2 = std::int32_t __attribute__((vector_size(8)));
-  f2 v2 = __builtin_shufflevector(v4, v4, 0, 1);
-  i2 j2 = __builtin_shufflevector(j4, j4, 0, 1);
-  const f2 w2 = __builtin_shufflevector(v4, v4, 2, 3);
-  const i2 k2 = __builtin_shufflevector(j4, j4, 2, 3);
-  better_of(v2, j2, w2, k2);
-  // the last pair without a branch: random data would mispredict it half the time
-  const bool second = v2[1] > v2[0] || (v2[1] == v2[0] && j2[1] < j2[0]);
-  const float bv = second ? v2[1] : v2[0];
-  const std::int32_t bi = second ? j2[1] : j2[0];
+/// @brief The best (value, lowest index) of the lanes: 16 lanes by halving in registers,
+///        narrower vectors lane by lane (branch-free).
+inline void reduce_best(const f32v& v, const i32v& ix, float& best, std::int32_t& at) noexcept {
+  float bv;
+  std::int32_t bi;
+#if defined(__AVX512F__)  // select_lanes == 16 (a discarded `if constexpr` would still be checked)
+  {
+    using f8 = float __attribute__((vector_size(32)));
+    using i8 = std::int32_t __attribute__((vector_size(32)));
+    using f4 = float __attribute__((vector_size(16)));
+    using i4 = std::int32_t __attribute__((vector_size(16)));
+    using f2 = float __attribute__((vector_size(8)));
+    using i2 = std::int32_t __attribute__((vector_size(8)));
+    // __builtin_shufflevector (GCC >= 12, Clang) keeps the halves in registers
+    f8 v8 = __builtin_shufflevector(v, v, 0, 1, 2, 3, 4, 5, 6, 7);
+    i8 j8 = __builtin_shufflevector(ix, ix, 0, 1, 2, 3, 4, 5, 6, 7);
+    const f8 w8 = __builtin_shufflevector(v, v, 8, 9, 10, 11, 12, 13, 14, 15);
+    const i8 k8 = __builtin_shufflevector(ix, ix, 8, 9, 10, 11, 12, 13, 14, 15);
+    better_of(v8, j8, w8, k8);
+    f4 v4 = __builtin_shufflevector(v8, v8, 0, 1, 2, 3);
+    i4 j4 = __builtin_shufflevector(j8, j8, 0, 1, 2, 3);
+    const f4 w4 = __builtin_shufflevector(v8, v8, 4, 5, 6, 7);
+    const i4 k4 = __builtin_shufflevector(j8, j8, 4, 5, 6, 7);
+    better_of(v4, j4, w4, k4);
+    f2 v2 = __builtin_shufflevector(v4, v4, 0, 1);
+    i2 j2 = __builtin_shufflevector(j4, j4, 0, 1);
+    const f2 w2 = __builtin_shufflevector(v4, v4, 2, 3);
+    const i2 k2 = __builtin_shufflevector(j4, j4, 2, 3);
+    better_of(v2, j2, w2, k2);
+    bv = v2[0];
+    bi = j2[0];
+    // the last pair without a branch: random data would mispredict it half the time
+    const bool second = j2[1] >= 0 && (bi < 0 || v2[1] > bv || (v2[1] == bv && j2[1] < bi));
+    bv = second ? v2[1] : bv;
+    bi = second ? j2[1] : bi;
+  }
+#else
+  bv = v[0];
+  bi = ix[0];
+  for (std::int32_t l = 1; l < select_lanes; ++l) {
+    const bool take = ix[l] >= 0 && (bi < 0 || v[l] > bv || (v[l] == bv && ix[l] < bi));
+    bv = take ? v[l] : bv;
+    bi = take ? ix[l] : bi;
+  }
+#endif
   best = bv;
   at = bi;
 }
 
 /// @brief The best entry of v[0, size) that ranks below (pv, pi) — a smaller value, or an
 ///        equal one at a larger index — as its index (-1 if none) and value `best`. One pass
-///        of 16 lanes, each keeping its best (value, lowest index), then the 16 reduced.
+///        of select_lanes lanes, each keeping its best (value, lowest index), then the lanes
+///        reduced.
 inline std::int32_t best_below(const float* v, std::int32_t size, float pv, std::int32_t pi,
                                float& best) noexcept {
   constexpr float none = -std::numeric_limits<float>::infinity();
-  const i32x16 iota = {0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15};
-  const f32x16 vnone = f32x16{} + none;
-  f32x16 lane_v = vnone;
-  i32x16 lane_i = i32x16{} - 1;
+  const i32v iota = lane_iota();
+  const f32v vnone = f32v{} + none;
+  f32v lane_v = vnone;
+  i32v lane_i = i32v{} - 1;
   std::int32_t i = 0;
   for (; i + select_lanes <= size; i += select_lanes) {
-    f32x16 x;
+    f32v x;
     std::memcpy(&x, v + i, sizeof x);
-    const i32x16 idx = iota + i;
-    const i32x16 below = (x < pv) | ((x == pv) & (idx > pi));
-    f32x16 c;
-    blend(c, below, x, vnone);
-    const i32x16 gain = c > lane_v;  // strictly: a lane keeps its lowest index on ties
-    blend(lane_v, gain, c, lane_v);
+    const i32v idx = iota + i;
+    const i32v below = (x < pv) | ((x == pv) & (idx > pi));
+    // strictly better: a lane keeps its lowest index on ties; an empty lane (index -1) takes
+    // any entry below, -inf included
+    const i32v gain = below & ((x > lane_v) | (lane_i < 0));
+    blend(lane_v, gain, x, lane_v);
     lane_i = (gain & idx) | (~gain & lane_i);
   }
   float m;
@@ -116,25 +149,26 @@ inline std::int32_t best_below(const float* v, std::int32_t size, float pv, std:
   return at;
 }
 
-/// @brief The two best of v[0, size) (size >= 2) in one pass: each of 16 lanes keeps its best
+/// @brief The two best of v[0, size) (size >= 2) in one pass: each lane keeps its best
 ///        and second best; the best of the lanes' bests wins, and the second is the best of
 ///        the other lanes' bests and the winner's second. Ties to the lower index throughout.
 inline void top2(const float* v, std::int32_t size, float* vals, std::int32_t* ids) noexcept {
   constexpr float none = -std::numeric_limits<float>::infinity();
-  const i32x16 iota = {0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15};
-  const f32x16 vnone = f32x16{} + none;
-  f32x16 v1 = vnone, v2 = vnone;
-  i32x16 i1 = i32x16{} - 1, i2 = i32x16{} - 1;
+  const i32v iota = lane_iota();
+  const f32v vnone = f32v{} + none;
+  f32v v1 = vnone, v2 = vnone;
+  i32v i1 = i32v{} - 1, i2 = i32v{} - 1;
   std::int32_t i = 0;
   for (; i + select_lanes <= size; i += select_lanes) {
-    f32x16 x;
+    f32v x;
     std::memcpy(&x, v + i, sizeof x);
-    const i32x16 idx = iota + i;
-    const i32x16 gain1 = x > v1;             // strictly: equal values keep the lower index
-    const i32x16 gain2 = ~gain1 & (x > v2);  // a new second best
-    f32x16 down;                             // what becomes the second: the old best, or x
+    const i32v idx = iota + i;
+    // strictly: equal values keep the lower index; an empty slot (index -1) takes anything
+    const i32v gain1 = (x > v1) | (i1 < 0);
+    const i32v gain2 = ~gain1 & ((x > v2) | (i2 < 0));  // a new second best
+    f32v down;  // what becomes the second: the old best, or x
     blend(down, gain1, v1, x);
-    const i32x16 down_i = (gain1 & i1) | (~gain1 & idx);
+    const i32v down_i = (gain1 & i1) | (~gain1 & idx);
     blend(v2, gain1 | gain2, down, v2);
     i2 = ((gain1 | gain2) & down_i) | (~(gain1 | gain2) & i2);
     blend(v1, gain1, x, v1);
@@ -143,8 +177,8 @@ inline void top2(const float* v, std::int32_t size, float* vals, std::int32_t* i
   float m1, m2;
   std::int32_t a1, a2;
   reduce_best(v1, i1, m1, a1);
-  const i32x16 winner = i1 == a1;
-  f32x16 cand;
+  const i32v winner = i1 == a1;
+  f32v cand;
   blend(cand, winner, v2, v1);
   reduce_best(cand, (winner & i2) | (~winner & i1), m2, a2);
   // the tail (indices above every lane's): an equal value never displaces
@@ -171,14 +205,22 @@ inline void top2(const float* v, std::int32_t size, float* vals, std::int32_t* i
 ///        `scratch` [size] is used for n > select_small_max and may alias `ids`; `masked`
 ///        [size] (optional) holds a copy of v with the disallowed entries at -inf, so that a
 ///        group-limited selection runs the same vectorised passes. The caller guarantees at
-///        least n allowed entries. The values must not be -inf (selection values are finite).
+///        least n allowed entries. Any values but NaN (a group score may be -inf).
 inline void top_n(const float* v, std::int32_t size, const std::uint8_t* allowed, std::int32_t n,
                   float* vals, std::int32_t* ids, std::int32_t* scratch, float* masked = nullptr) {
   if (allowed != nullptr && masked != nullptr && n <= select_small_max) {
+    // disallowed entries become -inf; an allowed -inf would then tie with them, so such a
+    // row keeps the masked scan below (selection values are finite, so this is rare)
     constexpr float none = -std::numeric_limits<float>::infinity();
-    for (std::int32_t i = 0; i < size; ++i) masked[i] = allowed[i] != 0 ? v[i] : none;
-    v = masked;
-    allowed = nullptr;
+    int allowed_none = 0;
+    for (std::int32_t i = 0; i < size; ++i) {
+      masked[i] = allowed[i] != 0 ? v[i] : none;
+      allowed_none |= static_cast<int>(allowed[i] != 0) & static_cast<int>(v[i] == none);
+    }
+    if (allowed_none == 0) {
+      v = masked;
+      allowed = nullptr;
+    }
   }
   if (n <= select_small_max) {
     std::int32_t have = 0;
