@@ -5,7 +5,7 @@
 #      cpu_tests, to keep CI within its time: the CPU backend runs under ASan + UBSan in stage 2
 #      (fuzz_cpu: the whole backend against the reference on fuzzed inputs and the corpus);
 #   2. tests/fuzz/fuzz.sh: the libFuzzer targets, each for a bounded time from the seed corpus.
-# Environment: MOEROUTE_SKIP_FUZZ=1 skips stage 2; MOEROUTE_FUZZ_SECONDS (default 60) bounds it.
+# Environment: MOEROUTE_SKIP_FUZZ=1 skips stage 2; MOEROUTE_FUZZ_SECONDS (default 45) bounds it.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 JOBS=$(nproc 2>/dev/null || echo 2)

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Bounded libFuzzer run of every target in tests/fuzz (docs/reliability.md):
 #   configure + build the `fuzz` preset (clang++, -fsanitize=fuzzer,address,undefined), then run
-#   each target for MOEROUTE_FUZZ_SECONDS (default 60) from its seed corpus
+#   each target for MOEROUTE_FUZZ_SECONDS (default 45) from its seed corpus
 #   tests/fuzz/corpus/<target>/ (read-only here; new inputs go to build/fuzz/corpus/<target>/).
 #   The targets run side by side (one per core). A crash, leak, timeout or violated invariant
 #   is written to tests/fuzz/crashes/<target>-<hash> and fails the script; keep that file as a
@@ -10,7 +10,7 @@
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 ROOT=$(pwd)
-SECS=${MOEROUTE_FUZZ_SECONDS:-60}
+SECS=${MOEROUTE_FUZZ_SECONDS:-45}
 JOBS=$(nproc 2>/dev/null || echo 2)
 BUILD="$ROOT/build/fuzz"
 CRASH_DIR="$ROOT/tests/fuzz/crashes"
