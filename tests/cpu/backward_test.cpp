@@ -76,7 +76,8 @@ void check_logit_grads(const grid_logit_case& c, std::int64_t T, std::uint32_t s
                          << want[i]);
     p.d_grad_logits = again.data();
     REQUIRE(cpu::gating_backward(cfg, p).ok());  // OpenMP: the same bits
-    REQUIRE((got.empty() || std::memcmp(again.data(), got.data(), got.size() * sizeof(float)) == 0));
+    REQUIRE(
+        (got.empty() || std::memcmp(again.data(), got.data(), got.size() * sizeof(float)) == 0));
   }
 }
 
