@@ -10,6 +10,7 @@
 #include <limits>
 
 #include <moeroute/config.hpp>
+#include <moeroute/cpu/math.hpp>
 
 namespace moeroute::cpu::detail {
 
@@ -21,19 +22,12 @@ inline constexpr std::int32_t select_small_max = 16;
   return va > vb || (va == vb && a < b);
 }
 
-/// Lanes of the selection vectors: a native register of the target (AVX-512: 16, AVX: 8,
-/// SSE2: 4), so a generic vector is never split into memory round trips. Selection is exact,
-/// so the results do not depend on it.
-#if defined(__AVX512F__)
-inline constexpr std::int32_t select_lanes = 16;
-#elif defined(__AVX__)
-inline constexpr std::int32_t select_lanes = 8;
-#else
-inline constexpr std::int32_t select_lanes = 4;
-#endif
-/// select_lanes floats / ints as a GCC / Clang generic vector (no intrinsics).
-using f32v = float __attribute__((vector_size(4 * select_lanes)));
-using i32v = std::int32_t __attribute__((vector_size(4 * select_lanes)));
+/// Lanes of the selection vectors: a native register of the target (math::native_lanes), so
+/// a generic vector is never split into memory round trips. Selection is exact, so the results
+/// do not depend on it.
+inline constexpr std::int32_t select_lanes = math::native_lanes;
+using f32v = math::f32n;
+using i32v = math::i32n;
 
 /// 0, 1, ..., select_lanes - 1
 [[nodiscard]] inline i32v lane_iota() noexcept {
