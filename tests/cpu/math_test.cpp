@@ -10,6 +10,7 @@
 #include <cfloat>
 #include <cmath>
 #include <cstdint>
+#include <cstring>
 #include <limits>
 #include <numeric>
 #include <random>
@@ -82,7 +83,10 @@ TEST_CASE("cpu selection equals a stable sort, ties and infinities included", "[
   const float specials[] = {
       -std::numeric_limits<float>::infinity(), -FLT_MAX, FLT_MAX, 0.0f, -0.0f, 1.0f, 1.0f, 0.5f};
   std::int64_t cases = 0;
-  for (std::int32_t size = 1; size <= 70; ++size)
+  std::vector<std::int32_t> sizes(70);
+  std::iota(sizes.begin(), sizes.end(), 1);
+  sizes.insert(sizes.end(), {127, 256, 300});  // many key vectors, both chains, a tail
+  for (const std::int32_t size : sizes)
     for (int rep = 0; rep < 12; ++rep) {
       std::vector<float> v(static_cast<std::size_t>(size));
       for (auto& x : v)
@@ -91,19 +95,18 @@ TEST_CASE("cpu selection equals a stable sort, ties and infinities included", "[
       for (auto& a : allowed) a = rng() % 4 != 0;
       const std::int32_t allowed_count =
           static_cast<std::int32_t>(std::count(allowed.begin(), allowed.end(), 1));
-      std::vector<float> vals(static_cast<std::size_t>(size)), masked(v.size());
-      std::vector<std::int32_t> ids(static_cast<std::size_t>(size)), scratch(v.size());
+      std::vector<float> vals(static_cast<std::size_t>(size));
+      std::vector<std::int32_t> ids(static_cast<std::size_t>(size));
+      std::vector<std::int64_t> keys(static_cast<std::size_t>(detail::key_capacity(size)));
       for (std::int32_t n = 1; n <= std::min(size, 20); ++n) {
         INFO("size " << size << " n " << n << " rep " << rep);
-        detail::top_n(v.data(), size, nullptr, n, vals.data(), ids.data(), scratch.data());
+        detail::top_n(v.data(), size, nullptr, n, vals.data(), ids.data(), keys.data());
         REQUIRE(std::vector<std::int32_t>(ids.begin(), ids.begin() + n) ==
                 plain_top(v, nullptr, n));
+        for (std::int32_t j = 0; j < n; ++j)  // the values themselves, -0 stays -0
+          REQUIRE(std::memcmp(&vals[j], &v[ids[j]], sizeof(float)) == 0);
         if (n <= allowed_count) {
-          detail::top_n(v.data(), size, allowed.data(), n, vals.data(), ids.data(), scratch.data(),
-                        masked.data());
-          REQUIRE(std::vector<std::int32_t>(ids.begin(), ids.begin() + n) ==
-                  plain_top(v, allowed.data(), n));
-          detail::top_n(v.data(), size, allowed.data(), n, vals.data(), ids.data(), scratch.data());
+          detail::top_n(v.data(), size, allowed.data(), n, nullptr, ids.data(), keys.data());
           REQUIRE(std::vector<std::int32_t>(ids.begin(), ids.begin() + n) ==
                   plain_top(v, allowed.data(), n));
         }

@@ -18,6 +18,7 @@
 #include <moeroute/cpu/parallel.hpp>
 #include <moeroute/cpu/select.hpp>
 #include <moeroute/dtype.hpp>
+#include <moeroute/macros.hpp>
 #include <moeroute/params/gating.hpp>
 #include <moeroute/rng.hpp>
 #include <moeroute/status.hpp>
@@ -50,6 +51,15 @@ template <class Element>
 
 namespace detail {
 
+MOEROUTE_PRECISE_FP_BEGIN
+/// x + scale * z, sanitised, rounded as the reference rounds it: no fma, whatever the consumer's
+/// -ffp-contract (a fused multiply-add would move the noisy logit by an ulp, and with it ties
+/// and the gates of noisy selection).
+[[nodiscard]] inline float noisy_logit(float x, float scale, float z) noexcept {
+  return math::sanitize(x + scale * z);
+}
+MOEROUTE_PRECISE_FP_END
+
 /// One task's slice of the workspace: its partial sums and its rows of scratch.
 struct gating_task_space {
   double* scores;         // [E] sum of P over the task's valid tokens
@@ -64,7 +74,8 @@ struct gating_task_space {
   float* gate_scores;     // [E] scores the gates are taken from
   float* sel;             // [E] selection values
   std::uint8_t* allowed;  // [E] group limit mask
-  std::int32_t* order;    // [E] selection scratch (index sort for large k)
+  std::int32_t* order;    // [E] selection ids for large k, group-limit scratch
+  std::int64_t* keys;     // [key_capacity(E)] selection keys
 };
 
 /// The gating workspace: per-task partials and scratch rows, carved in one fixed sequence.
@@ -78,14 +89,19 @@ struct gating_space {
   float* rows = nullptr;            // [tasks, 6, E]
   std::uint8_t* allowed = nullptr;  // [tasks, E]
   std::int32_t* order = nullptr;    // [tasks, E]
+  std::int64_t* keys = nullptr;     // [tasks, key_capacity(E)]
 
   /// Task i's slice.
   [[nodiscard]] gating_task_space task(std::int64_t i) const noexcept {
     const std::size_t e = static_cast<std::size_t>(experts), u = static_cast<std::size_t>(i);
     float* r = rows + u * 6 * e;
-    return {scores + u * e, counts + u * e, z + u,     valid + u, bad + u,   r,
-            r + e,          r + 2 * e,      r + 3 * e, r + 4 * e, r + 5 * e, allowed + u * e,
-            order + u * e};
+    return {scores + u * e, counts + u * e,
+            z + u,          valid + u,
+            bad + u,        r,
+            r + e,          r + 2 * e,
+            r + 3 * e,      r + 4 * e,
+            r + 5 * e,      allowed + u * e,
+            order + u * e,  keys + u * static_cast<std::size_t>(key_capacity(experts))};
   }
 };
 
@@ -103,6 +119,7 @@ inline gating_space carve_gating_space(workspace_carver& w, const gating_plan& p
   s.rows = w.take<float>(n * 6 * e);
   s.allowed = w.take<std::uint8_t>(n * e);
   s.order = w.take<std::int32_t>(n * e);
+  s.keys = w.take<std::int64_t>(n * static_cast<std::size_t>(key_capacity(E)));
   return s;
 }
 
@@ -185,7 +202,7 @@ struct gating_agent {
                                  static_cast<std::uint64_t>(t) * E + e);
         const float z = g.noise.kind == noise_kind::gaussian ? rng::normal(r.v[0], r.v[1])
                                                              : rng::gumbel(r.v[0]);
-        s.xn[e] = math::sanitize(x[e] + g.noise.scale * z);
+        s.xn[e] = noisy_logit(x[e], g.noise.scale, z);
       }
       if (noisy_gates) gate_logits = s.xn;
     }
@@ -224,14 +241,13 @@ struct gating_agent {
     // 4. group limit
     const std::uint8_t* allowed = nullptr;
     if (G > 1) {
-      group_mask(cfg, sel, E, G, s.ex, s.order, s.allowed);
+      group_mask(cfg, sel, E, G, s.ex, s.order, s.keys, s.allowed);
       allowed = s.allowed;
     }
     // 4b. NLLB sampling: the first choice stays (pinned to FLT_MAX), the others by x + Gumbel
     if (sampling) {
-      std::int32_t first[select_small_max];
-      float first_v[select_small_max];
-      top_n(sel, E, allowed, 1, first_v, first, s.order, s.ex);
+      std::int32_t first[1];
+      top_n(sel, E, allowed, 1, nullptr, first, s.keys);
       for (std::int32_t e = 0; e < E; ++e) {
         if (e == first[0]) {
           s.sel[e] = FLT_MAX;
@@ -245,10 +261,9 @@ struct gating_agent {
 
     // 5. top-k (+ R), best first, ties to the lower index
     std::int32_t chosen[select_small_max];
-    float chosen_v[select_small_max];
     const std::int32_t n = k + R;
     std::int32_t* ids = n <= select_small_max ? chosen : s.order;
-    top_n(sel, E, allowed, n, chosen_v, ids, s.order, s.ex);
+    top_n(sel, E, allowed, n, nullptr, ids, s.keys);
     for (std::int32_t j = 0; j < k; ++j) o.d_ids[t * k + j] = ids[j];
     for (std::int32_t r = 0; r < R; ++r) o.d_reroute_ids[t * R + r] = ids[k + r];
 
@@ -308,7 +323,7 @@ struct gating_agent {
     const std::int32_t* count_ids = o.d_ids + t * k;
     if (cfg.loss.count_source == aux_count_source::fresh_topk) {
       std::int32_t* f = counted <= select_small_max ? fresh : s.order;
-      top_n(s.p, E, nullptr, counted, chosen_v, f, s.order);
+      top_n(s.p, E, nullptr, counted, nullptr, f, s.keys);
       count_ids = f;
     }
     for (std::int32_t j = 0; j < counted; ++j) {

@@ -1,12 +1,19 @@
 // SPDX-License-Identifier: Apache-2.0
 // Selection for the CPU backend: the n best of a row (larger value first, ties to the lower
-// index, as the reference and the kernels rank) and the group-limit mask. Small n keeps a
-// sorted run of n in registers while scanning once; large n sorts an index array.
+// index, as the reference and the kernels rank) and the group-limit mask.
+//
+// Each entry becomes one 64-bit key: the float's order in the high half and the complement of
+// its index in the low half. Keys are distinct and a larger key is exactly a better entry, so
+// selection is integer max / min in native vectors with no tie logic and no data-dependent
+// branch: n passes of "the largest key below the last one" (one pass of per-lane max / min for
+// n = 2), or a partial sort of keys for large n.
 #pragma once
 
 #include <algorithm>
+#include <bit>
 #include <cstdint>
 #include <cstring>
+#include <functional>
 #include <limits>
 
 #include <moeroute/config.hpp>
@@ -14,280 +21,163 @@
 
 namespace moeroute::cpu::detail {
 
-/// n up to this is selected by one insertion scan; beyond it by a partial sort of indices.
+/// n up to this is selected by passes over the keys; beyond it by a partial sort of them.
 inline constexpr std::int32_t select_small_max = 16;
 
-/// Strict "better than": larger value, then lower index.
-[[nodiscard]] inline bool better(float va, std::int32_t a, float vb, std::int32_t b) noexcept {
-  return va > vb || (va == vb && a < b);
+/// Key lanes: a native register of int64 (AVX-512: 8, AVX: 4, SSE2: 2).
+inline constexpr std::int32_t key_lanes = math::native_lanes / 2;
+using key_vec = std::int64_t __attribute__((vector_size(8 * key_lanes)));
+
+/// Below every key of a real entry: padding, and the entries a group limit excludes.
+inline constexpr std::int64_t no_key = std::numeric_limits<std::int64_t>::min();
+
+/// Keys a selection over `size` values needs (size rounded up to 8, the widest key vector).
+[[nodiscard]] constexpr std::int32_t key_capacity(std::int32_t size) noexcept {
+  return (size + 7) / 8 * 8;
 }
 
-/// Lanes of the selection vectors: a native register of the target (math::native_lanes), so
-/// a generic vector is never split into memory round trips. Selection is exact, so the results
-/// do not depend on it.
-inline constexpr std::int32_t select_lanes = math::native_lanes;
-using f32v = math::f32n;
-using i32v = math::i32n;
+/// @brief The key of value x (not NaN) at index i: -0 folded onto +0 (they compare equal),
+///        the sign-magnitude float bits made two's-complement ordered, then 2^32 - 1 - i below.
+[[nodiscard]] inline std::int64_t key_of(float x, std::int32_t i) noexcept {
+  const auto b = std::bit_cast<std::int32_t>(x + 0.0f);
+  const std::int32_t ordered = b ^ ((b >> 31) & 0x7fffffff);
+  return static_cast<std::int64_t>(ordered) * 4294967296LL +
+         static_cast<std::int64_t>(0xffffffffu - static_cast<std::uint32_t>(i));
+}
 
-/// 0, 1, ..., select_lanes - 1
-[[nodiscard]] inline i32v lane_iota() noexcept {
-  i32v v = {};
-  for (std::int32_t l = 0; l < select_lanes; ++l) v[l] = l;
-  return v;
+/// The index a key was made from.
+[[nodiscard]] inline std::int32_t index_of(std::int64_t key) noexcept {
+  return static_cast<std::int32_t>(0xffffffffu - static_cast<std::uint32_t>(key));
 }
 
 // Vectors pass by reference only: by value, their calling convention would depend on the ISA
 // (-Wpsabi), and these helpers are always inlined anyway.
 
-/// r = m ? a : b per lane (m lanes all ones or zero). A C-style cast between generic vectors
-/// of one size reinterprets the bits, in registers.
-template <class F, class I>
-inline void blend(F& r, const I& m, const F& a, const F& b) noexcept {
-  r = (F)((m & (I)a) | (~m & (I)b));
+/// Lane-wise max / min of key vectors. Written as a vector ?: so that GCC and Clang emit
+/// vpmaxsq / vpminsq on AVX-512 (an and/or blend stays a compare and a blend).
+inline void vmax(key_vec& r, const key_vec& a, const key_vec& b) noexcept { r = a > b ? a : b; }
+inline void vmin(key_vec& r, const key_vec& a, const key_vec& b) noexcept { r = a < b ? a : b; }
+
+/// The largest lane, by halving (8 -> 4 -> 2 -> 1 lanes) in registers.
+using key_x2 = std::int64_t __attribute__((vector_size(16)));
+using key_x4 = std::int64_t __attribute__((vector_size(32)));
+using key_x8 = std::int64_t __attribute__((vector_size(64)));
+[[nodiscard]] inline std::int64_t lane_max(const key_x2& v) noexcept {
+  return v[0] > v[1] ? v[0] : v[1];
+}
+[[nodiscard]] inline std::int64_t lane_max(const key_x4& v) noexcept {
+  const key_x2 a = __builtin_shufflevector(v, v, 0, 1), b = __builtin_shufflevector(v, v, 2, 3);
+  return lane_max(a > b ? a : b);
+}
+[[nodiscard]] inline std::int64_t lane_max(const key_x8& v) noexcept {
+  const key_x4 a = __builtin_shufflevector(v, v, 0, 1, 2, 3);
+  const key_x4 b = __builtin_shufflevector(v, v, 4, 5, 6, 7);
+  return lane_max(a > b ? a : b);
 }
 
-/// The better of two (value, index) lane sets, lane by lane: the larger value, then the lower
-/// index (a lane holding nothing has value -inf and index -1).
-template <class F, class I>
-inline void better_of(F& v, I& i, const F& w, const I& j) noexcept {
-  // index -1 marks an empty lane (its value says nothing: -inf is a legal value)
-  const I gain = (j >= 0) & ((i < 0) | (w > v) | ((w == v) & (j < i)));
-  blend(v, gain, w, v);
-  i = (gain & j) | (~gain & i);
-}
-
-/// @brief The best (value, lowest index) of the lanes: 16 lanes by halving in registers,
-///        narrower vectors lane by lane (branch-free).
-inline void reduce_best(const f32v& v, const i32v& ix, float& best, std::int32_t& at) noexcept {
-  float bv;
-  std::int32_t bi;
-#if defined(__AVX512F__)  // select_lanes == 16 (a discarded `if constexpr` would still be checked)
-  {
-    using f8 = float __attribute__((vector_size(32)));
-    using i8 = std::int32_t __attribute__((vector_size(32)));
-    using f4 = float __attribute__((vector_size(16)));
-    using i4 = std::int32_t __attribute__((vector_size(16)));
-    using f2 = float __attribute__((vector_size(8)));
-    using i2 = std::int32_t __attribute__((vector_size(8)));
-    // __builtin_shufflevector (GCC >= 12, Clang) keeps the halves in registers
-    f8 v8 = __builtin_shufflevector(v, v, 0, 1, 2, 3, 4, 5, 6, 7);
-    i8 j8 = __builtin_shufflevector(ix, ix, 0, 1, 2, 3, 4, 5, 6, 7);
-    const f8 w8 = __builtin_shufflevector(v, v, 8, 9, 10, 11, 12, 13, 14, 15);
-    const i8 k8 = __builtin_shufflevector(ix, ix, 8, 9, 10, 11, 12, 13, 14, 15);
-    better_of(v8, j8, w8, k8);
-    f4 v4 = __builtin_shufflevector(v8, v8, 0, 1, 2, 3);
-    i4 j4 = __builtin_shufflevector(j8, j8, 0, 1, 2, 3);
-    const f4 w4 = __builtin_shufflevector(v8, v8, 4, 5, 6, 7);
-    const i4 k4 = __builtin_shufflevector(j8, j8, 4, 5, 6, 7);
-    better_of(v4, j4, w4, k4);
-    f2 v2 = __builtin_shufflevector(v4, v4, 0, 1);
-    i2 j2 = __builtin_shufflevector(j4, j4, 0, 1);
-    const f2 w2 = __builtin_shufflevector(v4, v4, 2, 3);
-    const i2 k2 = __builtin_shufflevector(j4, j4, 2, 3);
-    better_of(v2, j2, w2, k2);
-    bv = v2[0];
-    bi = j2[0];
-    // the last pair without a branch: random data would mispredict it half the time
-    const bool second = j2[1] >= 0 && (bi < 0 || v2[1] > bv || (v2[1] == bv && j2[1] < bi));
-    bv = second ? v2[1] : bv;
-    bi = second ? j2[1] : bi;
+/// @brief keys[i] = key_of(v[i], i) for allowed entries (allowed null: all), no_key for the
+///        others and for the padding up to key_capacity(size).
+inline void make_keys(const float* __restrict v, std::int32_t size,
+                      const std::uint8_t* __restrict allowed, std::int64_t* __restrict keys) {
+  if (allowed == nullptr) {
+    for (std::int32_t i = 0; i < size; ++i) keys[i] = key_of(v[i], i);
+  } else {
+    for (std::int32_t i = 0; i < size; ++i) keys[i] = allowed[i] != 0 ? key_of(v[i], i) : no_key;
   }
-#else
-  bv = v[0];
-  bi = ix[0];
-  for (std::int32_t l = 1; l < select_lanes; ++l) {
-    const bool take = ix[l] >= 0 && (bi < 0 || v[l] > bv || (v[l] == bv && ix[l] < bi));
-    bv = take ? v[l] : bv;
-    bi = take ? ix[l] : bi;
-  }
-#endif
-  best = bv;
-  at = bi;
+  for (std::int32_t i = size; i < key_capacity(size); ++i) keys[i] = no_key;
 }
 
-/// @brief The best entry of v[0, size) that ranks below (pv, pi) — a smaller value, or an
-///        equal one at a larger index — as its index (-1 if none) and value `best`. One pass
-///        of select_lanes lanes, each keeping its best (value, lowest index), then the lanes
-///        reduced.
-inline std::int32_t best_below(const float* v, std::int32_t size, float pv, std::int32_t pi,
-                               float& best) noexcept {
-  constexpr float none = -std::numeric_limits<float>::infinity();
-  const i32v iota = lane_iota();
-  const f32v vnone = f32v{} + none;
-  f32v lane_v = vnone;
-  i32v lane_i = i32v{} - 1;
+/// @brief The largest key below `bound` among keys[0, padded) (padded a multiple of 8).
+[[nodiscard]] inline std::int64_t max_key_below(const std::int64_t* keys, std::int32_t padded,
+                                                std::int64_t bound) noexcept {
+  const key_vec none = key_vec{} + no_key, b = key_vec{} + bound;
+  key_vec acc0 = none, acc1 = none;  // two chains, so the max latency overlaps
   std::int32_t i = 0;
-  for (; i + select_lanes <= size; i += select_lanes) {
-    f32v x;
-    std::memcpy(&x, v + i, sizeof x);
-    const i32v idx = iota + i;
-    const i32v below = (x < pv) | ((x == pv) & (idx > pi));
-    // strictly better: a lane keeps its lowest index on ties; an empty lane (index -1) takes
-    // any entry below, -inf included
-    const i32v gain = below & ((x > lane_v) | (lane_i < 0));
-    blend(lane_v, gain, x, lane_v);
-    lane_i = (gain & idx) | (~gain & lane_i);
+  for (; i + 2 * key_lanes <= padded; i += 2 * key_lanes) {
+    key_vec x, y;
+    std::memcpy(&x, keys + i, sizeof x);
+    std::memcpy(&y, keys + i + key_lanes, sizeof y);
+    vmax(acc0, acc0, x < b ? x : none);
+    vmax(acc1, acc1, y < b ? y : none);
   }
-  float m;
-  std::int32_t at;
-  reduce_best(lane_v, lane_i, m, at);
-  const auto offer = [&](float x, std::int32_t j) {
-    if (!(x < pv || (x == pv && j > pi))) return;
-    if (x > m || (x == m && (at < 0 || j < at))) {
-      m = x;
-      at = j;
-    }
-  };
-  for (; i < size; ++i) offer(v[i], i);
-  best = m;
-  return at;
+  for (; i < padded; i += key_lanes) {
+    key_vec x;
+    std::memcpy(&x, keys + i, sizeof x);
+    vmax(acc0, acc0, x < b ? x : none);
+  }
+  vmax(acc0, acc0, acc1);
+  return lane_max(acc0);
 }
 
-/// @brief The two best of v[0, size) (size >= 2) in one pass: each lane keeps its best
-///        and second best; the best of the lanes' bests wins, and the second is the best of
-///        the other lanes' bests and the winner's second. Ties to the lower index throughout.
-inline void top2(const float* v, std::int32_t size, float* vals, std::int32_t* ids) noexcept {
-  constexpr float none = -std::numeric_limits<float>::infinity();
-  const i32v iota = lane_iota();
-  const f32v vnone = f32v{} + none;
-  f32v v1 = vnone, v2 = vnone;
-  i32v i1 = i32v{} - 1, i2 = i32v{} - 1;
-  std::int32_t i = 0;
-  for (; i + select_lanes <= size; i += select_lanes) {
-    f32v x;
-    std::memcpy(&x, v + i, sizeof x);
-    const i32v idx = iota + i;
-    // strictly: equal values keep the lower index; an empty slot (index -1) takes anything
-    const i32v gain1 = (x > v1) | (i1 < 0);
-    const i32v gain2 = ~gain1 & ((x > v2) | (i2 < 0));  // a new second best
-    f32v down;  // what becomes the second: the old best, or x
-    blend(down, gain1, v1, x);
-    const i32v down_i = (gain1 & i1) | (~gain1 & idx);
-    blend(v2, gain1 | gain2, down, v2);
-    i2 = ((gain1 | gain2) & down_i) | (~(gain1 | gain2) & i2);
-    blend(v1, gain1, x, v1);
-    i1 = (gain1 & idx) | (~gain1 & i1);
+/// @brief The two largest keys below `bound` among keys[0, padded) in one pass: each lane
+///        keeps its largest and second largest; the lanes' largest wins, the second is the
+///        largest of the other lanes' largest and the winner's second. (no_key where fewer
+///        than two lie below.)
+inline void top2_below(const std::int64_t* keys, std::int32_t padded, std::int64_t bound,
+                       std::int64_t* out) noexcept {
+  const key_vec none = key_vec{} + no_key, b = key_vec{} + bound;
+  key_vec v1 = none, v2 = none;
+  for (std::int32_t i = 0; i < padded; i += key_lanes) {
+    key_vec x, lo;
+    std::memcpy(&x, keys + i, sizeof x);
+    x = x < b ? x : none;
+    vmin(lo, v1, x);
+    vmax(v1, v1, x);
+    vmax(v2, v2, lo);
   }
-  float m1, m2;
-  std::int32_t a1, a2;
-  reduce_best(v1, i1, m1, a1);
-  const i32v winner = i1 == a1;
-  f32v cand;
-  blend(cand, winner, v2, v1);
-  reduce_best(cand, (winner & i2) | (~winner & i1), m2, a2);
-  // the tail (indices above every lane's): an equal value never displaces
-  for (; i < size; ++i) {
-    const float x = v[i];
-    if (a1 < 0 || x > m1) {
-      m2 = m1;
-      a2 = a1;
-      m1 = x;
-      a1 = i;
-    } else if (a2 < 0 || x > m2) {
-      m2 = x;
-      a2 = i;
-    }
-  }
-  vals[0] = m1;
-  ids[0] = a1;
-  vals[1] = m2;
-  ids[1] = a2;
+  out[0] = lane_max(v1);
+  key_vec rest;
+  vmax(rest, v2, v1 == (key_vec{} + out[0]) ? none : v1);
+  out[1] = lane_max(rest);
 }
 
-/// @brief The n best of v[0, size) among allowed[i] != 0 (allowed null: all), best first, into
-///        ids[0, n) and their values into vals[0, n) (vals only for n <= select_small_max).
-///        `scratch` [size] is used for n > select_small_max and may alias `ids`; `masked`
-///        [size] (optional) holds a copy of v with the disallowed entries at -inf, so that a
-///        group-limited selection runs the same vectorised passes. The caller guarantees at
-///        least n allowed entries. Any values but NaN (a group score may be -inf).
+/// @brief The n best of v[0, size) among allowed[i] != 0 (allowed null: all), best first: ids
+///        into ids[0, n), their values into vals[0, n) when vals is not null. `keys` is scratch
+///        of key_capacity(size). The caller guarantees at least n allowed entries. Any values
+///        but NaN (-inf included, and -0 ties with +0).
 inline void top_n(const float* v, std::int32_t size, const std::uint8_t* allowed, std::int32_t n,
-                  float* vals, std::int32_t* ids, std::int32_t* scratch, float* masked = nullptr) {
-  if (allowed != nullptr && masked != nullptr && n <= select_small_max) {
-    // disallowed entries become -inf; an allowed -inf would then tie with them, so such a
-    // row keeps the masked scan below (selection values are finite, so this is rare)
-    constexpr float none = -std::numeric_limits<float>::infinity();
-    int allowed_none = 0;
-    for (std::int32_t i = 0; i < size; ++i) {
-      masked[i] = allowed[i] != 0 ? v[i] : none;
-      allowed_none |= static_cast<int>(allowed[i] != 0) & static_cast<int>(v[i] == none);
-    }
-    if (allowed_none == 0) {
-      v = masked;
-      allowed = nullptr;
-    }
-  }
+                  float* vals, std::int32_t* ids, std::int64_t* keys) {
+  make_keys(v, size, allowed, keys);
+  const std::int32_t padded = key_capacity(size);
   if (n <= select_small_max) {
-    std::int32_t have = 0;
-    float worst = 0.0f;  // vals[have - 1] once have == n
-    // scanning in index order, an equal value never beats an entry already held
-    const auto offer = [&](std::int32_t i) {
-      const float x = v[i];
-      if (have == n && !(x > worst)) return;
-      std::int32_t pos = have < n ? have : n - 1;
-      while (pos > 0 && x > vals[pos - 1]) {
-        vals[pos] = vals[pos - 1];
-        ids[pos] = ids[pos - 1];
-        --pos;
-      }
-      vals[pos] = x;
-      ids[pos] = i;
-      if (have < n) ++have;
-      worst = vals[have - 1];
-    };
-    if (allowed == nullptr && n == 2 && size >= 2) {
-      top2(v, size, vals, ids);
-      return;
+    // two per pass while two are wanted: half the passes' reductions
+    std::int64_t bound = std::numeric_limits<std::int64_t>::max(), best[2];
+    std::int32_t j = 0;
+    for (; j + 2 <= n; j += 2) {
+      top2_below(keys, padded, bound, best);
+      ids[j] = index_of(best[0]);
+      ids[j + 1] = index_of(best[1]);
+      bound = best[1];
     }
-    if (allowed == nullptr) {  // n passes of best_below: vectorised, no data-dependent scan
-      float pv = std::numeric_limits<float>::infinity();
-      std::int32_t pi = -1;
-      for (std::int32_t j = 0; j < n; ++j) {
-        pi = best_below(v, size, pv, pi, pv);
-        vals[j] = pv;
-        ids[j] = pi;
-      }
-      return;
-    }
-    for (std::int32_t i = 0; i < size; ++i)
-      if (allowed[i] != 0) offer(i);
-    return;
+    if (j < n) ids[j] = index_of(max_key_below(keys, padded, bound));
+  } else {
+    std::partial_sort(keys, keys + n, keys + padded, std::greater<>());
+    for (std::int32_t j = 0; j < n; ++j) ids[j] = index_of(keys[j]);
   }
-  std::int32_t m = 0;
-  for (std::int32_t i = 0; i < size; ++i)
-    if (allowed == nullptr || allowed[i] != 0) scratch[m++] = i;
-  std::partial_sort(scratch, scratch + n, scratch + m,
-                    [v](std::int32_t a, std::int32_t b) { return better(v[a], a, v[b], b); });
-  if (ids != scratch) std::copy(scratch, scratch + n, ids);
+  if (vals != nullptr)
+    for (std::int32_t j = 0; j < n; ++j) vals[j] = v[ids[j]];
 }
 
 /// @brief The group limit: each of G groups of E / G experts scores the sum (in double, best
 ///        first) of its group_score_take(cfg) best selection values; the group_topk best groups
-///        (ties to the lower group) are allowed. `group_scores` [G] and `scratch` [E] are
-///        scratch; allowed [E] is written.
+///        (ties to the lower group) are allowed. `group_scores` [G], `ids` [E] and `keys`
+///        [key_capacity(E)] are scratch; allowed [E] is written.
 inline void group_mask(const routing_config& cfg, const float* sel, std::int32_t E, std::int32_t G,
-                       float* group_scores, std::int32_t* scratch, std::uint8_t* allowed) {
+                       float* group_scores, std::int32_t* ids, std::int64_t* keys,
+                       std::uint8_t* allowed) {
   const std::int32_t per_group = E / G, take = group_score_take(cfg);
-  float vals[select_small_max];
-  std::int32_t ids[select_small_max];
   for (std::int32_t grp = 0; grp < G; ++grp) {
     const float* v = sel + grp * per_group;
+    top_n(v, per_group, nullptr, take, nullptr, ids, keys);
     double s = 0.0;
-    if (take <= select_small_max) {
-      top_n(v, per_group, nullptr, take, vals, ids, scratch);
-      for (std::int32_t i = 0; i < take; ++i) s += vals[i];
-    } else {
-      top_n(v, per_group, nullptr, take, vals, scratch, scratch);
-      for (std::int32_t i = 0; i < take; ++i) s += v[scratch[i]];
-    }
+    for (std::int32_t i = 0; i < take; ++i) s += v[ids[i]];
     group_scores[grp] = static_cast<float>(s);
   }
   const std::int32_t keep = cfg.gating.group_limit.group_topk;
-  std::int32_t* chosen = keep <= select_small_max ? ids : scratch;
-  top_n(group_scores, G, nullptr, keep, vals, chosen, scratch);
+  top_n(group_scores, G, nullptr, keep, nullptr, ids, keys);
   std::fill(allowed, allowed + E, std::uint8_t{0});
   for (std::int32_t i = 0; i < keep; ++i)
-    std::fill(allowed + chosen[i] * per_group, allowed + (chosen[i] + 1) * per_group,
-              std::uint8_t{1});
+    std::fill(allowed + ids[i] * per_group, allowed + (ids[i] + 1) * per_group, std::uint8_t{1});
 }
 
 }  // namespace moeroute::cpu::detail
