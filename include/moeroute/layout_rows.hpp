@@ -4,6 +4,7 @@
 // Pure C++, so a .cpp file can size buffers before it touches any backend.
 #pragma once
 
+#include <algorithm>
 #include <cstdint>
 
 #include <moeroute/capacity.hpp>
@@ -28,11 +29,33 @@ namespace moeroute {
   return rows;
 }
 
-/// @brief Rows a compact layout with segments aligned to `block_size` can need:
-///        T * k + total_experts * (block_size - 1) (every slot is held by one assignment).
+/// @brief The most rows `segments` segments can take when each is rounded up to a multiple of
+///        `block_size`, they hold at most `assignments` rows in all and each at most
+///        `per_segment` (>= 1). Exact: a segment's first block costs one row, every further
+///        block `block_size`, so the worst case opens min(segments, assignments) segments and
+///        spends the rest on whole blocks, at most ceil(per_segment / block_size) per segment.
+///        (vLLM's sizing, assignments + segments * (block_size - 1), or assignments *
+///        block_size when assignments < segments, is never smaller.)
+[[nodiscard]] inline std::int64_t aligned_rows_bound(std::int64_t assignments,
+                                                     std::int64_t segments,
+                                                     std::int64_t per_segment,
+                                                     std::int64_t block_size) {
+  if (assignments <= 0 || segments <= 0 || per_segment <= 0 || block_size <= 0) return 0;
+  const std::int64_t open = std::min(segments, assignments);
+  const std::int64_t further_per_segment = (per_segment + block_size - 1) / block_size - 1;
+  const std::int64_t further =
+      std::min((assignments - open) / block_size, open * further_per_segment);
+  return block_size * (open + further);
+}
+
+/// @brief Rows a compact layout with segments aligned to `block_size` can need for `tokens`
+///        tokens: aligned_rows_bound over the total_experts segments, with T * k assignments
+///        holding a slot at most (a shared reroute slot holds one) and at most T rows per expert
+///        (a token holds one row of an expert). Exact for dropless routing: tests/reference/
+///        layout_bound_test.cpp builds a routing that needs every row.
 [[nodiscard]] inline std::int64_t compact_max_rows(const routing_config& cfg, std::int64_t tokens,
                                                    std::int64_t block_size) {
-  return tokens * cfg.top_k + std::int64_t{cfg.total_experts()} * (block_size - 1);
+  return aligned_rows_bound(tokens * cfg.top_k, cfg.total_experts(), tokens, block_size);
 }
 
 /// @brief The rows a layout of `kind` needs for this config and batch: the size of the

@@ -163,7 +163,7 @@ inline std::vector<check> all_checks(std::int32_t R) {
                    return expect_error_everywhere(
                        t, "duplicate", [&] { (void)plan_with(t, s, spoil, 4); },
                        status_code::invalid_argument,
-                       {"rank " + std::to_string(t.ranks() - 1), "repeats choice"});
+                       {"rank " + std::to_string(t.ranks() - 1), "names that expert twice"});
                  }});
   out.push_back({"hostile: id out of range on the last rank", [=](ep::transport& t) {
                    scenario s = s0;

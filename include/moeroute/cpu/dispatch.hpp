@@ -120,6 +120,36 @@ void counting_pass(std::int64_t m, std::int64_t digits, std::int64_t* count, Dig
   for (std::int64_t i = 0; i < m; ++i) move(i, count[digit(i)]++);
 }
 
+/// @brief invalid_argument naming the first repeated expert of a token: among its ids, or
+///        its reroute candidates and ids. `stamp` [E] is scratch (ids are in range: validate()).
+[[nodiscard]] inline status check_distinct(const dispatch_params& p, std::int64_t T, std::int32_t E,
+                                           std::int32_t k, std::int32_t R, std::int64_t* stamp) {
+  const std::int32_t* ids = p.gated.d_ids;
+  const std::int32_t* reroute = p.gated.d_reroute_ids;
+  std::fill(stamp, stamp + E, std::int64_t{-1});
+  for (std::int64_t t = 0; t < T; ++t) {
+    for (std::int32_t j = 0; j < k; ++j) {
+      const std::int32_t e = ids[t * k + j];
+      if (stamp[e] == t)
+        return status::make(status_code::invalid_argument,
+                            "gated.d_ids[" + std::to_string(t * k + j) +
+                                "] = " + std::to_string(e) + ": token " + std::to_string(t) +
+                                " names that expert twice (a token's k experts are distinct)");
+      stamp[e] = t;
+    }
+    for (std::int32_t r = 0; r < R; ++r) {
+      const std::int32_t e = reroute[t * R + r];
+      if (stamp[e] == t)
+        return status::make(status_code::invalid_argument,
+                            "gated.d_reroute_ids[" + std::to_string(t * R + r) +
+                                "] = " + std::to_string(e) + ": token " + std::to_string(t) +
+                                " already names that expert (its k + R candidates are distinct)");
+      stamp[e] = t;
+    }
+  }
+  return status::success();
+}
+
 }  // namespace detail
 
 /// @brief Workspace bytes cpu::dispatch needs for `tokens` tokens under `cfg` (0 for T <= 0).
@@ -173,6 +203,12 @@ void counting_pass(std::int64_t m, std::int64_t digits, std::int64_t* count, Dig
   };
   const std::int64_t per_group = std::int64_t{k} * GT;
   const auto group_of = [&](std::int64_t a) -> std::int64_t { return Q == 1 ? 0 : a / per_group; };
+
+  // 0. a token's experts (its k ids and R reroute candidates) are distinct, as gating makes
+  //    them; ids an engine chose itself may not be (O(T (k + R)), `held` as the stamp of the
+  //    last token that named each expert, before anything is written)
+  if (auto s = detail::check_distinct(p, T, E, k, cfg.candidates_per_token() - k, w.held); !s)
+    return s;
 
   // 1. outputs cleared; fates; requests; valid assignments in the base order
   std::fill(o.d_requested, o.d_requested + E, std::int64_t{0});

@@ -65,16 +65,8 @@ inline status check_inputs(const routing_config& cfg, const placement& place, co
     return status::make(status_code::invalid_argument, "rank = " + std::to_string(rank) +
                                                            " is outside [0, placement.ranks() = " +
                                                            std::to_string(place.ranks()) + ")");
+  // (ranges, finiteness, and a token naming an expert once)
   if (auto s = reference::validate_gating_output(cfg, g); !s) return s;
-  const std::int32_t k = g.k;
-  for (std::int64_t t = 0; t < g.tokens; ++t)
-    for (std::int32_t j = 1; j < k; ++j)
-      for (std::int32_t i = 0; i < j; ++i)
-        if (g.ids[t * k + i] == g.ids[t * k + j])
-          return status::make(status_code::invalid_argument,
-                              "gating_output.ids[" + std::to_string(t) + ", " + std::to_string(j) +
-                                  "] = " + std::to_string(g.ids[t * k + j]) + " repeats choice " +
-                                  std::to_string(i) + ": a token names an expert once");
   if (opt.scope == capacity_scope::dropless_worst_case && g.tokens > opt.worst_case_tokens)
     return status::make(
         status_code::invalid_argument,

@@ -23,6 +23,7 @@
 #include <moeroute/ep/options.hpp>
 #include <moeroute/ep/placement.hpp>
 #include <moeroute/ep/transport.hpp>
+#include <moeroute/layout_rows.hpp>
 #include <moeroute/reference/dispatch.hpp>
 
 namespace moeroute::ep {
@@ -128,7 +129,9 @@ struct plan {
   const std::int64_t S = place.local_experts(rank) + (cfg.has_dedicated_fallback() ? 1 : 0);
   const std::int64_t per_source = opt.worst_case_tokens * std::min<std::int64_t>(cfg.top_k, S);
   if (opt.receive_layout == layout_kind::padded) return S * place.ranks() * opt.worst_case_tokens;
-  return place.ranks() * per_source + S * (opt.block_size - 1);
+  // every source sends an expert at most worst_case_tokens rows
+  return aligned_rows_bound(place.ranks() * per_source, S, place.ranks() * opt.worst_case_tokens,
+                            opt.block_size);
 }
 
 namespace detail {

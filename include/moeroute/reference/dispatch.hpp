@@ -198,6 +198,21 @@ inline priority_key make_key(const routing_config& cfg, const gating_output& g, 
       return bad(status_code::invalid_argument, "gating_output.reroute_ids[" + std::to_string(a) +
                                                     "] = " + std::to_string(g.reroute_ids[a]) +
                                                     " is outside [0, num_experts)");
+  // a token's k + R candidates are distinct (gating ranks distinct experts; ids chosen
+  // elsewhere must be too): plain pairwise comparison
+  for (std::int64_t t = 0; t < T; ++t) {
+    const auto candidate = [&](std::int32_t i) {
+      return i < g.k ? g.ids[t * g.k + i] : g.reroute_ids[t * R + (i - g.k)];
+    };
+    for (std::int32_t i = 1; i < g.k + R; ++i)
+      for (std::int32_t j = 0; j < i; ++j)
+        if (candidate(i) == candidate(j))
+          return bad(status_code::invalid_argument,
+                     (i < g.k ? "gating_output.ids[" + std::to_string(t * g.k + i)
+                              : "gating_output.reroute_ids[" + std::to_string(t * R + i - g.k)) +
+                         "] = " + std::to_string(candidate(i)) + ": token " + std::to_string(t) +
+                         " names that expert twice (a token's candidates are distinct)");
+  }
   return status::success();
 }
 
