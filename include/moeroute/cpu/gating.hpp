@@ -177,6 +177,16 @@ struct gating_agent {
     return x;
   }
 
+  /// True when ids[0, n) hold the n largest of p[0, E) with every other value strictly below
+  /// (so a top-n of p, ties to the lower index, is that set).
+  bool fresh_is_routed(const float* p_row, const std::int32_t* ids, std::int32_t n) const {
+    float least = p_row[ids[0]];
+    for (std::int32_t j = 1; j < n; ++j) least = std::min(least, p_row[ids[j]]);
+    std::int32_t at_least = 0;
+    for (std::int32_t e = 0; e < E; ++e) at_least += p_row[e] >= least ? 1 : 0;
+    return at_least == n;
+  }
+
   /// the max of a row (softmax only: the per-expert scores do not need it)
   float max_of(const float* v) const {
     return cfg.gating.score == score_function::softmax ? math::max_row(v, E) : 0.0f;
@@ -321,7 +331,11 @@ struct gating_agent {
     const std::int32_t counted = cfg.loss.counts == aux_counts::top1 ? 1 : k;
     std::int32_t fresh[select_small_max];
     const std::int32_t* count_ids = o.d_ids + t * k;
-    if (cfg.loss.count_source == aux_count_source::fresh_topk) {
+    // a fresh top-k of P is usually the routed ids (top-k on logits, softmax after): when the
+    // routed ids' P are the only values at or above their smallest, they are its set, and
+    // counts need only the set — one compare pass instead of a selection
+    if (cfg.loss.count_source == aux_count_source::fresh_topk &&
+        !fresh_is_routed(s.p, count_ids, counted)) {
       std::int32_t* f = counted <= select_small_max ? fresh : s.order;
       top_n(s.p, E, nullptr, counted, nullptr, f, s.keys);
       count_ids = f;

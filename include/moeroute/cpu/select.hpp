@@ -131,12 +131,54 @@ inline void top2_below(const std::int64_t* keys, std::int32_t padded, std::int64
   out[1] = lane_max(rest);
 }
 
+/// @brief The two best of v[0, size) (size >= 2, no mask) in one pass over the values, their
+///        keys made in registers (top2_below without the key array: k = 2 routing reads each
+///        row once).
+inline void top2_of_values(const float* v, std::int32_t size, std::int32_t* ids) noexcept {
+  using fk = float __attribute__((vector_size(4 * key_lanes)));
+  using ik = std::int32_t __attribute__((vector_size(4 * key_lanes)));
+  const key_vec none = key_vec{} + no_key;
+  key_vec low = {};  // 2^32 - 1 - index, for the lanes of the chunk at 0
+  for (std::int32_t l = 0; l < key_lanes; ++l) low[l] = 0xffffffffLL - l;
+  key_vec v1 = none, v2 = none;
+  const auto offer = [&](const key_vec& x) {
+    key_vec lo;
+    vmin(lo, v1, x);
+    vmax(v1, v1, x);
+    vmax(v2, v2, lo);
+  };
+  std::int32_t i = 0;
+  for (; i + key_lanes <= size; i += key_lanes) {
+    fk x;
+    std::memcpy(&x, v + i, sizeof x);
+    const ik b = (ik)(x + 0.0f);  // -0 folded onto +0, then the bits
+    const ik ordered = b ^ ((b >> 31) & 0x7fffffff);
+    offer((__builtin_convertvector(ordered, key_vec) << 32) | (low - i));
+  }
+  if (i < size) {  // the tail, padded with no_key
+    key_vec x = none;
+    for (std::int32_t l = 0; i + l < size; ++l) x[l] = key_of(v[i + l], i + l);
+    offer(x);
+  }
+  const std::int64_t first = lane_max(v1);
+  key_vec rest;
+  vmax(rest, v2, v1 == (key_vec{} + first) ? none : v1);
+  ids[0] = index_of(first);
+  ids[1] = index_of(lane_max(rest));
+}
+
 /// @brief The n best of v[0, size) among allowed[i] != 0 (allowed null: all), best first: ids
 ///        into ids[0, n), their values into vals[0, n) when vals is not null. `keys` is scratch
 ///        of key_capacity(size). The caller guarantees at least n allowed entries. Any values
 ///        but NaN (-inf included, and -0 ties with +0).
 inline void top_n(const float* v, std::int32_t size, const std::uint8_t* allowed, std::int32_t n,
                   float* vals, std::int32_t* ids, std::int64_t* keys) {
+  if (n == 2 && allowed == nullptr && size >= 2) {
+    top2_of_values(v, size, ids);
+    if (vals != nullptr)
+      for (std::int32_t j = 0; j < 2; ++j) vals[j] = v[ids[j]];
+    return;
+  }
   make_keys(v, size, allowed, keys);
   const std::int32_t padded = key_capacity(size);
   if (n <= select_small_max) {
