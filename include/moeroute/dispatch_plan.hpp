@@ -39,6 +39,7 @@ struct dispatch_scratch {
   std::int32_t* d_flags = nullptr;      ///< [n] fallback competitor flags, scanned in place
   std::uint8_t* d_holder = nullptr;     ///< [n] 1 = the assignment holds its slot (not a share)
   std::int32_t* d_per_token = nullptr;  ///< [T] first pending assignment / next candidate
+  std::uint8_t* d_usable = nullptr;     ///< [T] 1 = a real token with well-formed ids and gates
   std::int32_t* d_seg = nullptr;        ///< [segments + 2] segment starts in a sorted array
   std::int64_t* d_num_pending = nullptr;  ///< [1] dropped assignments after the first grant
   std::int64_t* d_vload = nullptr;        ///< [groups * total_experts] load per (group, expert)
@@ -68,6 +69,7 @@ struct dispatch_scratch {
   p.d_flags = w.take<std::int32_t>(n);
   p.d_holder = w.take<std::uint8_t>(n);
   p.d_per_token = w.take<std::int32_t>(static_cast<std::size_t>(tokens));
+  p.d_usable = w.take<std::uint8_t>(static_cast<std::size_t>(tokens));
   p.d_seg = w.take<std::int32_t>(static_cast<std::size_t>(segments) + 2);
   p.d_num_pending = w.take<std::int64_t>(1);
   p.d_vload = w.take<std::int64_t>(static_cast<std::size_t>(segments));

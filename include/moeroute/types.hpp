@@ -44,6 +44,11 @@ struct dispatch_totals {
   std::int64_t dropped = 0;
   std::int64_t masked = 0;
   std::int64_t reroute_rounds = 0;  ///< rounds run by next_choice (0 otherwise)
+  /// cuda::dispatch only: real tokens masked (fate::masked, counted in `masked` too) because
+  /// their given ids were out of range or repeated, or a gate or priority was not finite. A
+  /// launcher cannot return a status for device data without a sync; the host backends return
+  /// invalid_argument for the same input instead, so this stays 0 there.
+  std::int64_t invalid_tokens = 0;
 };
 
 /// @brief Multipliers dL/d(term) of the terms gating_backward adds into the logit gradient (the

@@ -7,6 +7,7 @@
 
 #include <algorithm>
 #include <cstdint>
+#include <limits>
 #include <string>
 #include <vector>
 
@@ -151,6 +152,47 @@ TEST_CASE("dispatch: errors, T = 0, workspace", "[cuda][dispatch][quick]") {
     for (auto v : gpu.expert.download()) REQUIRE(v == 0x5A5A5A5A);
     for (auto v : gpu.requested.download()) REQUIRE(v == 0x5A5A5A5A5A5A5A5ALL);
     REQUIRE(gpu.totals.download()[0].capacity == 0x5A5A5A5A5A5A5A5ALL);
+  }
+}
+
+TEST_CASE("dispatch: malformed given ids are masked and counted, never read",
+          "[cuda][dispatch][quick]") {
+  // An engine's ids reach cuda::dispatch unchecked by the host (device data): a token with an
+  // id outside [0, E), a repeated expert, a non-finite gate, or a reroute candidate that repeats
+  // an id is masked and counted in totals.invalid_tokens; every other token is dispatched as
+  // the reference dispatches the batch with those tokens marked padding.
+  for (int i = 0; i < 12; ++i) {
+    case_spec s = spec_for(i);
+    if (i % 4 == 0) s.drop = drop_case::next_choice;
+    INFO(describe(s, 70, 8, 2));
+    const routing_config cfg = make_config(8, 2, s, 70);
+    const auto clean = make_gating(cfg, 70, 500 + i, s.masked);
+    auto spoiled = clean;
+    auto as_padding = clean;
+    const std::int32_t k = 2, R = clean.reroute_candidates;
+    std::int64_t invalid = 0;
+    for (std::int64_t t = 0; t < clean.tokens; ++t) {
+      const int kind = static_cast<int>(t % 7);
+      if (kind == 1) spoiled.ids[t * k + 1] = 8 + static_cast<std::int32_t>(t % 3);  // >= E
+      if (kind == 2) spoiled.ids[t * k] = -1;
+      if (kind == 3) spoiled.ids[t * k + 1] = spoiled.ids[t * k];  // a repeat
+      if (kind == 4) spoiled.gates[t * k] = std::numeric_limits<float>::quiet_NaN();
+      if (kind == 5 && R > 0) spoiled.reroute_ids[t * R] = spoiled.ids[t * k + 1];
+      const bool spoil = kind >= 1 && kind <= 4 ? true : (kind == 5 && R > 0);
+      if (spoil && clean.valid[t] != 0) {
+        as_padding.valid[t] = 0;
+        ++invalid;
+      }
+    }
+    const auto want = reference::dispatch(cfg, as_padding);
+    gpu_dispatch gpu(cfg, spoiled, true);
+    const auto st = gpu.run();
+    INFO(st.message);
+    REQUIRE(st.ok());
+    const host_dispatch got = gpu.download();
+    require_matches(got, want);
+    CHECK(got.totals.invalid_tokens == invalid);
+    CHECK(invalid > 0);
   }
 }
 

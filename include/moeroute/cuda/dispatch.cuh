@@ -103,7 +103,9 @@ class dispatch_run {
     // read only where the config says they exist
     if (cfg.gating.second_expert.policy != second_expert_policy::random)
       s_.gated.d_second_skipped = nullptr;
-    s_.valid = p.d_valid;
+    // every kernel after the check reads the tokens it found real and well-formed
+    valid_in_ = p.d_valid;
+    s_.valid = w.d_usable;
     s_.out = p.out;
     s_.scratch = w;
     key_bits_ = dispatch_key_bits(cfg, p.tokens);
@@ -121,6 +123,10 @@ class dispatch_run {
                                     {o.d_received, ET * 8, "d_received"},
                                     {o.d_totals, sizeof(dispatch_totals), "d_totals"}})
       if (auto s = from_cuda(cudaMemsetAsync(ptr, 0, bytes, stream_), what); !s) return s;
+    if (auto s = run("dispatch_check_kernel", kernels::dispatch_check_kernel<threads>, s_.tokens,
+                     valid_in_, cfg_.dispatch.prio == priority::batch_prioritized);
+        !s)
+      return s;
     const auto& d = cfg_.dispatch;
     if (auto s = run("dispatch_keys_kernel", kernels::dispatch_keys_kernel<threads>, s_.n, d.prio,
                      d.random_seed, d.random_offset, key_bits_);
@@ -314,6 +320,7 @@ class dispatch_run {
   const routing_config& cfg_;
   cudaStream_t stream_;
   kernels::dispatch_state s_{};
+  const std::uint8_t* valid_in_ = nullptr;  // the caller's d_valid (null: all real)
   int key_bits_ = 32;
   int group_bits_ = 0;
   const std::uint64_t* sorted_keys_ = nullptr;

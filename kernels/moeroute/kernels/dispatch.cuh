@@ -104,6 +104,45 @@ __device__ inline std::int64_t granted_count(std::int64_t cap, std::int64_t load
 
 }  // namespace dispatch_detail
 
+// ----- check: the given ids and gates -----------------------------------------------------
+
+/// The host backends' checks of dispatch's inputs, on the device: a real token whose ids leave
+/// [0, E) or repeat among its k ids and R reroute candidates, or whose gates (or batch
+/// priority, when read) are not finite, is masked for the rest of dispatch — no later kernel
+/// indexes with its ids — and counted in totals.invalid_tokens (the totals are zeroed
+/// before). d_usable[t] = real and well-formed: the validity every later kernel reads.
+template <int Threads>
+__global__ void __launch_bounds__(Threads)
+    dispatch_check_kernel(const dispatch_state s, const std::uint8_t* __restrict__ d_valid,
+                          bool priority_read) {
+  using namespace dispatch_detail;
+  const std::int32_t k = s.k, reroute = s.reroute;
+  const auto candidate = [&](std::int64_t t, std::int32_t i) {
+    return i < k ? s.gated.d_ids[t * k + i] : s.gated.d_reroute_ids[t * reroute + (i - k)];
+  };
+  for (std::int64_t base = static_cast<std::int64_t>(blockIdx.x) * Threads; base < s.tokens;
+       base += grid_stride()) {
+    const std::int64_t t = base + threadIdx.x;
+    int bad = 0;
+    if (t < s.tokens) {
+      bool ok = true;
+      for (std::int32_t i = 0; i < k + reroute && ok; ++i) {
+        const std::int32_t e = candidate(t, i);
+        ok = e >= 0 && e < s.experts;
+        for (std::int32_t j = 0; j < i && ok; ++j) ok = candidate(t, j) != e;
+      }
+      for (std::int32_t j = 0; j < k; ++j) ok = ok && isfinite(s.gated.d_gates[t * k + j]);
+      if (priority_read) ok = ok && isfinite(s.gated.d_token_priority[t]);
+      const bool real = d_valid == nullptr || d_valid[t] != 0;
+      s.scratch.d_usable[t] = real && ok ? 1 : 0;
+      bad = real && !ok ? 1 : 0;
+    }
+    // one atomic per warp (the loop is warp-uniform: base steps by blocks)
+    bad = __reduce_add_sync(0xffffffffu, bad);
+    if ((threadIdx.x & 31) == 0 && bad) add_count(&s.out.d_totals->invalid_tokens, bad);
+  }
+}
+
 // ----- grant: priority keys, capacity, the first C of each expert -------------------------
 
 /// Priority key of every assignment and the grant sort input:
