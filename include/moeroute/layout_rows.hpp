@@ -58,6 +58,15 @@ namespace moeroute {
   return aligned_rows_bound(tokens * cfg.top_k, cfg.total_experts(), tokens, block_size);
 }
 
+/// @brief Rows the compact layout of `local_experts` of the experts (a local-expert view,
+///        layout_params::d_expert_map) can need: aligned_rows_bound over those segments.
+[[nodiscard]] inline std::int64_t local_compact_max_rows(const routing_config& cfg,
+                                                         std::int64_t tokens,
+                                                         std::int64_t block_size,
+                                                         std::int32_t local_experts) {
+  return aligned_rows_bound(tokens * cfg.top_k, local_experts, tokens, block_size);
+}
+
 /// @brief The rows a layout of `kind` needs for this config and batch: the size of the
 ///        caller's row_token and expert buffers (-1: padded with an unbounded capacity).
 [[nodiscard]] inline std::int64_t layout_max_rows(const routing_config& cfg, std::int64_t tokens,

@@ -145,7 +145,9 @@ using const_dispatch_result = basic_dispatch_result<true>;
 ///        buffers are sized for an upper bound (max_rows) and d_num_rows holds the real count.
 template <bool Const>
 struct basic_layout_result {
-  detail::view_ptr<std::int64_t, Const> d_offsets = nullptr;    ///< [ET + 1] first row of e
+  /// [ET + 1] first row of e ([L + 1] by local index with a local-expert view; so are
+  /// rows_used and the experts block_expert names)
+  detail::view_ptr<std::int64_t, Const> d_offsets = nullptr;
   detail::view_ptr<std::int64_t, Const> d_rows_used = nullptr;  ///< [ET] rows holding a token
                                                                 ///< (optional)
   detail::view_ptr<std::int32_t, Const> d_row_token = nullptr;  ///< [max_rows] token, -1 = padding
@@ -153,10 +155,14 @@ struct basic_layout_result {
   detail::view_ptr<std::int32_t, Const> d_block_expert = nullptr;    ///< [max_rows / block_size]
                                                                      ///< compact only (optional)
   detail::view_ptr<std::int64_t, Const> d_num_rows = nullptr;        ///< [1] rows the layout uses
+  /// [1] written with a local-expert view only (layout_params::d_expert_map; optional):
+  /// assignments that hold a row at an expert not held here, left out of this layout (row -1)
+  detail::view_ptr<std::int64_t, Const> d_nonlocal = nullptr;
 
   template <bool C = Const>
   requires(!C) MOEROUTE_HOST_DEVICE operator basic_layout_result<!C>() const noexcept {
-    return {d_offsets, d_rows_used, d_row_token, d_assignment_row, d_block_expert, d_num_rows};
+    return {d_offsets,      d_rows_used, d_row_token, d_assignment_row,
+            d_block_expert, d_num_rows,  d_nonlocal};
   }
 };
 using layout_result = basic_layout_result<false>;

@@ -3,7 +3,8 @@
 // from moeroute's gating): reference::routing_from_ids + reference::dispatch against
 // cpu::dispatch on the same arrays over every priority, drop policy, slot order and capacity
 // mode, then both layouts; the errors bad ids get in each backend; and vLLM's
-// moe_align_block_size reproduced from given ids by the compact layout.
+// moe_align_block_size reproduced from given ids by the compact layout, with and without its
+// expert_map (the local-expert view of the layout).
 #include <catch2/catch.hpp>
 
 #include <algorithm>
@@ -172,6 +173,22 @@ struct vllm_align {
   std::int64_t post_pad = 0;
 };
 
+/// vLLM's test topk_ids [T, k]: per token, the first k of a random permutation of the experts.
+std::vector<std::int32_t> vllm_topk_ids(std::int64_t T, std::int32_t E, std::int32_t k,
+                                        std::uint64_t seed) {
+  lcg r(seed);
+  std::vector<std::int32_t> ids;
+  std::vector<std::int32_t> perm(static_cast<std::size_t>(E));
+  for (std::int64_t t = 0; t < T; ++t) {
+    for (std::int32_t e = 0; e < E; ++e) perm[e] = e;
+    for (std::int32_t j = 0; j < k; ++j) {
+      std::swap(perm[j], perm[j + r.next() % (E - j)]);
+      ids.push_back(perm[j]);
+    }
+  }
+  return ids;
+}
+
 vllm_align vllm_golden(const std::vector<std::int32_t>& topk_ids, std::int32_t E,
                        std::int64_t block, std::int64_t buffer_rows) {
   const auto numel = static_cast<std::int32_t>(topk_ids.size());
@@ -208,16 +225,7 @@ TEST_CASE("external ids: vLLM's moe_align_block_size from the compact layout",
         cfg.num_experts = E;
         cfg.top_k = k;
         cfg.capacity.mode = capacity_mode::unbounded;  // vLLM's fused MoE is dropless
-        lcg r(static_cast<std::uint64_t>(i));
-        std::vector<std::int32_t> ids;
-        for (std::int64_t t = 0; t < T; ++t) {
-          std::vector<std::int32_t> perm(static_cast<std::size_t>(E));
-          for (std::int32_t e = 0; e < E; ++e) perm[e] = e;
-          for (std::int32_t j = 0; j < k; ++j) {
-            std::swap(perm[j], perm[j + r.next() % (E - j)]);
-            ids.push_back(perm[j]);
-          }
-        }
+        const auto ids = vllm_topk_ids(T, E, k, static_cast<std::uint64_t>(i));
         const std::vector<float> gates(ids.size(), 1.0f / static_cast<float>(k));
         // moeroute: the CPU backend's dispatch and compact layout of those ids
         const auto g = reference::routing_from_ids(cfg, {ids, gates});
@@ -250,6 +258,179 @@ TEST_CASE("external ids: vLLM's moe_align_block_size from the compact layout",
                          want.expert_ids.begin() + static_cast<std::ptrdiff_t>(nblocks)));
       }
   CHECK(i == 140);
+}
+
+namespace {
+
+/// Expert maps over ET experts: vLLM's test map (every even expert, in order), one rank's
+/// contiguous block of three, and a permuted half.
+std::vector<std::vector<std::int32_t>> expert_maps(std::int32_t ET) {
+  std::vector<std::vector<std::int32_t>> maps(3, std::vector<std::int32_t>(ET, -1));
+  std::int32_t l = 0;
+  for (std::int32_t e = 0; e < ET; e += 2) maps[0][e] = l++;
+  const std::int32_t per = (ET + 2) / 3;
+  for (std::int32_t e = per; e < std::min(ET, 2 * per); ++e) maps[1][e] = e - per;
+  l = 0;
+  for (std::int32_t e = ET - 1; e >= 0; e -= 2) maps[2][e] = l++;
+  return maps;
+}
+
+/// The local layout of `map` by the CPU backend against reference::local_layout.
+void check_local(const routing_config& cfg, const reference::dispatch_output& d,
+                 const std::vector<std::int32_t>& map, std::int64_t block) {
+  const auto want = reference::local_layout(cfg, d, block, map);
+  const dispatch_view dv{d, d.totals()};
+  cpu_layout cl(cfg, dv.view(), d.tokens, layout_kind::compact, block);
+  std::int64_t nonlocal = -5;
+  cl.p.d_expert_map = map.data();
+  cl.p.local_experts = want.total_experts;
+  cl.p.out.d_nonlocal = &nonlocal;
+  const status st = cpu::layout(cfg, cl.p);
+  INFO(st.message);
+  REQUIRE(st.ok());
+  REQUIRE(cl.num_rows == want.num_rows);
+  CHECK(nonlocal == want.nonlocal);
+  const auto L = static_cast<std::size_t>(want.total_experts);
+  require_same("offsets", std::vector<std::int64_t>(cl.offsets.begin(), cl.offsets.begin() + L + 1),
+               want.offsets);
+  require_same("rows_used",
+               std::vector<std::int64_t>(cl.rows_used.begin(), cl.rows_used.begin() + L),
+               want.rows_used);
+  require_same("assignment_row", cl.assignment_row, want.assignment_row);
+  require_same(
+      "row_token",
+      std::vector<std::int32_t>(cl.row_token.begin(), cl.row_token.begin() + want.num_rows),
+      want.row_token);
+  require_same("block_expert",
+               std::vector<std::int32_t>(cl.block_expert.begin(),
+                                         cl.block_expert.begin() + want.num_rows / block),
+               want.block_expert);
+  for (std::size_t b = static_cast<std::size_t>(want.num_rows / block); b < cl.block_expert.size();
+       ++b)
+    REQUIRE(cl.block_expert[b] == -1);
+}
+
+}  // namespace
+
+TEST_CASE("external ids: the local-expert view of the compact layout, cpu == reference",
+          "[cpu][layout][external]") {
+  int i = 0;
+  for (const std::int64_t T : {7, 300})
+    for (int j = 0; j < 24; ++j, ++i) {
+      const case_spec s = spec_for(i);
+      INFO(describe(s, T, 12, 3));
+      const routing_config cfg = make_config(12, 3, s, T);
+      const given in(cfg, T, 900 + i, s.masked);
+      const auto d = reference::dispatch(cfg, reference::routing_from_ids(cfg, in.view()));
+      for (const auto& map : expert_maps(cfg.total_experts())) check_local(cfg, d, map, 4);
+      // ranks that split the experts: each held row is in exactly one rank's layout
+      std::int64_t rows_used = 0, held = 0;
+      const std::int32_t ET = cfg.total_experts(), R = 3, per = (ET + R - 1) / R;
+      for (std::int32_t r = 0; r < R; ++r) {
+        std::vector<std::int32_t> map(ET, -1);
+        for (std::int32_t e = r * per; e < std::min(ET, (r + 1) * per); ++e) map[e] = e - r * per;
+        const auto L = reference::local_layout(cfg, d, 4, map);
+        for (const auto u : L.rows_used) rows_used += u;
+        for (const auto row : L.assignment_row) held += row >= 0 ? 1 : 0;
+        CHECK(L.nonlocal + std::count_if(L.assignment_row.begin(), L.assignment_row.end(),
+                                         [](std::int64_t x) { return x >= 0; }) ==
+              d.total_kept + d.total_rerouted);
+      }
+      std::int64_t load = 0;
+      for (const auto v : d.load) load += v;
+      CHECK(rows_used == load);
+      CHECK(held == d.total_kept + d.total_rerouted);
+    }
+}
+
+TEST_CASE("external ids: vLLM's moe_align_block_size with an expert_map",
+          "[cpu][layout][external]") {
+  // vLLM's test_moe_align_block_size_with_expert_map grid: m in {16, 32, 2048}, topk in {2, 4},
+  // E in {8, 64}, block 64, the even experts local (expert_map[e] = e / 2, else -1). Its golden
+  // skips the other experts entirely and names blocks by local id.
+  int i = 0;
+  for (const std::int64_t T : {16, 32, 2048})
+    for (const std::int32_t k : {2, 4})
+      for (const std::int32_t E : {8, 64}) {
+        INFO("T " << T << " k " << k << " E " << E);
+        routing_config cfg;
+        cfg.num_experts = E;
+        cfg.top_k = k;
+        cfg.capacity.mode = capacity_mode::unbounded;
+        const std::int64_t block = 64;
+        const auto ids = vllm_topk_ids(T, E, k, static_cast<std::uint64_t>(++i));
+        std::vector<std::int32_t> map(E, -1);
+        for (std::int32_t e = 0; e < E; e += 2) map[e] = e / 2;
+        const std::vector<float> gates(ids.size(), 0.5f);
+        const auto d = reference::dispatch(cfg, reference::routing_from_ids(cfg, {ids, gates}));
+        const dispatch_view dv{d, d.totals()};
+        cpu_layout cl(cfg, dv.view(), T, layout_kind::compact, block);
+        cl.p.d_expert_map = map.data();
+        cl.p.local_experts = E / 2;
+        REQUIRE(cpu::layout(cfg, cl.p).ok());
+        // vLLM's golden with the map: local experts in order, their flat assignment indices
+        // (stable), padded with numel; expert ids are the local ids
+        const auto numel = static_cast<std::int32_t>(ids.size());
+        std::vector<std::int32_t> sorted, experts;
+        for (std::int32_t e = 0; e < E; ++e) {
+          if (map[e] < 0) continue;
+          std::int64_t n = 0;
+          for (std::int32_t a = 0; a < numel; ++a)
+            if (ids[a] == e) {
+              sorted.push_back(a);
+              ++n;
+            }
+          const std::int64_t padded = (n + block - 1) / block * block;
+          sorted.insert(sorted.end(), static_cast<std::size_t>(padded - n), numel);
+          experts.insert(experts.end(), static_cast<std::size_t>(padded / block), map[e]);
+        }
+        REQUIRE(cl.num_rows == static_cast<std::int64_t>(sorted.size()));
+        std::vector<std::int32_t> got(sorted.size(), numel);
+        for (std::int32_t a = 0; a < numel; ++a)
+          if (cl.assignment_row[a] >= 0) got[cl.assignment_row[a]] = a;
+        require_same("sorted_token_ids", got, sorted);
+        require_same("expert_ids",
+                     std::vector<std::int32_t>(
+                         cl.block_expert.begin(),
+                         cl.block_expert.begin() + static_cast<std::ptrdiff_t>(experts.size())),
+                     experts);
+      }
+}
+
+TEST_CASE("external ids: a bad expert map gets an error naming the entry",
+          "[cpu][layout][external]") {
+  routing_config cfg = presets::megatron(4, 2);
+  cfg.capacity.mode = capacity_mode::factor;  // bounded, so that a padded layout exists
+  cfg.capacity.factor = 2.0;
+  const std::vector<std::int32_t> ids = {0, 1, 2, 3, 1, 2};
+  const std::vector<float> gates(6, 0.5f);
+  const auto d = reference::dispatch(cfg, reference::routing_from_ids(cfg, {ids, gates}));
+  const dispatch_view dv{d, d.totals()};
+  using Catch::Matchers::Contains;
+  const auto cpu_error = [&](std::vector<std::int32_t> map, std::int32_t local,
+                             layout_kind kind = layout_kind::compact) -> std::string {
+    cpu_layout cl(cfg, dv.view(), 3, layout_kind::compact, 1);
+    cl.p.kind = kind;
+    cl.p.d_expert_map = map.empty() ? nullptr : map.data();
+    cl.p.local_experts = local;
+    const status s = cpu::layout(cfg, cl.p);
+    return s.ok() ? "no error" : s.message;
+  };
+  CHECK(cpu_error({-1, 0, 1, -1}, 2) == "no error");
+  CHECK_THAT(cpu_error({-1, 0, 2, -1}, 2), Contains("d_expert_map[2] = 2 is outside [-1, local"));
+  CHECK_THAT(cpu_error({1, 0, 1, -1}, 2),
+             Contains("d_expert_map[2] = 1: local index already held by expert 0"));
+  CHECK_THAT(cpu_error({-1, 0, -1, -1}, 2), Contains("no expert has local index 1"));
+  CHECK_THAT(cpu_error({-1, 0, 1, -1}, 2, layout_kind::padded),
+             Contains("a local-expert view is a compact layout"));
+  CHECK_THAT(cpu_error({}, 2), Contains("local_experts = 2: only read with d_expert_map"));
+  CHECK_THAT(cpu_error({-1, 0, 1, -1}, 5), Contains("local_experts = 5: must be in [1"));
+  try {
+    (void)reference::local_layout(cfg, d, 1, std::vector<std::int32_t>{0, 0, -1, -1});
+    FAIL("no error");
+  } catch (const error& e) {
+    CHECK_THAT(e.what(), Contains("expert_map[1] = 0: local index already held by expert 0"));
+  }
 }
 
 }  // namespace moeroute::test

@@ -85,6 +85,16 @@ TEST_CASE("layout: errors and T = 0", "[cuda][layout][quick]") {
     p.kind = layout_kind::padded;
     REQUIRE(cuda::layout(cfg, p).code == status_code::unsupported);
   }
+  SECTION("the local-expert view is the host backends' (unsupported, named)") {
+    gpu_layout L(cfg, d, layout_kind::compact, 4);
+    auto p = L.params;
+    device_buffer<std::int32_t> map(std::vector<std::int32_t>{0, -1, 1, -1, 2, -1, 3, -1});
+    p.d_expert_map = map.get();
+    p.local_experts = 4;
+    const auto st = cuda::layout(cfg, p);
+    REQUIRE(st.code == status_code::unsupported);
+    REQUIRE(st.message.find("d_expert_map") != std::string::npos);
+  }
   SECTION("max_rows below the bound is rejected") {
     gpu_layout L(cfg, d, layout_kind::compact, 8);
     auto p = L.params;

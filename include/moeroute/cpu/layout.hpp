@@ -24,10 +24,12 @@ using moeroute::layout_params;
   return check_params(cfg, p);
 }
 
-/// @brief Builds the padded or compact layout of a dispatch on the CPU.
+/// @brief Builds the padded or compact layout of a dispatch on the CPU (or the compact layout
+///        of the local experts only, with p.d_expert_map).
 /// @param ex accepted for the common signature; the layout runs on the calling thread (one
 ///           O(T k + E + max_rows) pass)
-/// @return success, or invalid_* naming the field (including a slot outside its segment).
+/// @return success, or invalid_* naming the field (including a slot outside its segment, and
+///         an expert map entry outside [-1, L) or a local index held twice or by nobody).
 /// @note Synchronous, no allocation. T = 0: success, nothing written. Writes every row of
 ///       out.d_row_token (padding -1) and, when given, every entry of out.d_block_expert (-1
 ///       past num_rows).
@@ -46,51 +48,86 @@ using moeroute::layout_params;
       return status::make(status_code::invalid_argument, "dispatched.d_load[" + std::to_string(e) +
                                                              "] = " + std::to_string(in.d_load[e]) +
                                                              " is outside [0, tokens]");
+  // Segments: every expert in order, or the local experts in local index order (the map's
+  // inverse is built in offsets[0, L) first, then replaced by the scan in place).
+  const std::int32_t* map = p.d_expert_map;
+  const std::int32_t segments = map != nullptr ? p.local_experts : ET;
+  if (map != nullptr) {
+    std::fill(out.d_offsets, out.d_offsets + segments, std::int64_t{-1});
+    for (std::int32_t e = 0; e < ET; ++e) {
+      const std::int32_t l = map[e];
+      if (l < -1 || l >= segments)
+        return status::make(status_code::invalid_argument, "d_expert_map[" + std::to_string(e) +
+                                                               "] = " + std::to_string(l) +
+                                                               " is outside [-1, local_experts)");
+      if (l < 0) continue;
+      if (out.d_offsets[l] >= 0)
+        return status::make(status_code::invalid_argument,
+                            "d_expert_map[" + std::to_string(e) + "] = " + std::to_string(l) +
+                                ": local index already held by expert " +
+                                std::to_string(out.d_offsets[l]));
+      out.d_offsets[l] = e;
+    }
+    for (std::int32_t l = 0; l < segments; ++l)
+      if (out.d_offsets[l] < 0)
+        return status::make(status_code::invalid_argument,
+                            "d_expert_map: no expert has local index " + std::to_string(l) +
+                                " (local_experts = " + std::to_string(segments) + ")");
+  }
   std::int64_t offset = 0;
-  for (std::int32_t e = 0; e < ET; ++e) {
+  for (std::int32_t l = 0; l < segments; ++l) {
+    const std::int32_t e = map != nullptr ? static_cast<std::int32_t>(out.d_offsets[l]) : l;
     const std::int64_t load = in.d_load[e];
-    if (out.d_rows_used != nullptr) out.d_rows_used[e] = load;
-    out.d_offsets[e] = offset;
+    if (out.d_rows_used != nullptr) out.d_rows_used[l] = load;
+    out.d_offsets[l] = offset;
     if (compact) {
       offset += (load + p.block_size - 1) / p.block_size * p.block_size;
     } else {
       offset += e < E ? C * Q : (fb < 0 ? load : fb * Q);
     }
   }
-  out.d_offsets[ET] = offset;
+  out.d_offsets[segments] = offset;
   *out.d_num_rows = offset;
   if (offset > p.max_rows)
     return status::make(status_code::invalid_argument,
                         "the layout needs " + std::to_string(offset) + " rows, max_rows = " +
                             std::to_string(p.max_rows) + ": dispatched is not of this config");
   std::fill(out.d_row_token, out.d_row_token + p.max_rows, -1);
+  std::int64_t nonlocal = 0;
   for (std::int64_t a = 0, t = 0; t < p.tokens; ++t)
     for (std::int32_t j = 0; j < k; ++j, ++a) {
       const std::int32_t e = in.d_expert[a];
       std::int64_t row = -1;
-      if (e >= 0) {
+      if (e >= ET)
+        return status::make(status_code::invalid_argument,
+                            "dispatched: assignment " + std::to_string(a) + " has expert " +
+                                std::to_string(e) + ", outside [-1, total_experts)");
+      const std::int32_t l = e < 0 ? -1 : (map != nullptr ? map[e] : e);
+      if (e >= 0 && l < 0) ++nonlocal;  // held at an expert of another rank
+      if (l >= 0) {
         const std::int64_t slot = in.d_slot[a];
-        if (e >= ET || slot < 0 || slot >= out.d_offsets[e + 1] - out.d_offsets[e])
+        if (slot < 0 || slot >= out.d_offsets[l + 1] - out.d_offsets[l])
           return status::make(status_code::invalid_argument,
                               "dispatched: assignment " + std::to_string(a) + " has expert " +
                                   std::to_string(e) + ", slot " + std::to_string(slot) +
                                   ", outside that expert's segment");
-        row = out.d_offsets[e] + slot;
+        row = out.d_offsets[l] + slot;
         out.d_row_token[row] = static_cast<std::int32_t>(t);
       }
       out.d_assignment_row[a] = row;
     }
+  if (map != nullptr && out.d_nonlocal != nullptr) *out.d_nonlocal = nonlocal;
   if (compact && out.d_block_expert != nullptr) {
     const std::int64_t blocks = p.max_rows / p.block_size;
-    std::int32_t e = 0;
+    std::int32_t l = 0;
     for (std::int64_t b = 0; b < blocks; ++b) {
       const std::int64_t x = b * p.block_size;
       if (x >= offset) {
         out.d_block_expert[b] = -1;
         continue;
       }
-      while (out.d_offsets[e + 1] <= x) ++e;  // last e with offsets[e] <= x
-      out.d_block_expert[b] = e;
+      while (out.d_offsets[l + 1] <= x) ++l;  // last segment with offsets[l] <= x
+      out.d_block_expert[b] = l;
     }
   }
   return status::success();

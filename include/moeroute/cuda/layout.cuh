@@ -20,9 +20,15 @@ namespace moeroute::cuda {
 
 using moeroute::layout_params;
 
-/// @brief Checks config, shapes and pointers; names the first bad field.
+/// @brief Checks config, shapes and pointers; names the first bad field. The local-expert view
+///        (d_expert_map) is the host backends' for now: unsupported here.
 [[nodiscard]] inline status validate(const routing_config& cfg, const layout_params& p) {
-  return check_params(cfg, p);
+  if (auto s = check_params(cfg, p); !s) return s;
+  if (p.d_expert_map != nullptr)
+    return status::make(status_code::unsupported,
+                        "d_expert_map: cuda::layout has no local-expert view yet (cpu::layout "
+                        "and reference::local_layout have)");
+  return status::success();
 }
 
 /// @brief Builds the padded or compact layout from cuda::dispatch's outputs.

@@ -27,6 +27,14 @@ struct layout_params {
   std::int64_t max_rows = 0;    ///< rows of out.d_row_token (and of the expert buffer)
   /// From dispatch: d_expert, d_slot [T, k], d_load [total_experts], d_totals [1].
   const_dispatch_result dispatched{};
+  /// Local-expert view (an engine running its own expert-parallel exchange; vLLM's expert_map),
+  /// compact layout only: d_expert_map [total_experts] int32 holds the local index in
+  /// [0, local_experts) of each expert held here and -1 for the others, each local index
+  /// once. The layout then has local_experts segments in local index order (offsets,
+  /// rows_used and block_expert by local index); assignments at other experts get row -1 and
+  /// are counted in *out.d_nonlocal. Null (and local_experts 0): every expert, in order.
+  const std::int32_t* d_expert_map = nullptr;
+  std::int32_t local_experts = 0;  ///< L (with d_expert_map)
   /// Outputs: d_offsets [total_experts + 1]; d_rows_used [total_experts] (optional);
   /// d_row_token [max_rows] (-1 = padding); d_assignment_row [T, k] (-1 = none);
   /// d_block_expert [max_rows / block_size] (compact only, optional; -1 past num_rows);
@@ -51,7 +59,23 @@ struct layout_params {
     return bad(status_code::unsupported,
                "padded layout needs a bounded capacity; capacity_mode::unbounded works with the "
                "compact layout");
-  const std::int64_t bound = layout_max_rows(cfg, p.tokens, p.kind, p.block_size);
+  if (p.d_expert_map == nullptr && p.local_experts != 0)
+    return bad(status_code::invalid_argument, "local_experts = " + std::to_string(p.local_experts) +
+                                                  ": only read with d_expert_map; leave it 0");
+  if (p.d_expert_map != nullptr) {
+    if (p.kind != layout_kind::compact)
+      return bad(status_code::unsupported,
+                 "d_expert_map: a local-expert view is a compact layout (kind = compact)");
+    if (p.local_experts < 1 || p.local_experts > cfg.total_experts())
+      return bad(status_code::invalid_argument,
+                 "local_experts = " + std::to_string(p.local_experts) +
+                     ": must be in [1, total_experts = " + std::to_string(cfg.total_experts()) +
+                     "] with d_expert_map");
+  }
+  const std::int64_t bound =
+      p.d_expert_map != nullptr
+          ? local_compact_max_rows(cfg, p.tokens, p.block_size, p.local_experts)
+          : layout_max_rows(cfg, p.tokens, p.kind, p.block_size);
   if (p.max_rows < bound)
     return bad(status_code::invalid_shape, "max_rows = " + std::to_string(p.max_rows) +
                                                ": below the layout bound " + std::to_string(bound));

@@ -9,6 +9,7 @@
 
 #include <algorithm>
 #include <cstdint>
+#include <span>
 #include <string>
 #include <vector>
 
@@ -33,6 +34,9 @@ struct layout_output {
   std::vector<std::int64_t> assignment_row;  ///< [T, k] row of each assignment, -1 = none
   std::vector<std::int32_t> block_expert;    ///< [num_rows / block_size] expert of each block
                                              ///< (compact only; empty for padded)
+  /// local_layout only: assignments held at experts of other ranks (row -1 here); the
+  /// segments (offsets, rows_used, block_expert, total_experts) are then the local experts
+  std::int64_t nonlocal = 0;
   [[nodiscard]] std::int64_t padding_rows() const noexcept {
     std::int64_t used = 0;
     for (auto u : rows_used) used += u;
@@ -141,6 +145,73 @@ inline layout_output layout(const routing_config& cfg, const dispatch_output& ds
         L.block_expert[b] = e;
   }
   detail::fill_rows(dsp, L);
+  return L;
+}
+
+/// @brief The compact layout of the experts held here — a local-expert view for an engine that
+///        runs its own expert-parallel exchange (vLLM's expert_map): expert_map
+///        [total_experts] holds each held expert's local index (each of 0 .. L-1 exactly once)
+///        and -1 for the others. Segments of the L local experts in local index order, each
+///        rounded up to block_size; total_experts, offsets, rows_used and block_expert are by
+///        local index; an assignment held at another expert gets row -1 and is counted in
+///        `nonlocal`.
+/// @return the layout; throws moeroute::error naming the bad argument.
+inline layout_output local_layout(const routing_config& cfg, const dispatch_output& dsp,
+                                  std::int64_t block_size,
+                                  std::span<const std::int32_t> expert_map) {
+  const auto fail = [](status_code c, const std::string& m) { throw error(status::make(c, m)); };
+  if (static_cast<std::int64_t>(expert_map.size()) != dsp.total_experts)
+    fail(status_code::invalid_shape,
+         "expert_map has " + std::to_string(expert_map.size()) +
+             " entries, expected total_experts = " + std::to_string(dsp.total_experts));
+  // the whole layout, then its local segments renumbered (plain and obviously right)
+  const layout_output all = layout(cfg, dsp, layout_kind::compact, block_size);
+  std::int32_t local = 0;
+  for (const std::int32_t l : expert_map) local += l >= 0 ? 1 : 0;
+  std::vector<std::int32_t> global_of(static_cast<std::size_t>(local), -1);
+  for (std::size_t e = 0; e < expert_map.size(); ++e) {
+    const std::int32_t l = expert_map[e];
+    if (l < -1 || l >= local)
+      fail(status_code::invalid_argument,
+           "expert_map[" + std::to_string(e) + "] = " + std::to_string(l) +
+               " is outside [-1, local experts = " + std::to_string(local) + ")");
+    if (l < 0) continue;
+    if (global_of[l] >= 0)
+      fail(status_code::invalid_argument,
+           "expert_map[" + std::to_string(e) + "] = " + std::to_string(l) +
+               ": local index already held by expert " + std::to_string(global_of[l]));
+    global_of[l] = static_cast<std::int32_t>(e);
+  }
+  layout_output L;
+  L.kind = layout_kind::compact;
+  L.total_experts = local;
+  L.block_size = block_size;
+  L.offsets.assign(static_cast<std::size_t>(local) + 1, 0);
+  L.rows_used.assign(static_cast<std::size_t>(local), 0);
+  for (std::int32_t l = 0; l < local; ++l) {
+    const std::int64_t load = dsp.load[global_of[l]];
+    L.rows_used[l] = load;
+    L.offsets[l + 1] = L.offsets[l] + (load + block_size - 1) / block_size * block_size;
+  }
+  L.num_rows = L.offsets.back();
+  L.block_expert.assign(static_cast<std::size_t>(L.num_rows / block_size), 0);
+  for (std::int32_t l = 0; l < local; ++l)
+    for (std::int64_t b = L.offsets[l] / block_size; b < L.offsets[l + 1] / block_size; ++b)
+      L.block_expert[b] = l;
+  L.row_token.assign(static_cast<std::size_t>(L.num_rows), -1);
+  L.assignment_row.assign(all.assignment_row.size(), -1);
+  for (std::size_t a = 0; a < all.assignment_row.size(); ++a) {
+    const std::int32_t e = dsp.expert[a];
+    if (e < 0) continue;
+    const std::int32_t l = expert_map[e];
+    if (l < 0) {
+      ++L.nonlocal;
+      continue;
+    }
+    const std::int64_t row = L.offsets[l] + dsp.slot[a];
+    L.assignment_row[a] = row;
+    L.row_token[row] = static_cast<std::int32_t>(a / static_cast<std::size_t>(dsp.k));
+  }
   return L;
 }
 
