@@ -20,15 +20,9 @@ namespace moeroute::cuda {
 
 using moeroute::layout_params;
 
-/// @brief Checks config, shapes and pointers; names the first bad field. The local-expert view
-///        (d_expert_map) is the host backends' for now: unsupported here.
+/// @brief Checks config, shapes and pointers; names the first bad field.
 [[nodiscard]] inline status validate(const routing_config& cfg, const layout_params& p) {
-  if (auto s = check_params(cfg, p); !s) return s;
-  if (p.d_expert_map != nullptr)
-    return status::make(status_code::unsupported,
-                        "d_expert_map: cuda::layout has no local-expert view yet (cpu::layout "
-                        "and reference::local_layout have)");
-  return status::success();
+  return check_params(cfg, p);
 }
 
 /// @brief Builds the padded or compact layout from cuda::dispatch's outputs.
@@ -36,7 +30,11 @@ using moeroute::layout_params;
 /// @return success, invalid_* or cuda_error. No workspace.
 /// @note Asynchronous, no allocation, no synchronisation, graph-capturable. T = 0 returns
 ///       success and writes nothing. Writes every row of d_row_token (padding -1) and, when
-///       given, every entry of d_block_expert (-1 past num_rows).
+///       given, every entry of d_block_expert (-1 past num_rows). A local-expert view
+///       (d_expert_map) is device data the launcher cannot check: a map with an entry outside
+///       [-1, local_experts) or a local index held twice or by nobody gives an empty layout
+///       (*d_num_rows 0, every held assignment counted in *d_nonlocal) where the host backends
+///       return invalid_argument.
 [[nodiscard]] inline status layout(const routing_config& cfg, const layout_params& p,
                                    cudaStream_t stream = nullptr) {
   if (auto s = validate(cfg, p); !s) return s;
@@ -44,11 +42,18 @@ using moeroute::layout_params;
   constexpr int threads = 256;
   const std::int32_t E = cfg.num_experts, ET = cfg.total_experts();
   const bool compact = p.kind == layout_kind::compact;
+  const std::int32_t* map = p.d_expert_map;
+  const std::int32_t segments = map != nullptr ? p.local_experts : ET;
   if (auto s = launch("layout_offsets_kernel", kernels::layout_offsets_kernel<threads>,
                       {1, threads, 0}, stream, compact, p.block_size, E, ET,
-                      cfg.capacity_groups(p.tokens), p.dispatched, p.out);
+                      cfg.capacity_groups(p.tokens), map, segments, p.dispatched, p.out);
       !s)
     return s;
+  if (map != nullptr && p.out.d_nonlocal != nullptr)
+    if (auto s = from_cuda(cudaMemsetAsync(p.out.d_nonlocal, 0, sizeof(std::int64_t), stream),
+                           "cudaMemsetAsync(d_nonlocal)");
+        !s)
+      return s;
   if (p.max_rows > 0)
     if (auto s = launch("layout_clear_rows_kernel", kernels::layout_clear_rows_kernel<threads>,
                         {grid_for(p.max_rows, threads), threads, 0}, stream, p.max_rows,
@@ -56,15 +61,16 @@ using moeroute::layout_params;
         !s)
       return s;
   const std::int64_t n = p.tokens * cfg.top_k;
-  if (auto s =
-          launch("layout_rows_kernel", kernels::layout_rows_kernel<threads>,
-                 {grid_for(n, threads), threads, 0}, stream, n, cfg.top_k, p.dispatched, p.out);
+  if (auto s = launch("layout_rows_kernel", kernels::layout_rows_kernel<threads>,
+                      {grid_for(n, threads), threads, 0}, stream, n, cfg.top_k, map, segments,
+                      p.dispatched, p.out);
       !s)
     return s;
   const std::int64_t blocks = p.max_rows / p.block_size;
   if (compact && p.out.d_block_expert && blocks > 0)
     return launch("layout_block_expert_kernel", kernels::layout_block_expert_kernel<threads>,
-                  {grid_for(blocks, threads), threads, 0}, stream, blocks, p.block_size, ET, p.out);
+                  {grid_for(blocks, threads), threads, 0}, stream, blocks, p.block_size, segments,
+                  p.out);
   return status::success();
 }
 

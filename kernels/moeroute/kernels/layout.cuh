@@ -13,26 +13,54 @@ namespace moeroute::kernels {
 
 /// One block. Padded: offsets[e] = e * C * Q for routed experts (C per capacity group, Q
 /// groups), then the dedicated fallback segment (its capacity, or its load when unbounded).
-/// Compact: exclusive scan of each load rounded up to block_size. Writes offsets [ET + 1],
-/// rows_used [ET] and *num_rows.
+/// Compact: exclusive scan of each load rounded up to block_size. Writes offsets, rows_used
+/// and *num_rows over `segments` segments: every expert (map null, segments = ET), or the
+/// local experts of `map` in local index order (compact only). A map the host cannot check
+/// (device data) with an entry outside [-1, segments), or a local index held twice or by
+/// nobody, gives an empty layout: every segment 0 rows, so every held assignment is nonlocal.
 template <int Threads>
 __global__ void __launch_bounds__(Threads)
     layout_offsets_kernel(bool compact, std::int64_t block_size, std::int32_t experts,
                           std::int32_t total_experts, std::int64_t capacity_groups,
+                          const std::int32_t* __restrict__ map, std::int32_t segments,
                           const const_dispatch_result in, const layout_result out) {
   using scan = cub::BlockScan<std::int64_t, Threads>;
   __shared__ typename scan::TempStorage tmp;
   __shared__ std::int64_t s_carry;
-  if (threadIdx.x == 0) s_carry = 0;
+  __shared__ int s_bad;
+  if (threadIdx.x == 0) {
+    s_carry = 0;
+    s_bad = 0;
+  }
+  if (map != nullptr) {
+    // offsets[l] <- the expert holding local index l (the map's inverse), then the scan
+    for (std::int32_t l = static_cast<std::int32_t>(threadIdx.x); l < segments; l += Threads)
+      out.d_offsets[l] = -1;
+    __syncthreads();
+    for (std::int32_t e = static_cast<std::int32_t>(threadIdx.x); e < total_experts; e += Threads) {
+      const std::int32_t l = map[e];
+      if (l < -1 || l >= segments) {
+        s_bad = 1;
+      } else if (l >= 0 && atomicCAS(reinterpret_cast<unsigned long long*>(&out.d_offsets[l]),
+                                     ~0ull, static_cast<unsigned long long>(e)) != ~0ull) {
+        s_bad = 1;  // a local index held twice
+      }
+    }
+    __syncthreads();
+    for (std::int32_t l = static_cast<std::int32_t>(threadIdx.x); l < segments; l += Threads)
+      if (out.d_offsets[l] < 0) s_bad = 1;  // held by nobody
+  }
   __syncthreads();
+  const bool bad = s_bad != 0;
   const std::int64_t C = in.d_totals->capacity;
   const std::int64_t fb = in.d_totals->fallback_capacity;
-  for (std::int32_t base = 0; base < total_experts; base += Threads) {
-    const std::int32_t e = base + static_cast<std::int32_t>(threadIdx.x);
+  for (std::int32_t base = 0; base < segments; base += Threads) {
+    const std::int32_t l = base + static_cast<std::int32_t>(threadIdx.x);
     std::int64_t seg = 0;
-    if (e < total_experts) {
-      const std::int64_t load = in.d_load[e];
-      if (out.d_rows_used) out.d_rows_used[e] = load;
+    if (l < segments) {
+      const std::int32_t e = map != nullptr ? static_cast<std::int32_t>(out.d_offsets[l]) : l;
+      const std::int64_t load = bad ? 0 : in.d_load[e];
+      if (out.d_rows_used) out.d_rows_used[l] = load;
       if (compact) {
         seg = (load + block_size - 1) / block_size * block_size;
       } else {
@@ -42,13 +70,13 @@ __global__ void __launch_bounds__(Threads)
     std::int64_t offset = 0, total = 0;
     scan(tmp).ExclusiveSum(seg, offset, total);
     const std::int64_t carry = s_carry;
-    if (e < total_experts) out.d_offsets[e] = carry + offset;
-    __syncthreads();  // everyone has read s_carry and tmp
+    __syncthreads();  // every thread has read its expert from offsets[l] and s_carry
+    if (l < segments) out.d_offsets[l] = carry + offset;
     if (threadIdx.x == 0) s_carry = carry + total;
     __syncthreads();
   }
   if (threadIdx.x == 0) {
-    out.d_offsets[total_experts] = s_carry;
+    out.d_offsets[segments] = s_carry;
     *out.d_num_rows = s_carry;
   }
 }
@@ -63,26 +91,40 @@ __global__ void __launch_bounds__(Threads)
     d_row_token[r] = -1;
 }
 
-/// assignment_row[a] = offsets[expert] + slot (-1 if none); row_token[row] = token. Shared
-/// slots write the same row with the same token, so the result does not depend on order.
+/// assignment_row[a] = offsets[segment] + slot (-1 if none); row_token[row] = token. Shared
+/// slots write the same row with the same token, so the result does not depend on order. With
+/// a map, an assignment at an expert not held here (or any, after a bad map: num_rows 0) gets
+/// -1 and is counted in *d_nonlocal (zeroed beforehand; integer atomics).
 template <int Threads>
 __global__ void __launch_bounds__(Threads)
-    layout_rows_kernel(std::int64_t n, std::int32_t k, const const_dispatch_result in,
+    layout_rows_kernel(std::int64_t n, std::int32_t k, const std::int32_t* __restrict__ map,
+                       std::int32_t segments, const const_dispatch_result in,
                        const layout_result out) {
   const std::int64_t stride = static_cast<std::int64_t>(gridDim.x) * blockDim.x;
+  const bool empty = map != nullptr && *out.d_num_rows == 0;
   for (std::int64_t a = static_cast<std::int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; a < n;
        a += stride) {
     const std::int32_t e = in.d_expert[a];
     std::int64_t row = -1;
     if (e >= 0) {
-      row = out.d_offsets[e] + in.d_slot[a];
-      out.d_row_token[row] = static_cast<std::int32_t>(a / k);
+      std::int32_t l = e;
+      if (map != nullptr) {
+        l = map[e];
+        if (empty || l < 0 || l >= segments) l = -1;
+        if (l < 0 && out.d_nonlocal)
+          atomicAdd(reinterpret_cast<unsigned long long*>(out.d_nonlocal), 1ull);
+      }
+      if (l >= 0) {
+        row = out.d_offsets[l] + in.d_slot[a];
+        out.d_row_token[row] = static_cast<std::int32_t>(a / k);
+      }
     }
     out.d_assignment_row[a] = row;
   }
 }
 
-/// block_expert[b] = expert whose segment holds row b * block_size; -1 past num_rows.
+/// block_expert[b] = segment (expert, or local index) holding row b * block_size; -1 past
+/// num_rows.
 template <int Threads>
 __global__ void __launch_bounds__(Threads)
     layout_block_expert_kernel(std::int64_t num_blocks, std::int64_t block_size,

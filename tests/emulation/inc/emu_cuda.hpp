@@ -86,6 +86,12 @@ T atomicAdd(T* p, T v) {
   *p = old + v;
   return old;
 }
+template <class T>
+T atomicCAS(T* p, T compare, T value) {
+  const T old = *p;
+  if (old == compare) *p = value;
+  return old;
+}
 inline void __syncthreads() { emu::ls::block_barrier(); }
 inline void __syncwarp(unsigned = 0xffffffffu) { emu::ls::warp_barrier("__syncwarp"); }
 
