@@ -7,7 +7,6 @@
 #include <algorithm>
 #include <cstdint>
 #include <cstring>
-#include <string>
 
 #include <moeroute/config.hpp>
 #include <moeroute/cpu/gating.hpp>
@@ -45,11 +44,7 @@ template <class Element>
   const std::int32_t k = cfg.top_k;
   const std::int64_t n = p.tokens * k, d = p.hidden;
   const std::int64_t* rows_of = p.layout.d_assignment_row;
-  for (std::int64_t a = 0; a < n; ++a)
-    if (rows_of[a] < -1 || rows_of[a] >= p.rows)
-      return status::make(status_code::invalid_argument,
-                          "layout.d_assignment_row[" + std::to_string(a) +
-                              "] = " + std::to_string(rows_of[a]) + " is outside [-1, rows)");
+  if (auto s = rows::check_layout_rows(rows_of, n, nullptr, p.rows, p.tokens); !s) return s;
   const bool residual = cfg.dispatch.dropped == drop_policy::residual;
   const std::int64_t tasks = task_count(p.tokens, std::max<std::int64_t>(1, 8192 / d + 1));
   parallel_for(ex, tasks, [&](std::int64_t i) {

@@ -8,7 +8,6 @@
 #include <algorithm>
 #include <cstdint>
 #include <cstring>
-#include <string>
 
 #include <moeroute/config.hpp>
 #include <moeroute/cpu/gating.hpp>
@@ -42,24 +41,6 @@ template <class Element>
 
 namespace detail {
 
-/// The first bad entry of a layout's assignment rows / row tokens, or success.
-[[nodiscard]] inline status check_layout_rows(const std::int64_t* assignment_row, std::int64_t n,
-                                              const std::int32_t* row_token, std::int64_t rows,
-                                              std::int64_t tokens) {
-  for (std::int64_t a = 0; a < n; ++a)
-    if (assignment_row[a] < -1 || assignment_row[a] >= rows)
-      return status::make(status_code::invalid_argument,
-                          "layout.d_assignment_row[" + std::to_string(a) + "] = " +
-                              std::to_string(assignment_row[a]) + " is outside [-1, rows)");
-  if (row_token != nullptr)
-    for (std::int64_t r = 0; r < rows; ++r)
-      if (row_token[r] < -1 || row_token[r] >= tokens)
-        return status::make(status_code::invalid_argument,
-                            "layout.d_row_token[" + std::to_string(r) +
-                                "] = " + std::to_string(row_token[r]) + " is outside [-1, tokens)");
-  return status::success();
-}
-
 /// sum_c a[c] * b[c] in fp32, 16 fixed lanes then lane by lane then the tail
 [[nodiscard]] inline float dot(const float* __restrict a, const float* __restrict b,
                                std::int64_t n) noexcept {
@@ -88,9 +69,9 @@ template <class Element>
   if (auto s = validate(cfg, p); !s) return s;
   const std::int32_t k = cfg.top_k;
   const std::int64_t d = p.hidden, n = p.tokens * k;
-  if (auto s = detail::check_layout_rows(p.layout.d_assignment_row, n,
-                                         p.rows > 0 && d > 0 ? p.layout.d_row_token : nullptr,
-                                         p.rows, p.tokens);
+  if (auto s = rows::check_layout_rows(p.layout.d_assignment_row, n,
+                                       p.rows > 0 && d > 0 ? p.layout.d_row_token : nullptr, p.rows,
+                                       p.tokens);
       !s)
     return s;
   // d expert_out, row by row: the assignments of the row's token that hold it, in rank order
@@ -195,8 +176,8 @@ template <class Element>
   if (p.tokens == 0 || p.hidden == 0) return status::success();
   const std::int32_t k = cfg.top_k;
   const std::int64_t d = p.hidden;
-  if (auto s = detail::check_layout_rows(p.layout.d_assignment_row, p.tokens * k, nullptr, p.rows,
-                                         p.tokens);
+  if (auto s = rows::check_layout_rows(p.layout.d_assignment_row, p.tokens * k, nullptr, p.rows,
+                                       p.tokens);
       !s)
     return s;
   const std::int64_t tasks = task_count(p.tokens, std::max<std::int64_t>(1, 8192 / d + 1));

@@ -6,11 +6,11 @@
 #include <algorithm>
 #include <cstdint>
 #include <cstring>
-#include <string>
 
 #include <moeroute/config.hpp>
 #include <moeroute/cpu/gating.hpp>
 #include <moeroute/cpu/parallel.hpp>
+#include <moeroute/cpu/rows.hpp>
 #include <moeroute/params/permute.hpp>
 #include <moeroute/status.hpp>
 #include <moeroute/types.hpp>
@@ -37,11 +37,8 @@ template <class Element>
   if (auto s = validate(cfg, p); !s) return s;
   if (p.tokens == 0 || p.rows == 0 || p.hidden == 0) return status::success();
   const std::int64_t used = p.layout.d_num_rows ? std::min(*p.layout.d_num_rows, p.rows) : p.rows;
-  for (std::int64_t r = 0; r < used; ++r)
-    if (p.layout.d_row_token[r] < -1 || p.layout.d_row_token[r] >= p.tokens)
-      return status::make(status_code::invalid_argument,
-                          "layout.d_row_token[" + std::to_string(r) + "] = " +
-                              std::to_string(p.layout.d_row_token[r]) + " is outside [-1, tokens)");
+  if (auto s = rows::check_layout_rows(nullptr, 0, p.layout.d_row_token, used, p.tokens); !s)
+    return s;
   const std::int64_t d = p.hidden;
   const std::size_t bytes = static_cast<std::size_t>(d) * sizeof(Element);
   const std::int64_t tasks = task_count(used, std::max<std::int64_t>(1, 16384 / d + 1));

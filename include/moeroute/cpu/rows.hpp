@@ -7,15 +7,36 @@
 #include <bit>
 #include <cstdint>
 #include <cstring>
+#include <string>
 #include <type_traits>
 
 #include <moeroute/cpu/math.hpp>
 #include <moeroute/dtype.hpp>
+#include <moeroute/status.hpp>
 
 namespace moeroute::cpu::rows {
 
 /// Columns per tile: a tile of floats per accumulator stays in L1 for any d.
 inline constexpr std::int64_t tile = 512;
+
+/// The first bad entry of a layout's assignment rows [n] / row tokens [rows] (either may be
+/// null), or success: what the row ops check before they index with them.
+[[nodiscard]] inline status check_layout_rows(const std::int64_t* assignment_row, std::int64_t n,
+                                              const std::int32_t* row_token, std::int64_t rows,
+                                              std::int64_t tokens) {
+  for (std::int64_t a = 0; a < n; ++a)
+    if (assignment_row[a] < -1 || assignment_row[a] >= rows)
+      return status::make(status_code::invalid_argument,
+                          "layout.d_assignment_row[" + std::to_string(a) + "] = " +
+                              std::to_string(assignment_row[a]) + " is outside [-1, rows)");
+  if (row_token != nullptr)
+    for (std::int64_t r = 0; r < rows; ++r)
+      if (row_token[r] < -1 || row_token[r] >= tokens)
+        return status::make(status_code::invalid_argument,
+                            "layout.d_row_token[" + std::to_string(r) +
+                                "] = " + std::to_string(row_token[r]) + " is outside [-1, tokens)");
+  return status::success();
+}
 
 /// float -> bf16, round to nearest even, NaN kept quiet: the bits of dtype's to_bf16,
 /// branch-free so that a loop of it vectorises.

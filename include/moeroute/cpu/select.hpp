@@ -109,62 +109,65 @@ inline void make_keys(const float* __restrict v, std::int32_t size,
   return lane_max(acc0);
 }
 
-/// @brief The two largest keys below `bound` among keys[0, padded) in one pass: each lane
-///        keeps its largest and second largest; the lanes' largest wins, the second is the
-///        largest of the other lanes' largest and the winner's second. (no_key where fewer
-///        than two lie below.)
-inline void top2_below(const std::int64_t* keys, std::int32_t padded, std::int64_t bound,
-                       std::int64_t* out) noexcept {
-  const key_vec none = key_vec{} + no_key, b = key_vec{} + bound;
-  key_vec v1 = none, v2 = none;
-  for (std::int32_t i = 0; i < padded; i += key_lanes) {
-    key_vec x, lo;
-    std::memcpy(&x, keys + i, sizeof x);
-    x = x < b ? x : none;
-    vmin(lo, v1, x);
-    vmax(v1, v1, x);
-    vmax(v2, v2, lo);
-  }
-  out[0] = lane_max(v1);
-  key_vec rest;
-  vmax(rest, v2, v1 == (key_vec{} + out[0]) ? none : v1);
-  out[1] = lane_max(rest);
-}
+/// Each lane's largest and second largest key so far: the step of a one-pass top-2.
+struct lane_top2 {
+  key_vec v1 = key_vec{} + no_key, v2 = key_vec{} + no_key;
 
-/// @brief The two best of v[0, size) (size >= 2, no mask) in one pass over the values, their
-///        keys made in registers (top2_below without the key array: k = 2 routing reads each
-///        row once).
-inline void top2_of_values(const float* v, std::int32_t size, std::int32_t* ids) noexcept {
-  using fk = float __attribute__((vector_size(4 * key_lanes)));
-  using ik = std::int32_t __attribute__((vector_size(4 * key_lanes)));
-  const key_vec none = key_vec{} + no_key;
-  key_vec low = {};  // 2^32 - 1 - index, for the lanes of the chunk at 0
-  for (std::int32_t l = 0; l < key_lanes; ++l) low[l] = 0xffffffffLL - l;
-  key_vec v1 = none, v2 = none;
-  const auto offer = [&](const key_vec& x) {
+  void offer(const key_vec& x) noexcept {
     key_vec lo;
     vmin(lo, v1, x);
     vmax(v1, v1, x);
     vmax(v2, v2, lo);
-  };
+  }
+  /// The two largest over the lanes: the lanes' largest wins; the second is the largest of
+  /// the other lanes' largest and the winner's second (no_key where fewer than two were
+  /// offered).
+  void result(std::int64_t* out) const noexcept {
+    out[0] = lane_max(v1);
+    key_vec rest;
+    vmax(rest, v2, v1 == (key_vec{} + out[0]) ? key_vec{} + no_key : v1);
+    out[1] = lane_max(rest);
+  }
+};
+
+/// @brief The two largest keys below `bound` among keys[0, padded) in one pass.
+inline void top2_below(const std::int64_t* keys, std::int32_t padded, std::int64_t bound,
+                       std::int64_t* out) noexcept {
+  const key_vec none = key_vec{} + no_key, b = key_vec{} + bound;
+  lane_top2 top;
+  for (std::int32_t i = 0; i < padded; i += key_lanes) {
+    key_vec x;
+    std::memcpy(&x, keys + i, sizeof x);
+    top.offer(x < b ? x : none);
+  }
+  top.result(out);
+}
+
+/// @brief The two best of v[0, size) (size >= 2, no mask) in one pass over the values, their
+///        keys made in registers (no key array: k = 2 routing reads each row once).
+inline void top2_of_values(const float* v, std::int32_t size, std::int32_t* ids) noexcept {
+  using fk = float __attribute__((vector_size(4 * key_lanes)));
+  using ik = std::int32_t __attribute__((vector_size(4 * key_lanes)));
+  key_vec low = {};  // 2^32 - 1 - index, for the lanes of the chunk at 0
+  for (std::int32_t l = 0; l < key_lanes; ++l) low[l] = 0xffffffffLL - l;
+  lane_top2 top;
   std::int32_t i = 0;
   for (; i + key_lanes <= size; i += key_lanes) {
     fk x;
     std::memcpy(&x, v + i, sizeof x);
-    const ik b = (ik)(x + 0.0f);  // -0 folded onto +0, then the bits
+    const ik b = (ik)(x + 0.0f);  // -0 folded onto +0, then the bits (as key_of)
     const ik ordered = b ^ ((b >> 31) & 0x7fffffff);
-    offer((__builtin_convertvector(ordered, key_vec) << 32) | (low - i));
+    top.offer((__builtin_convertvector(ordered, key_vec) << 32) | (low - i));
   }
   if (i < size) {  // the tail, padded with no_key
-    key_vec x = none;
+    key_vec x = key_vec{} + no_key;
     for (std::int32_t l = 0; i + l < size; ++l) x[l] = key_of(v[i + l], i + l);
-    offer(x);
+    top.offer(x);
   }
-  const std::int64_t first = lane_max(v1);
-  key_vec rest;
-  vmax(rest, v2, v1 == (key_vec{} + first) ? none : v1);
-  ids[0] = index_of(first);
-  ids[1] = index_of(lane_max(rest));
+  std::int64_t best[2];
+  top.result(best);
+  ids[0] = index_of(best[0]);
+  ids[1] = index_of(best[1]);
 }
 
 /// @brief The n best of v[0, size) among allowed[i] != 0 (allowed null: all), best first: ids

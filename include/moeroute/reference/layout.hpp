@@ -164,8 +164,11 @@ inline layout_output local_layout(const routing_config& cfg, const dispatch_outp
     fail(status_code::invalid_shape,
          "expert_map has " + std::to_string(expert_map.size()) +
              " entries, expected total_experts = " + std::to_string(dsp.total_experts));
-  // the whole layout, then its local segments renumbered (plain and obviously right)
-  const layout_output all = layout(cfg, dsp, layout_kind::compact, block_size);
+  detail::check_dispatch_of(cfg, dsp);
+  if (block_size < 1 || block_size > max_tokens)
+    fail(status_code::invalid_argument,
+         "block_size = " + std::to_string(block_size) + ": must be in [1, max_tokens]");
+  detail::check_dispatch_output(dsp);
   std::int32_t local = 0;
   for (const std::int32_t l : expert_map) local += l >= 0 ? 1 : 0;
   std::vector<std::int32_t> global_of(static_cast<std::size_t>(local), -1);
@@ -199,10 +202,15 @@ inline layout_output local_layout(const routing_config& cfg, const dispatch_outp
     for (std::int64_t b = L.offsets[l] / block_size; b < L.offsets[l + 1] / block_size; ++b)
       L.block_expert[b] = l;
   L.row_token.assign(static_cast<std::size_t>(L.num_rows), -1);
-  L.assignment_row.assign(all.assignment_row.size(), -1);
-  for (std::size_t a = 0; a < all.assignment_row.size(); ++a) {
+  L.assignment_row.assign(dsp.expert.size(), -1);
+  for (std::size_t a = 0; a < dsp.expert.size(); ++a) {
     const std::int32_t e = dsp.expert[a];
     if (e < 0) continue;
+    if (e >= dsp.total_experts || dsp.slot[a] < 0 ||
+        dsp.slot[a] >= (dsp.load[e] + block_size - 1) / block_size * block_size)
+      fail(status_code::invalid_argument,
+           "dispatch_output: assignment " + std::to_string(a) + " has expert " + std::to_string(e) +
+               ", slot " + std::to_string(dsp.slot[a]) + ", outside that expert's segment");
     const std::int32_t l = expert_map[e];
     if (l < 0) {
       ++L.nonlocal;
