@@ -226,16 +226,46 @@ enum class aux_scale : std::uint8_t {
   normalized,    ///< E / (assignments counted per token) * sum f P: exactly 1 at balance
 };
 
+/// How a batch's T = S * L tokens are laid out in its S sequences of L tokens.
+enum class token_order : std::uint8_t {
+  sequence_major,  ///< [sequence, position]: sequence s is tokens [s*L, (s+1)*L) (HF, DeepSeek)
+  position_major,  ///< [position, sequence]: token t is position t / S of sequence t % S
+                   ///< (Megatron-Core and TransformerEngine activations, [s, b, h])
+};
+
+/// How the per-sequence aux losses make the sequence-level aux loss.
+enum class sequence_reduction : std::uint8_t {
+  mean,  ///< their mean over the sequences with a valid token (DeepSeek, Megatron's / bsz)
+  sum,   ///< their sum (TransformerEngine's fused aux loss on the [L, S * E] view)
+};
+
 struct loss_config {
   aux_counts counts = aux_counts::top1;
   aux_count_source count_source = aux_count_source::routed;
   aux_scale scale = aux_scale::normalized;
   float aux_coefficient = 1.0f;
   float z_coefficient = 1.0f;
-  /// Sequence-level aux loss (DeepSeek-V2): tokens form sequences of this length and the loss
-  /// is the mean of the per-sequence aux losses. 0: batch-level only.
+  /// Sequence-level aux loss (DeepSeek-V2): tokens form sequences of this length, each has its
+  /// own aux loss (f and P over its valid tokens), and the loss reduces them. 0: batch-level.
   std::int64_t sequence_length = 0;
+  token_order sequence_order = token_order::sequence_major;  ///< where a sequence's tokens are
+  sequence_reduction sequence_reduce = sequence_reduction::mean;
 };
+
+/// @brief The sequence token t belongs to, for S sequences of L tokens (T = S * L) in `order`.
+///        Shared by every backend's gating and gating backward (docs/numerics.md, "Losses").
+MOEROUTE_HOST_DEVICE inline std::int64_t sequence_of_token(token_order order, std::int64_t t,
+                                                           std::int64_t S,
+                                                           std::int64_t L) noexcept {
+  return order == token_order::position_major ? t % S : t / L;
+}
+
+/// @brief The token at position `pos` of sequence s: the inverse of sequence_of_token.
+MOEROUTE_HOST_DEVICE inline std::int64_t token_of_sequence(token_order order, std::int64_t s,
+                                                           std::int64_t pos, std::int64_t S,
+                                                           std::int64_t L) noexcept {
+  return order == token_order::position_major ? pos * S + s : s * L + pos;
+}
 
 // ---------------------------------------------------------------------------------------------
 

@@ -83,6 +83,8 @@ requires(sizeof...(Configs) > 0 && (std::is_same_v<std::remove_const_t<Configs>,
   visit("loss.aux_coefficient", c.loss.aux_coefficient...);
   visit("loss.z_coefficient", c.loss.z_coefficient...);
   visit("loss.sequence_length", c.loss.sequence_length...);
+  visit("loss.sequence_order", c.loss.sequence_order...);
+  visit("loss.sequence_reduce", c.loss.sequence_reduce...);
 }
 
 namespace detail {

@@ -32,6 +32,14 @@ struct gating_plan {
   std::int64_t pieces = 0;          ///< chunks per segment
   std::int64_t piece_tokens = 0;    ///< tokens per chunk (the last chunk of a segment may be short)
   std::int64_t chunks = 0;          ///< segments * pieces = blocks of the gating kernel
+  /// Chunks cut sequence-major positions v = s * L + pos; with loss.sequence_order =
+  /// position_major token v is pos * S + s (a chunk's tokens are S rows apart).
+  bool position_major = false;
+
+  /// The token at sequence-major position v (see position_major).
+  [[nodiscard]] MOEROUTE_HOST_DEVICE std::int64_t token(std::int64_t v) const noexcept {
+    return position_major ? (v % segment_tokens) * segments + v / segment_tokens : v;
+  }
 
   /// Tokens a block works on at once.
   [[nodiscard]] std::int64_t tokens_per_round() const noexcept {
@@ -39,8 +47,9 @@ struct gating_plan {
   }
 };
 
-/// @brief Tokens [begin, end) of chunk c: piece c % pieces of segment c / pieces. Shared by the
-///        kernel and the host tests, so both cut the batch the same way. May be empty.
+/// @brief Positions [begin, end) of chunk c: piece c % pieces of segment c / pieces (tokens
+///        plan.token(v) of them). Shared by the kernel and the host tests, so both cut the batch
+///        the same way. May be empty.
 MOEROUTE_HOST_DEVICE inline void gating_chunk_range(std::int64_t segment_tokens,
                                                     std::int64_t pieces, std::int64_t piece_tokens,
                                                     std::int64_t c, std::int64_t& begin,
@@ -82,6 +91,8 @@ MOEROUTE_HOST_DEVICE inline void gating_chunk_range(std::int64_t segment_tokens,
   p.pieces = (L + target - 1) / target;
   p.piece_tokens = (L + p.pieces - 1) / p.pieces;
   p.chunks = p.segments * p.pieces;
+  p.position_major =
+      cfg.loss.sequence_length > 0 && cfg.loss.sequence_order == token_order::position_major;
   return p;
 }
 

@@ -70,6 +70,10 @@ MOEROUTE_ENUM_NAMES(aux_count_source, {"routed", aux_count_source::routed},
 MOEROUTE_ENUM_NAMES(aux_scale, {"e_times_sum", aux_scale::e_times_sum},
                     {"e_over_k_sum", aux_scale::e_over_k_sum},
                     {"normalized", aux_scale::normalized})
+MOEROUTE_ENUM_NAMES(token_order, {"sequence_major", token_order::sequence_major},
+                    {"position_major", token_order::position_major})
+MOEROUTE_ENUM_NAMES(sequence_reduction, {"mean", sequence_reduction::mean},
+                    {"sum", sequence_reduction::sum})
 MOEROUTE_ENUM_NAMES(layout_kind, {"padded", layout_kind::padded}, {"compact", layout_kind::compact})
 MOEROUTE_ENUM_NAMES(fate, {"kept", fate::kept}, {"rerouted", fate::rerouted},
                     {"dropped", fate::dropped}, {"masked", fate::masked})

@@ -343,6 +343,50 @@ inline routing_config olmoe(std::int32_t experts = 64, std::int32_t k = 8) {
 }
 
 // ---------------------------------------------------------------------------------------------
+// Sequence-level aux loss conventions: the same per-sequence loss, laid out and reduced the way
+// each peer does it (docs/numerics.md, "Sequence-level aux loss").
+
+/// Whose sequence-level aux loss convention to follow.
+enum class sequence_aux_peer : std::uint8_t {
+  /// DeepSeek-V2 / V3 (HF modeling_deepseek `seq_aux`): hidden states [batch, seq], the mean
+  /// over the batch of each sequence's loss.
+  deepseek,
+  /// Megatron-Core `seq_aux_loss` (router._apply_seq_aux_loss, sequence_load_balancing_loss_func):
+  /// activations [seq, batch], the per-sequence losses summed and divided by the batch size.
+  megatron,
+  /// TransformerEngine's `fused_moe_aux_loss` on Megatron's [seq, batch * E] view (the fused
+  /// path): the per-sequence losses summed, before Megatron divides by the batch size.
+  transformer_engine,
+};
+
+/// @brief `c` with the sequence-level aux loss over sequences of `sequence_length` tokens, laid
+///        out and reduced as `peer` does (loss.sequence_order, loss.sequence_reduce). The
+///        per-sequence loss itself (counts, scale, score source) stays the routing's:
+///        presets::deepseek_v3 and presets::megatron already count as those peers do. The
+///        mean is over the sequences with a valid token, which is the batch size whenever no
+///        sequence is all padding.
+[[nodiscard]] inline routing_config with_sequence_aux(routing_config c,
+                                                      std::int64_t sequence_length,
+                                                      sequence_aux_peer peer) {
+  c.loss.sequence_length = sequence_length;
+  switch (peer) {
+    case sequence_aux_peer::deepseek:
+      c.loss.sequence_order = token_order::sequence_major;
+      c.loss.sequence_reduce = sequence_reduction::mean;
+      break;
+    case sequence_aux_peer::megatron:
+      c.loss.sequence_order = token_order::position_major;
+      c.loss.sequence_reduce = sequence_reduction::mean;
+      break;
+    case sequence_aux_peer::transformer_engine:
+      c.loss.sequence_order = token_order::position_major;
+      c.loss.sequence_reduce = sequence_reduction::sum;
+      break;
+  }
+  return c;
+}
+
+// ---------------------------------------------------------------------------------------------
 // The presets by name: one registry for the capacity tool, the benchmarks and the tests.
 
 /// A preset as a name, with the model it is named after (the defaults a tool uses when the user

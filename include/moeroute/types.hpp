@@ -107,10 +107,21 @@ struct basic_gating_result {
   detail::view_ptr<float, Const> d_token_priority = nullptr;
   /// [T] uint8 1 = the second choice lost the draw (second_expert_policy::random only)
   detail::view_ptr<std::uint8_t, Const> d_second_skipped = nullptr;
+  /// Optional per-token aux-loss inputs, for a caller computing its own loss; written only
+  /// when given (no cost otherwise). A padding token gets a row of 0 and ids of -1, so the
+  /// rows add up to sums.d_aux_score_sum / d_aux_count.
+  /// [T, E] f32 P[t, e]: the score row the aux loss averages (softmax of the clean logits, or
+  /// the normalised per-expert scores)
+  detail::view_ptr<float, Const> d_aux_scores = nullptr;
+  /// [T, c] int32 the experts token t counts for, c = 1 (aux_counts::top1) or k: its routed
+  /// choices or a fresh top-c of P (aux_count_source), best first
+  detail::view_ptr<std::int32_t, Const> d_aux_count_ids = nullptr;
 
   template <bool C = Const>
   requires(!C) MOEROUTE_HOST_DEVICE operator basic_gating_result<!C>() const noexcept {
-    return {d_ids, d_gates, d_reroute_ids, d_logsumexp, sums, d_token_priority, d_second_skipped};
+    return {d_ids,          d_gates,          d_reroute_ids,    d_logsumexp,
+            sums,           d_token_priority, d_second_skipped, d_aux_scores,
+            d_aux_count_ids};
   }
 };
 using gating_result = basic_gating_result<false>;

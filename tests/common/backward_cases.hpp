@@ -109,6 +109,14 @@ inline std::vector<grid_logit_case> grid_logit_cases() {
     v.push_back({"DeepSeek-V3 sequence aux, no z-loss", c, true, true});
   }
   {
+    presets::megatron_options mo;
+    mo.capacity_factor = 1.0;
+    auto c = presets::megatron(8, 2, mo);
+    c.loss.sequence_order = token_order::position_major;  // [L, S] tokens, summed (TE)
+    c.loss.sequence_reduce = sequence_reduction::sum;
+    v.push_back({"Megatron [seq, batch] sequence aux, summed", c, false, true});
+  }
+  {
     auto c = presets::qwen_moe(37, 3, false);
     c.loss.aux_coefficient = 0.0f;
     c.loss.z_coefficient = 0.25f;

@@ -251,10 +251,13 @@ inline double seq_aux_double(const routing_config& cfg, const std::vector<double
   const std::int64_t L = cfg.loss.sequence_length;
   double total = 0;
   std::int64_t used = 0;
-  for (std::int64_t q = 0; q < g.sequences; ++q) {
+  const std::int64_t S = g.sequences;
+  const bool strided = cfg.loss.sequence_order == token_order::position_major;
+  for (std::int64_t q = 0; q < S; ++q) {
     std::vector<double> psum(E, 0.0);
     std::int64_t n = 0;
-    for (std::int64_t t = q * L; t < (q + 1) * L; ++t) {
+    for (std::int64_t pos = 0; pos < L; ++pos) {
+      const std::int64_t t = strided ? pos * S + q : q * L + pos;  // [L, S] or [S, L]
       if (!g.valid[t]) continue;
       ++n;
       const auto p = aux_p_double(cfg, &x[t * E], E);
@@ -268,6 +271,7 @@ inline double seq_aux_double(const routing_config& cfg, const std::vector<double
     total += aux_loss_scale(cfg) * s;
     ++used;
   }
+  if (cfg.loss.sequence_reduce == sequence_reduction::sum) return cfg.loss.aux_coefficient * total;
   return used ? cfg.loss.aux_coefficient * total / static_cast<double>(used) : 0.0;
 }
 

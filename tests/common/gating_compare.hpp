@@ -63,6 +63,8 @@ struct gating_outputs {
   std::vector<std::int32_t> ids, reroute_ids;
   std::vector<float> gates, logsumexp, token_priority;
   std::vector<std::uint8_t> second_skipped;
+  std::vector<float> aux_scores;            // [T, E] when the harness asked for it, else empty
+  std::vector<std::int32_t> aux_count_ids;  // [T, c] likewise
   std::vector<double> aux_score_sum, seq_score_sum;
   std::vector<std::int64_t> aux_count, seq_count, seq_tokens;
   std::int64_t valid_tokens = 0, nonfinite = 0;
@@ -121,6 +123,16 @@ inline std::string compare(const reference::gating_output& r, const gating_outpu
            .empty())
     return m;
   if (!(m = first_mismatch("second_skipped", r.second_skipped, g.second_skipped)).empty()) return m;
+  if (!g.aux_scores.empty() &&
+      !(m = first_mismatch("aux_scores", r.aux_scores, g.aux_scores, 1e-5, 1e-30, r.experts))
+           .empty())
+    return m;
+  if (!g.aux_count_ids.empty() &&
+      !(m = first_mismatch("aux_count_ids", r.aux_count_ids, g.aux_count_ids, 0, 0,
+                           static_cast<std::int64_t>(r.aux_count_ids.size()) /
+                               std::max<std::int64_t>(1, r.tokens)))
+           .empty())
+    return m;
   if (!(m = first_mismatch("aux_count", r.aux_count, g.aux_count)).empty()) return m;
   if (!(m = first_mismatch("aux_score_sum", r.aux_score_sum, g.aux_score_sum, 1e-5, 1e-12)).empty())
     return m;
@@ -157,8 +169,8 @@ inline std::string describe(const routing_config& c, std::int64_t T) {
     << " bias=" << c.gating.expert_bias << " groups=" << c.gating.group_limit.groups << "/"
     << c.gating.group_limit.group_topk << " noise=" << to_string(c.gating.noise.kind) << "/"
     << to_string(c.gating.noise.target) << " counts=" << to_string(c.loss.counts) << "/"
-    << to_string(c.loss.count_source) << " L=" << c.loss.sequence_length
-    << " R=" << c.candidates_per_token() - c.top_k;
+    << to_string(c.loss.count_source) << " L=" << c.loss.sequence_length << "/"
+    << to_string(c.loss.sequence_order) << " R=" << c.candidates_per_token() - c.top_k;
   return o.str();
 }
 

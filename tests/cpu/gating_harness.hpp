@@ -53,6 +53,9 @@ struct cpu_gating_buffers {
     g.token_priority.assign(cfg.dispatch.prio == priority::batch_prioritized ? t : 0, -7.0f);
     g.second_skipped.assign(cfg.gating.second_expert.policy == second_expert_policy::random ? t : 0,
                             7);
+    const std::size_t counted = cfg.loss.counts == aux_counts::top1 ? 1 : k;
+    g.aux_scores.assign(t * E, -7.0f);
+    g.aux_count_ids.assign(t * counted, -7);
     g.aux_score_sum.assign(E, -7.0);
     g.aux_count.assign(E, -7);
     g.seq_score_sum.assign(static_cast<std::size_t>(S) * E, -7.0);
@@ -69,6 +72,8 @@ struct cpu_gating_buffers {
     p.out.d_logsumexp = g.logsumexp.data();
     p.out.d_token_priority = g.token_priority.data();
     p.out.d_second_skipped = g.second_skipped.data();
+    p.out.d_aux_scores = g.aux_scores.data();
+    p.out.d_aux_count_ids = g.aux_count_ids.data();
     p.out.sums = {g.aux_score_sum.data(), g.aux_count.data(), &g.valid_tokens,
                   &g.z_sum_squares,       &g.nonfinite,       g.seq_score_sum.data(),
                   g.seq_count.data(),     g.seq_tokens.data()};
@@ -89,11 +94,11 @@ inline std::string same_bits(const gating_outputs& a, const gating_outputs& b, c
   const bool same = a.st.code == b.st.code && eq(a.ids, b.ids) && eq(a.gates, b.gates) &&
                     eq(a.reroute_ids, b.reroute_ids) && eq(a.logsumexp, b.logsumexp) &&
                     eq(a.token_priority, b.token_priority) &&
-                    eq(a.second_skipped, b.second_skipped) &&
-                    eq(a.aux_score_sum, b.aux_score_sum) && eq(a.aux_count, b.aux_count) &&
-                    eq(a.seq_score_sum, b.seq_score_sum) && eq(a.seq_count, b.seq_count) &&
-                    eq(a.seq_tokens, b.seq_tokens) && a.valid_tokens == b.valid_tokens &&
-                    a.nonfinite == b.nonfinite &&
+                    eq(a.second_skipped, b.second_skipped) && eq(a.aux_scores, b.aux_scores) &&
+                    eq(a.aux_count_ids, b.aux_count_ids) && eq(a.aux_score_sum, b.aux_score_sum) &&
+                    eq(a.aux_count, b.aux_count) && eq(a.seq_score_sum, b.seq_score_sum) &&
+                    eq(a.seq_count, b.seq_count) && eq(a.seq_tokens, b.seq_tokens) &&
+                    a.valid_tokens == b.valid_tokens && a.nonfinite == b.nonfinite &&
                     std::memcmp(&a.z_sum_squares, &b.z_sum_squares, sizeof(double)) == 0;
   return same ? "" : std::string("the ") + how + " run differs from the serial run";
 }

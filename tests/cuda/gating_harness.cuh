@@ -38,8 +38,8 @@ struct gating_buffers {
   device_buffer<unsigned char> logits;  // raw bytes (+16 so a test can misalign the start)
   device_buffer<float> bias;
   device_buffer<std::uint8_t> valid, skipped;
-  device_buffer<std::int32_t> ids, reroute;
-  device_buffer<float> gates, lse, priority;
+  device_buffer<std::int32_t> ids, reroute, count_ids;
+  device_buffer<float> gates, lse, priority, aux_scores;
   device_buffer<double> aux_sum, z, seq_sum;
   device_buffer<std::int64_t> aux_count, valid_tokens, nonfinite, seq_count, seq_tokens;
   device_buffer<unsigned char> workspace;
@@ -56,10 +56,13 @@ struct gating_buffers {
             cfg.gating.second_expert.policy == second_expert_policy::random ? T : 0)),
         ids(static_cast<std::size_t>(T * cfg.top_k)),
         reroute(static_cast<std::size_t>(T * (cfg.candidates_per_token() - cfg.top_k))),
+        count_ids(
+            static_cast<std::size_t>(T * (cfg.loss.counts == aux_counts::top1 ? 1 : cfg.top_k))),
         gates(static_cast<std::size_t>(T * cfg.top_k)),
         lse(static_cast<std::size_t>(T)),
         priority(
             static_cast<std::size_t>(cfg.dispatch.prio == priority::batch_prioritized ? T : 0)),
+        aux_scores(static_cast<std::size_t>(T * cfg.num_experts)),
         aux_sum(static_cast<std::size_t>(cfg.num_experts)),
         z(1),
         seq_sum(static_cast<std::size_t>(seqs(cfg, T) * cfg.num_experts)),
@@ -85,6 +88,8 @@ struct gating_buffers {
     p.out.d_logsumexp = lse.get();
     p.out.d_token_priority = priority.get();
     p.out.d_second_skipped = skipped.get();
+    p.out.d_aux_scores = aux_scores.get();
+    p.out.d_aux_count_ids = count_ids.get();
     p.out.sums = {aux_sum.get(),   aux_count.get(), valid_tokens.get(), z.get(),
                   nonfinite.get(), seq_sum.get(),   seq_count.get(),    seq_tokens.get()};
   }
@@ -107,6 +112,8 @@ struct gating_buffers {
     g.logsumexp = lse.download();
     g.token_priority = priority.download();
     g.second_skipped = skipped.download();
+    g.aux_scores = aux_scores.download();
+    g.aux_count_ids = count_ids.download();
     g.aux_score_sum = aux_sum.download();
     g.aux_count = aux_count.download();
     g.seq_score_sum = seq_sum.download();

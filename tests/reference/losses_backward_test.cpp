@@ -133,6 +133,18 @@ TEST_CASE("backward: aux-loss, sequence aux-loss and z-loss gradients match fini
     check_losses("Mixtral, sequence aux with a valid mask", c, 9, separated_logits(9, 6, 84), {},
                  {1, 1, 1, 1, 0, 1, 0, 0, 0});
   }
+  {
+    // [L, S] packing, summed (TransformerEngine) and averaged (Megatron): 3 sequences of 4;
+    // tokens 1 and 7 (sequence 1, positions 0 and 2) padding
+    const std::vector<std::uint8_t> valid = {1, 0, 1, 1, 1, 1, 1, 0, 1, 1, 1, 1};
+    for (const auto peer :
+         {presets::sequence_aux_peer::transformer_engine, presets::sequence_aux_peer::megatron}) {
+      const auto c = presets::with_sequence_aux(presets::megatron(6, 2), 4, peer);
+      check_losses(
+          peer == presets::sequence_aux_peer::megatron ? "Megatron [L, S], mean" : "TE [L, S], sum",
+          c, 12, separated_logits(12, 6, 85), {}, valid);
+    }
+  }
 }
 
 TEST_CASE("backward: global-batch aux loss from sums equals the unsharded gradient",

@@ -315,7 +315,14 @@ struct gating_agent {
 
     // 7. aux inputs over valid tokens
     is_valid = p.d_valid == nullptr || p.d_valid[t] != 0;
-    if (!is_valid) return;
+    const std::int32_t counted = cfg.loss.counts == aux_counts::top1 ? 1 : k;
+    if (!is_valid) {  // the optional per-token outputs: nothing counted
+      if (o.d_aux_scores != nullptr)
+        std::fill(o.d_aux_scores + t * E, o.d_aux_scores + (t + 1) * E, 0.0f);
+      if (o.d_aux_count_ids != nullptr)
+        std::fill(o.d_aux_count_ids + t * counted, o.d_aux_count_ids + (t + 1) * counted, -1);
+      return;
+    }
     if (!softmax_score) {
       // the per-expert scores of the clean logits: the gate scores already, unless noisy
       if (!noisy_gates && !softmax_after) {
@@ -328,14 +335,15 @@ struct gating_agent {
     }
     math::accumulate_row(s.p, E, s.scores);
     if (seq_scores != nullptr) math::accumulate_row(s.p, E, seq_scores + seq * E);
-    const std::int32_t counted = cfg.loss.counts == aux_counts::top1 ? 1 : k;
+    if (o.d_aux_scores != nullptr) std::copy(s.p, s.p + E, o.d_aux_scores + t * E);
     std::int32_t fresh[select_small_max];
     const std::int32_t* count_ids = o.d_ids + t * k;
     // a fresh top-k of P is usually the routed ids (top-k on logits, softmax after): when the
     // routed ids' P are the only values at or above their smallest, they are its set, and
     // counts need only the set — one compare pass instead of a selection
-    if (cfg.loss.count_source == aux_count_source::fresh_topk &&
-        !fresh_is_routed(s.p, count_ids, counted)) {
+    const bool fresh_topk = cfg.loss.count_source == aux_count_source::fresh_topk;
+    const bool routed_set = fresh_topk && fresh_is_routed(s.p, count_ids, counted);
+    if (fresh_topk && !routed_set) {
       std::int32_t* f = counted <= select_small_max ? fresh : s.order;
       top_n(s.p, E, nullptr, counted, nullptr, f, s.keys);
       count_ids = f;
@@ -343,6 +351,14 @@ struct gating_agent {
     for (std::int32_t j = 0; j < counted; ++j) {
       ++s.counts[count_ids[j]];
       if (seq_counts != nullptr) ++seq_counts[seq * E + count_ids[j]];
+    }
+    if (o.d_aux_count_ids != nullptr) {
+      std::int32_t* out = o.d_aux_count_ids + t * counted;
+      std::copy(count_ids, count_ids + counted, out);
+      if (routed_set)  // the set in the routing's order: put it in P's (ties: lower index)
+        std::sort(out, out + counted, [&](std::int32_t a, std::int32_t b) {
+          return s.p[a] > s.p[b] || (s.p[a] == s.p[b] && a < b);
+        });
     }
     const double lse = o.d_logsumexp[t];
     *s.z += lse * lse;
@@ -413,10 +429,15 @@ template <class Element>
         p.out.sums.d_seq_tokens[q] = 0;
       }
     }
-    for (std::int64_t t = begin; t < end; ++t) {
+    // the plan cuts sequence-major positions v; token t is where loss.sequence_order puts v
+    const bool strided = S > 0 && cfg.loss.sequence_order == token_order::position_major;
+    for (std::int64_t v = begin; v < end; ++v) {
       bool valid = false;
       const bool direct = plan.whole_segments && S > 0;
-      const std::int64_t q = S > 0 ? t / plan.segment_tokens : 0;
+      const std::int64_t L = plan.segment_tokens;
+      const std::int64_t q = S > 0 ? v / L : 0;
+      const std::int64_t t =
+          strided ? token_of_sequence(token_order::position_major, q, v % L, S, L) : v;
       agent.token(t, s, valid, q, direct ? seq_scores : nullptr, direct ? seq_counts : nullptr);
       if (!valid) continue;
       ++*s.valid;

@@ -59,7 +59,8 @@ struct gating_backward_agent {
   score_function score;
   bool softmax_after, before_drop, after_drop, noisy_gates;
   double routing_weight, aux_weight = 0.0, seq_weight = 0.0, z_weight = 0.0;
-  std::int64_t sequences = 0, seq_len = 0, used_sequences = 0, valid_tokens = 0;
+  // seq_divisor: the sequences with a valid token (sequence_reduction::mean) or 1 (sum)
+  std::int64_t sequences = 0, seq_len = 0, seq_divisor = 0, valid_tokens = 0;
 
   gating_backward_agent(const routing_config& c, const gating_backward_params<Element>& params)
       : cfg(c), p(params) {
@@ -81,7 +82,8 @@ struct gating_backward_agent {
       seq_len = cfg.loss.sequence_length;
       seq_weight = p.weights.sequence_aux * cfg.loss.aux_coefficient * scale;
       for (std::int64_t i = 0; i < sequences; ++i)
-        used_sequences += p.gated.sums.d_seq_tokens[i] > 0 ? 1 : 0;
+        seq_divisor += p.gated.sums.d_seq_tokens[i] > 0 ? 1 : 0;
+      if (cfg.loss.sequence_reduce == sequence_reduction::sum && seq_divisor > 0) seq_divisor = 1;
     }
     z_weight = cfg.loss.z_coefficient != 0.0f ? p.weights.z * cfg.loss.z_coefficient : 0.0;
     valid_tokens = p.gated.sums.d_valid_tokens ? *p.gated.sums.d_valid_tokens : p.tokens;
@@ -187,10 +189,11 @@ struct gating_backward_agent {
     const std::int64_t* aux_count = aux_weight != 0.0 ? p.gated.sums.d_aux_count : nullptr;
     const bool aux = aux_count != nullptr;
     const bool zl = z_weight != 0.0;
-    const std::int64_t q = seq_len > 0 ? t / seq_len : 0;
+    const std::int64_t q =
+        seq_len > 0 ? sequence_of_token(cfg.loss.sequence_order, t, sequences, seq_len) : 0;
     const double Ls = seq_len > 0 ? static_cast<double>(p.gated.sums.d_seq_tokens[q]) : 0.0;
-    const bool seq = seq_weight != 0.0 && used_sequences > 0 && Ls > 0.0;
-    const double seq_base = seq ? seq_weight / static_cast<double>(used_sequences) : 0.0;
+    const bool seq = seq_weight != 0.0 && seq_divisor > 0 && Ls > 0.0;
+    const double seq_base = seq ? seq_weight / static_cast<double>(seq_divisor) : 0.0;
     const double seq_L2 = seq ? Ls * Ls : 1.0;
     const auto gp_seq = [&](std::int32_t e) {
       return seq_base * static_cast<double>(p.gated.sums.d_seq_count[q * E + e]) / seq_L2;

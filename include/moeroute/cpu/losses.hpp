@@ -25,7 +25,8 @@ using moeroute::loss_params;
 
 /// @brief Loss values from the gating sums (any output pointer may be null: not computed).
 ///        aux = (coefficient * scale) * sum_e (count_e / T) (score_sum_e / T); the sequence
-///        aux loss the mean over sequences with a valid token; z = (z_coefficient * sum) / T.
+///        aux loss the sum of the per-sequence losses, or their mean over the sequences with a
+///        valid token (loss.sequence_reduce); z = (z_coefficient * sum) / T.
 /// @note Synchronous, no allocation; equal to reference::losses bit for bit given the same
 ///       sums. T = 0: success, nothing written.
 [[nodiscard]] inline status losses(const routing_config& cfg, const loss_params& p,
@@ -60,8 +61,10 @@ using moeroute::loss_params;
       total += scale * acc;
       ++used;
     }
-    *p.d_sequence_aux_loss =
-        used > 0 ? cfg.loss.aux_coefficient * total / static_cast<double>(used) : 0.0;
+    const bool sum = cfg.loss.sequence_reduce == sequence_reduction::sum;
+    *p.d_sequence_aux_loss = used == 0 ? 0.0
+                             : sum     ? cfg.loss.aux_coefficient * total
+                                   : cfg.loss.aux_coefficient * total / static_cast<double>(used);
   }
   return status::success();
 }

@@ -63,6 +63,8 @@ template <class Element>
       cfg.loss.aux_coefficient != 0.0f) {
     a.sequences = p.tokens / cfg.loss.sequence_length;
     a.seq_len = cfg.loss.sequence_length;
+    a.seq_order = cfg.loss.sequence_order;
+    a.seq_sum = cfg.loss.sequence_reduce == sequence_reduction::sum;
     a.seq_weight = p.weights.sequence_aux * cfg.loss.aux_coefficient * scale;
   }
   a.z_weight = cfg.loss.z_coefficient != 0.0f ? p.weights.z * cfg.loss.z_coefficient : 0.0;

@@ -41,6 +41,7 @@ using moeroute::loss_params;
   kernels::loss_kernel_args a;
   a.sums = p.sums;
   if (cfg.loss.sequence_length > 0) a.sequences = p.tokens / cfg.loss.sequence_length;
+  a.sequence_sum = cfg.loss.sequence_reduce == sequence_reduction::sum;
   a.experts = cfg.num_experts;
   a.aux_coefficient = cfg.loss.aux_coefficient;
   a.aux_scale = aux_loss_scale(cfg);

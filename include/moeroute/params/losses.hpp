@@ -17,12 +17,14 @@ namespace moeroute {
 /// @brief Inputs (the gating sums) and outputs (device scalars) of losses.
 ///        Any output pointer may be null: that value is not computed.
 struct loss_params {
-  std::int64_t tokens = 0;  ///< T of the gating call (0: nothing is written)
-  const_gating_sums
-      sums{};  ///< gating_params::out.sums (d_seq_* used iff loss.sequence_length > 0)
+  /// T the sums cover (0: nothing is written): S = T / loss.sequence_length sequences. Sums
+  /// added over ranks (a sequence split by context parallelism) cover the whole batch's T.
+  std::int64_t tokens = 0;
+  const_gating_sums sums{};  ///< gating_params::out.sums, or such sums added over shards (d_seq_*
+                             ///< used iff loss.sequence_length > 0; d_aux_* only with d_aux_loss)
   double* d_aux_loss = nullptr;           ///< [1] f64: coefficient * scale * sum_e f_e P_e
-  double* d_sequence_aux_loss = nullptr;  ///< [1] f64: mean over sequences with a valid token
-                                          ///<      (0 when loss.sequence_length == 0)
+  double* d_sequence_aux_loss = nullptr;  ///< [1] f64: the per-sequence losses reduced by
+                                          ///< loss.sequence_reduce (0 when sequence_length == 0)
   double* d_z_loss = nullptr;             ///< [1] f64: z_coefficient * sum lse^2 / T
 };
 
@@ -35,9 +37,9 @@ struct loss_params {
           "with tokens > 0", param_checks::required(p.sums.d_valid_tokens, "sums.d_valid_tokens"));
       !s)
     return s;
-  if (p.d_aux_loss != nullptr || p.d_sequence_aux_loss != nullptr)
+  if (p.d_aux_loss != nullptr)
     if (auto s = param_checks::require_pointers(
-            "with an aux output",
+            "with d_aux_loss",
             param_checks::required(p.sums.d_aux_score_sum, "sums.d_aux_score_sum"),
             param_checks::required(p.sums.d_aux_count, "sums.d_aux_count"));
         !s)

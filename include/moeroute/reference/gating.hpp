@@ -42,7 +42,13 @@ struct gating_output {
   std::vector<std::uint8_t> valid;  ///< [T] 1 = real token, 0 = padding
   std::int64_t valid_tokens = 0;
   std::int64_t nonfinite_logits = 0;  ///< NaN / Inf inputs seen (sanitised, see docs)
-  // Aux-loss inputs over the valid tokens (sequence s covers tokens [s*L, (s+1)*L)).
+  // Per token: the aux loss's inputs, so a caller can compute its own loss. A padding token's
+  // row is all 0 and its ids all -1 (it counts for nothing), so the rows add up to the sums.
+  std::vector<float> aux_scores;            ///< [T, E] P[t, e]: the score row the aux loss uses
+  std::vector<std::int32_t> aux_count_ids;  ///< [T, c] the experts t counts for (c = 1 for
+                                            ///< aux_counts::top1, else k), routed or fresh
+  // Aux-loss inputs over the valid tokens; sequence s holds the tokens sequence_of_token maps
+  // to it (loss.sequence_order).
   std::vector<double> aux_score_sum;     ///< [E] sum_t P[t, e]
   std::vector<std::int64_t> aux_count;   ///< [E] f counts (top-1 or all k, routed or fresh)
   std::int64_t sequences = 0;            ///< S = T / loss.sequence_length (0 if not set)
@@ -190,6 +196,9 @@ gating_output gating(const routing_config& cfg, std::span<const In> logits, std:
   out.seq_score_sum.assign(out.sequences * E, 0.0);
   out.seq_count.assign(out.sequences * E, 0);
   out.seq_tokens.assign(out.sequences, 0);
+  const std::int32_t counted = cfg.loss.counts == aux_counts::top1 ? 1 : k;
+  out.aux_scores.assign(tokens * E, 0.0f);
+  out.aux_count_ids.assign(tokens * counted, -1);
 
   std::vector<float> x(E), xn(E), gate_scores(E), sel(E), aux_p(E);
   std::vector<std::uint8_t> allowed(E), all_allowed(E, 1);
@@ -323,13 +332,15 @@ gating_output gating(const routing_config& cfg, std::span<const In> logits, std:
       for (std::int32_t e = 0; e < E; ++e) s += aux_p[e];
       for (std::int32_t e = 0; e < E; ++e) aux_p[e] = aux_p[e] / (s + 1e-20f);
     }
-    const std::int32_t counted = cfg.loss.counts == aux_counts::top1 ? 1 : k;
     const std::int32_t* count_ids = &out.ids[t * k];
     if (cfg.loss.count_source == aux_count_source::fresh_topk) {
       detail::top_n(aux_p, all_allowed, counted, fresh);
       count_ids = fresh.data();
     }
-    const std::int64_t seq = L > 0 ? t / L : -1;
+    std::copy(aux_p.begin(), aux_p.end(), out.aux_scores.begin() + t * E);
+    std::copy(count_ids, count_ids + counted, out.aux_count_ids.begin() + t * counted);
+    const std::int64_t seq =
+        L > 0 ? sequence_of_token(cfg.loss.sequence_order, t, out.sequences, L) : -1;
     for (std::int32_t e = 0; e < E; ++e) {
       out.aux_score_sum[e] += aux_p[e];
       if (seq >= 0) out.seq_score_sum[seq * E + e] += aux_p[e];

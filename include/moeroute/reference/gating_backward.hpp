@@ -333,7 +333,8 @@ void aux_loss_backward(const routing_config& cfg, grad_cspan<F> logits, const ga
 
 /// @brief Sequence-level aux-loss backward (the loss of reference::sequence_aux_loss): for a
 ///        valid token t of sequence s, dL/dP[t, i] = d_loss * coefficient * scale * count_{s,i} /
-///        (L_s^2 * S_used), L_s its valid tokens, S_used the sequences with any. ADDS.
+///        (L_s^2 * n), L_s its valid tokens, n the sequences with any (sequence_reduction::mean)
+///        or 1 (sum). ADDS.
 template <class F = float>
 void sequence_aux_loss_backward(const routing_config& cfg, grad_cspan<F> logits,
                                 const gating_output& g, grad_span<F> d_logits,
@@ -352,10 +353,11 @@ void sequence_aux_loss_backward(const routing_config& cfg, grad_cspan<F> logits,
   std::int64_t used = 0;
   for (std::int64_t q = 0; q < g.sequences; ++q) used += g.seq_tokens[q] > 0 ? 1 : 0;
   if (used == 0) return;
+  if (cfg.loss.sequence_reduce == sequence_reduction::sum) used = 1;
   const double base =
       d_loss * cfg.loss.aux_coefficient * aux_loss_scale(cfg) / static_cast<double>(used);
   detail::add_aux_p_backward<F>(cfg, logits, g, d_logits, [&](std::int64_t t, double* gp) {
-    const std::int64_t q = t / L;
+    const std::int64_t q = sequence_of_token(cfg.loss.sequence_order, t, g.sequences, L);
     const double Ls = static_cast<double>(g.seq_tokens[q]);
     for (std::int32_t e = 0; e < E; ++e)
       gp[e] = base * static_cast<double>(g.seq_count[q * E + e]) / (Ls * Ls);

@@ -5,6 +5,7 @@
 #pragma once
 
 #include <cstdint>
+#include <span>
 #include <string>
 #include <vector>
 
@@ -96,26 +97,60 @@ struct aux_loss_result {
   return cfg.loss.aux_coefficient * aux_loss_scale(cfg) * s;
 }
 
-/// @brief Sequence-level aux loss: the mean over sequences of each sequence's aux loss (its f
-///        and P over its own valid tokens). Needs loss.sequence_length > 0; sequences with no
-///        valid token count as 0 and are left out of the mean.
-[[nodiscard]] inline double sequence_aux_loss(const routing_config& cfg, const gating_output& g) {
-  detail::check_loss_inputs(cfg, g);
-  if (g.sequences == 0) return 0.0;
+/// @brief Sequence-level aux loss from per-sequence sums: sequence s's aux loss is
+///        coefficient * scale * sum_e (count[s, e] / L_s) (score_sum[s, e] / L_s) with L_s its
+///        valid tokens, and loss.sequence_reduce makes one value of them: their sum, or their
+///        mean over the sequences with L_s > 0. Sums of one sequence gathered from several
+///        shards (context parallelism, chunked sequences) add before this call, so the loss is
+///        the unsharded one exactly; sequences on different ranks are independent terms.
+/// @param score_sum [S, E] sum of P over each sequence's valid tokens
+/// @param counts    [S, E] aux-loss counts in each sequence
+/// @param tokens    [S] valid tokens of each sequence
+/// @throws error (invalid_shape) naming the argument whose size is not S * E / S.
+[[nodiscard]] inline double sequence_aux_loss_from_sums(const routing_config& cfg,
+                                                        std::span<const double> score_sum,
+                                                        std::span<const std::int64_t> counts,
+                                                        std::span<const std::int64_t> tokens) {
+  throw_if_error(validate(cfg));
+  const std::int64_t E = cfg.num_experts, S = static_cast<std::int64_t>(tokens.size());
+  const auto sized = [&](const char* what, std::size_t got) {
+    if (static_cast<std::int64_t>(got) != S * E)
+      throw error(status::make(
+          status_code::invalid_shape,
+          std::string(what) + " has " + std::to_string(got) +
+              " elements, expected tokens.size() * num_experts = " + std::to_string(S * E)));
+  };
+  sized("score_sum", score_sum.size());
+  sized("counts", counts.size());
   const double scale = aux_loss_scale(cfg);
   double total = 0.0;
   std::int64_t used = 0;
-  for (std::int64_t s = 0; s < g.sequences; ++s) {
-    const double L = static_cast<double>(g.seq_tokens[s]);
+  for (std::int64_t q = 0; q < S; ++q) {
+    if (tokens[q] < 0)
+      throw error(status::make(
+          status_code::invalid_argument,
+          "tokens[" + std::to_string(q) + "] = " + std::to_string(tokens[q]) + ": must be >= 0"));
+    const double L = static_cast<double>(tokens[q]);
     if (L == 0) continue;
     double acc = 0.0;
-    for (std::int32_t e = 0; e < g.experts; ++e)
-      acc += (static_cast<double>(g.seq_count[s * g.experts + e]) / L) *
-             (g.seq_score_sum[s * g.experts + e] / L);
+    for (std::int64_t e = 0; e < E; ++e)
+      acc += (static_cast<double>(counts[q * E + e]) / L) * (score_sum[q * E + e] / L);
     total += scale * acc;
     ++used;
   }
-  return used ? cfg.loss.aux_coefficient * total / static_cast<double>(used) : 0.0;
+  if (used == 0) return 0.0;
+  return cfg.loss.sequence_reduce == sequence_reduction::sum
+             ? cfg.loss.aux_coefficient * total
+             : cfg.loss.aux_coefficient * total / static_cast<double>(used);
+}
+
+/// @brief Sequence-level aux loss of a gating_output: sequence_aux_loss_from_sums on its
+///        per-sequence sums (loss.sequence_length > 0; sequences as loss.sequence_order lays
+///        them out). 0 without sequences.
+[[nodiscard]] inline double sequence_aux_loss(const routing_config& cfg, const gating_output& g) {
+  detail::check_loss_inputs(cfg, g);
+  if (g.sequences == 0) return 0.0;
+  return sequence_aux_loss_from_sums(cfg, g.seq_score_sum, g.seq_count, g.seq_tokens);
 }
 
 struct z_loss_result {

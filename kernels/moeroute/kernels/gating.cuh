@@ -66,9 +66,9 @@ __global__ void __launch_bounds__(Warps * 32) gating_kernel(const gating_kernel_
   gating_agent<Element, Lanes, Slots, Generic> agent(a, tid % Lanes);
   double z_acc = 0.0;
   for (std::int64_t base = begin; base < end; base += Groups) {  // block-uniform trip count
-    const std::int64_t t_raw = base + grp;
-    const bool active = t_raw < end;
-    const std::int64_t t = active ? t_raw : begin;  // idle groups recompute a real row
+    const std::int64_t v = base + grp;
+    const bool active = v < end;
+    const std::int64_t t = a.plan.token(active ? v : begin);  // idle groups recompute a real row
 
     const int nonfinite = agent.load_row(t);
     const float lse = agent.logsumexp();
@@ -101,7 +101,14 @@ __global__ void __launch_bounds__(Warps * 32) gating_kernel(const gating_kernel_
     }
     if (active && agent.lane == 0 && nonfinite)
       atomicAdd(&s_nonfinite, static_cast<unsigned long long>(nonfinite));
-    agent.aux_counts(counts_here, [&](int e) { atomicAdd(&s_counts[e], 1); });
+    if (counts_here) agent.write_aux_scores(t);
+    if (active && !counts_here) agent.write_uncounted(t);
+    std::int32_t* count_ids =
+        a.out.d_aux_count_ids != nullptr ? a.out.d_aux_count_ids + t * a.sem.counted : nullptr;
+    agent.aux_counts(counts_here, [&](int j, int e) {
+      atomicAdd(&s_counts[e], 1);
+      if (count_ids != nullptr) count_ids[j] = e;
+    });
   }
 
   // chunk partials, each summed in a fixed order

@@ -334,21 +334,42 @@ struct gating_agent {
     return v;
   }
 
-  /// count(e) for each expert the token counts for in the aux loss: its routed top-1 or top-k,
-  /// or a fresh top-`counted` of P over every expert (no bias, no group limit).
+  /// count(j, e) for each expert e the token counts for in the aux loss, j its rank: its routed
+  /// top-1 or top-k, or a fresh top-`counted` of P over every expert (no bias, no group limit).
   template <class Count>
   __device__ __forceinline__ void aux_counts(bool counts_here, Count&& count) const {
     if (sem.fresh_counts) {
       warp::topk<row_layout, Lanes, Slots, Generic>(
           sel, ns, sem.counted, [&](int s) { return expert(s) < E; },
-          [&](int, float, int best) {
-            if (counts_here && lane == 0) count(best);
+          [&](int j, float, int best) {
+            if (counts_here && lane == 0) count(j, best);
           });
     } else if (counts_here) {
       for_slots([&](int s) {
-        if (s * Lanes + lane < sem.counted) count(ri[s]);
+        const int j = s * Lanes + lane;
+        if (j < sem.counted) count(j, ri[s]);
       });
     }
+  }
+
+  /// The optional per-token outputs (gating_result::d_aux_scores, d_aux_count_ids) of token t,
+  /// when the rows are not counted (padding): zeros and -1.
+  __device__ __forceinline__ void write_uncounted(std::int64_t t) const {
+    if (a.out.d_aux_scores != nullptr)
+      for_slots([&](int s) {
+        if (expert(s) < E) a.out.d_aux_scores[t * E + expert(s)] = 0.0f;
+      });
+    if (a.out.d_aux_count_ids != nullptr)
+      for (int j = lane; j < sem.counted; j += Lanes)
+        a.out.d_aux_count_ids[t * sem.counted + j] = -1;
+  }
+
+  /// Token t's P row (after aux_scores) into gating_result::d_aux_scores, when given.
+  __device__ __forceinline__ void write_aux_scores(std::int64_t t) const {
+    if (a.out.d_aux_scores != nullptr)
+      for_slots([&](int s) {
+        if (expert(s) < E) a.out.d_aux_scores[t * E + expert(s)] = sel[s];
+      });
   }
 };
 

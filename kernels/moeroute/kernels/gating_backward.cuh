@@ -49,6 +49,8 @@ struct gating_backward_args {
   const float* grad_weight = nullptr;   // [T, k] or null: no routing term
   gating_semantics sem{};
   std::int64_t sequences = 0, seq_len = 0;  // S, L (0: no sequence term)
+  token_order seq_order = token_order::sequence_major;
+  bool seq_sum = false;  // sequence_reduction::sum: no 1 / (sequences with a valid token)
   // term weights (already multiplied by the loss coefficients and scales, except 1/T^2, 1/T);
   // 0 = no such term
   double routing_weight = 1.0, aux_weight = 0.0, seq_weight = 0.0, z_weight = 0.0;
@@ -172,14 +174,16 @@ __global__ void gating_backward_kernel(const gating_backward_args<Element> a) {
     // ---- aux and z terms: softmax / normalised scores of the clean logits
     const bool aux = aux_count != nullptr;
     const bool zl = a.z_weight != 0.0;
-    // sequence aux: dL/dP[t, e] = seq_weight / used * count[q, e] / L_q^2, q = t / L
+    // sequence aux: dL/dP[t, e] = seq_weight / used * count[q, e] / L_q^2, q the sequence of t
+    // (used = 1 for sequence_reduction::sum)
     bool seq = a.gated.sums.d_seq_count != nullptr && a.seq_weight != 0.0 && a.seq_len > 0;
     double seq_base = 0.0, seq_L2 = 1.0, dot_seq = 0.0;
-    const std::int64_t q = seq ? t / a.seq_len : 0;
+    const std::int64_t q = seq ? sequence_of_token(a.seq_order, t, a.sequences, a.seq_len) : 0;
     if (seq) {
       std::int64_t used = 0;
       for (std::int64_t i = 0; i < a.sequences; ++i)
         used += a.gated.sums.d_seq_tokens[i] > 0 ? 1 : 0;
+      if (a.seq_sum && used > 0) used = 1;
       const double Ls = static_cast<double>(a.gated.sums.d_seq_tokens[q]);
       seq = used > 0 && Ls > 0.0;
       seq_base = seq ? a.seq_weight / static_cast<double>(used) : 0.0;

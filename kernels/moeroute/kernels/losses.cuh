@@ -14,6 +14,7 @@ namespace moeroute::kernels {
 struct loss_kernel_args {
   const_gating_sums sums{};  // the gating's sums; seq_* only when sequences > 0
   std::int64_t sequences = 0;
+  bool sequence_sum = false;  // sequence_reduction::sum: no mean over the used sequences
   std::int32_t experts = 0;
   double aux_coefficient = 0.0, aux_scale = 0.0, z_coefficient = 0.0;
   double* aux_loss = nullptr;           // [1] or null
@@ -70,10 +71,12 @@ __global__ void __launch_bounds__(Threads) loss_kernel(const loss_kernel_args a)
     }
     __syncthreads();
   }
-  if (tid == 0)
-    *a.sequence_aux_loss = s_used[0] > 0 ? __ddiv_rn(__dmul_rn(a.aux_coefficient, s_total[0]),
-                                                     static_cast<double>(s_used[0]))
-                                         : 0.0;
+  if (tid == 0) {
+    const double v = __dmul_rn(a.aux_coefficient, s_total[0]);
+    *a.sequence_aux_loss = s_used[0] == 0   ? 0.0
+                           : a.sequence_sum ? v
+                                            : __ddiv_rn(v, static_cast<double>(s_used[0]));
+  }
 }
 
 }  // namespace moeroute::kernels
