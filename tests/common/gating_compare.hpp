@@ -170,7 +170,8 @@ inline std::string describe(const routing_config& c, std::int64_t T) {
     << c.gating.group_limit.group_topk << " noise=" << to_string(c.gating.noise.kind) << "/"
     << to_string(c.gating.noise.target) << " counts=" << to_string(c.loss.counts) << "/"
     << to_string(c.loss.count_source) << " L=" << c.loss.sequence_length << "/"
-    << to_string(c.loss.sequence_order) << " R=" << c.candidates_per_token() - c.top_k;
+    << to_string(c.loss.sequence_order) << "/" << to_string(c.loss.sequence_reduce)
+    << " R=" << c.candidates_per_token() - c.top_k;
   return o.str();
 }
 

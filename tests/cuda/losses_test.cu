@@ -87,8 +87,11 @@ std::vector<routing_config> loss_configs(std::int32_t E, std::int32_t k) {
 // The GPU loss launcher on the reference's own sums must give the reference's values bit for
 // bit: T tokens in sequences of L, sequence 0 all padding, every third token after 2L padding.
 static void check_losses_from_reference_sums(std::int32_t E, std::int64_t T, std::int64_t L) {
-  for (routing_config cfg : loss_configs(E, 2)) {
+  const auto configs = loss_configs(E, 2);
+  for (std::size_t i = 0; i < 2 * configs.size(); ++i) {
+    routing_config cfg = configs[i / 2];
     cfg.loss.sequence_length = L;
+    cfg.loss.sequence_reduce = i % 2 ? sequence_reduction::sum : sequence_reduction::mean;
     std::vector<std::uint8_t> valid(T, 1);
     for (std::int64_t t = 0; t < L; ++t) valid[t] = 0;  // sequence 0 is all padding
     for (std::int64_t t = 2 * L; t < T; t += 3) valid[t] = 0;
@@ -121,7 +124,12 @@ TEST_CASE("losses from the reference's sums equal the reference bit for bit", "[
 
 // One test case per E; the CPU emulation leaves out the [slow] one.
 static void check_losses_through_gating(std::int32_t E) {
-  for (routing_config cfg : loss_configs(E, std::min(4, E))) {
+  const auto configs = loss_configs(E, std::min(4, E));
+  for (std::size_t i = 0; i < configs.size(); ++i) {
+    routing_config cfg = configs[i];
+    // every other config packs [seq, batch] and sums the sequences (TransformerEngine)
+    cfg.loss.sequence_order = i % 2 ? token_order::position_major : token_order::sequence_major;
+    cfg.loss.sequence_reduce = i % 2 ? sequence_reduction::sum : sequence_reduction::mean;
     for (std::int64_t L : {0, 100}) {
       cfg.loss.sequence_length = L;
       const std::int64_t T = 1000;

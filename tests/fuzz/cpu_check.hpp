@@ -81,6 +81,8 @@ inline test::gating_outputs run_cpu_gating(const routing_config& cfg,
   g.logsumexp.resize(t);
   g.token_priority.resize(cfg.dispatch.prio == priority::batch_prioritized ? t : 0);
   g.second_skipped.resize(cfg.gating.second_expert.policy == second_expert_policy::random ? t : 0);
+  g.aux_scores.resize(t * E);
+  g.aux_count_ids.resize(t * (cfg.loss.counts == aux_counts::top1 ? 1 : k));
   g.aux_score_sum.resize(E);
   g.aux_count.resize(E);
   g.seq_score_sum.resize(S * E);
@@ -98,7 +100,9 @@ inline test::gating_outputs run_cpu_gating(const routing_config& cfg,
            {g.aux_score_sum.data(), g.aux_count.data(), &g.valid_tokens, &g.z_sum_squares,
             &g.nonfinite, g.seq_score_sum.data(), g.seq_count.data(), g.seq_tokens.data()},
            g.token_priority.data(),
-           g.second_skipped.data()};
+           g.second_skipped.data(),
+           g.aux_scores.data(),
+           g.aux_count_ids.data()};
   std::vector<unsigned char> ws(cpu::gating_workspace_bytes(cfg, T));
   g.st = cpu::gating(cfg, p, ws.data(), ws.size(), cpu::executor::serial());
   return g;

@@ -218,6 +218,10 @@ inline decoded_case decode(byte_reader& in) {
     l.z_coefficient = coef[pick(3, 5)];
   }
   l.sequence_length = in.range(0, 9) < 7 ? 0 : in.range(wild ? -1 : 1, 6);
+  if (l.sequence_length > 0) {
+    l.sequence_order = in.range(0, 1) ? token_order::position_major : token_order::sequence_major;
+    l.sequence_reduce = in.range(0, 1) ? sequence_reduction::sum : sequence_reduction::mean;
+  }
 
   c.tokens = wild && in.range(0, 3) == 3 ? in.range(-2, 0) : in.range(0, 48);
   if (l.sequence_length > 0 && !wild) c.tokens = c.tokens / l.sequence_length * l.sequence_length;
