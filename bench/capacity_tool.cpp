@@ -30,11 +30,15 @@
 #include <moeroute/reference.hpp>
 
 #include "ep_sim.hpp"
+#include "plan_output.hpp"
 #include "scenarios.hpp"
 #include "sweep.hpp"
 
 #ifndef MOEROUTE_PLOT_SCRIPT
 #define MOEROUTE_PLOT_SCRIPT "plot_capacity.py"
+#endif
+#ifndef MOEROUTE_PLAN_PLOT_SCRIPT
+#define MOEROUTE_PLAN_PLOT_SCRIPT "plot_plan.py"
 #endif
 #ifndef MOEROUTE_EP_PLOT_SCRIPT
 #define MOEROUTE_EP_PLOT_SCRIPT "plot_ep.py"
@@ -323,6 +327,194 @@ int run_cluster(std::int32_t R, const std::string& placement_spec, const std::st
   return 0;
 }
 
+/// What --batch-tokens plans with, besides the sweep options.
+struct plan_args {
+  std::string npy, group_ids, bias, batching = "consecutive",
+                                    plot_script = MOEROUTE_PLAN_PLOT_SCRIPT;
+  std::int64_t batch_tokens = 0;
+  double target_drop = 0.01, quantile = 0.99, cold_share = 0.25;
+  std::uint64_t seed = 0;
+};
+
+/// A progress bar with ETA on stderr (a line every 5% when stderr is not a terminal).
+class progress_bar {
+ public:
+  explicit progress_bar(bool quiet) : quiet_(quiet), tty_(isatty(2) != 0) {}
+  void operator()(std::int64_t done, std::int64_t total, const std::string& what) {
+    if (quiet_ || total <= 0) return;
+    const auto now = std::chrono::steady_clock::now();
+    if (done == 0) start_ = now;
+    const double secs = std::chrono::duration<double>(now - start_).count();
+    const double frac = static_cast<double>(done) / static_cast<double>(total);
+    const int pct = static_cast<int>(100 * frac);
+    if (!tty_ && pct < next_pct_ && done != total) return;
+    next_pct_ = pct + 5;
+    const double eta = done > 0 ? secs * (1.0 - frac) / frac : 0.0;
+    constexpr int width = 30;
+    const int fill = static_cast<int>(width * frac);
+    const std::string bar = std::string(fill, '#') + std::string(width - fill, '.');
+    std::fprintf(stderr, "%s[%s] %3d%% %s | %.0fs elapsed, ETA %.0fs%s", tty_ ? "\r\033[K" : "",
+                 bar.c_str(), pct, what.c_str(), secs, eta, tty_ && done != total ? "" : "\n");
+    std::fflush(stderr);
+  }
+
+ private:
+  bool quiet_, tty_;
+  int next_pct_ = 0;
+  std::chrono::steady_clock::time_point start_ = std::chrono::steady_clock::now();
+};
+
+/// --batch-tokens: the capacity plan of a long dump (plan.hpp).
+int run_planning(const plan_args& pa, const sweep_options& so, const presets::preset_info& preset,
+                 std::int32_t ep_ranks, const std::string& placement_spec,
+                 const std::string& format, const std::string& out_path,
+                 const std::string& csv_path, const std::string& json_path,
+                 const std::string& plot_path, const std::string& python, bool quiet) {
+  mapped_logits dump;
+  if (auto s = mapped_logits::open(pa.npy, dump); !s) throw usage_error(s.message);
+  const std::int64_t N = dump.tokens(), L = dump.layers();
+  const std::int32_t E = so.base.num_experts;
+  if (N == 0 || L == 0) throw usage_error(pa.npy + ": the dump is empty (no tokens)");
+  if (pa.batch_tokens < 1 || pa.batch_tokens > max_tokens)
+    throw usage_error("--batch-tokens must be in [1, 2^31 - 1]");
+  if (pa.batch_tokens > N)
+    throw usage_error("--batch-tokens " + std::to_string(pa.batch_tokens) +
+                      " is larger than the dump (" + std::to_string(N) + " tokens)");
+  if (auto s = validate_tokens(so.base, pa.batch_tokens); !s)
+    throw usage_error("--batch-tokens: " + s.message);
+  if (!(pa.target_drop >= 0.0 && pa.target_drop <= 1.0))
+    throw usage_error("--target-drop must be in [0, 1]");
+  if (!(pa.quantile >= 0.0 && pa.quantile <= 1.0))
+    throw usage_error("--quantile must be in [0, 1]");
+  if (!(pa.cold_share >= 0.0 && pa.cold_share <= 1.0))
+    throw usage_error("--cold-share must be in [0, 1]");
+  batching how;
+  if (pa.batching == "consecutive")
+    how = batching::consecutive;
+  else if (pa.batching == "shuffled")
+    how = batching::shuffled;
+  else if (pa.batching == "grouped")
+    how = batching::grouped;
+  else
+    throw usage_error("--batching: '" + pa.batching +
+                      "' is not one of consecutive, shuffled, grouped");
+  io::npy_numeric ids;
+  if (!pa.group_ids.empty()) {
+    if (auto s = io::read_npy_numeric(pa.group_ids, ids); !s) throw usage_error(s.message);
+    if (ids.shape.size() != 1 || ids.shape[0] != N)
+      throw usage_error("--group-ids " + pa.group_ids + ": shape " +
+                        fmt::format("{}", fmt::join(ids.shape, "x")) + ", expected [" +
+                        std::to_string(N) + "] (one id per token of the dump)");
+    for (double v : ids.values)
+      if (!std::isfinite(v)) throw usage_error("--group-ids: ids must be finite numbers");
+  } else if (how == batching::grouped) {
+    throw usage_error("--batching grouped needs --group-ids (a .npy of one id per token)");
+  }
+  std::vector<float> bias;
+  if (!pa.bias.empty()) {
+    if (!so.base.gating.expert_bias)
+      throw usage_error(
+          "--bias: the preset routes without an expert bias; add --set "
+          "gating.expert_bias=true (or use a biased preset such as deepseek_v3)");
+    io::npy_numeric b;
+    if (auto s = io::read_npy_numeric(pa.bias, b); !s) throw usage_error(s.message);
+    const bool per_layer = b.shape.size() == 2 && b.shape[0] == L && b.shape[1] == E;
+    const bool shared = b.shape.size() == 1 && b.shape[0] == E;
+    if (!per_layer && !shared)
+      throw usage_error("--bias " + pa.bias + ": shape " +
+                        fmt::format("{}", fmt::join(b.shape, "x")) + ", expected [" +
+                        std::to_string(E) + "] or [" + std::to_string(L) + ", " +
+                        std::to_string(E) + "] (layers, experts)");
+    for (std::int64_t l = 0; l < L; ++l)
+      for (std::int32_t e = 0; e < E; ++e) {
+        const double v = b.values[static_cast<std::size_t>(per_layer ? l * E + e : e)];
+        if (!std::isfinite(v)) throw usage_error("--bias: every bias must be finite");
+        bias.push_back(static_cast<float>(v));
+      }
+  }
+  plan_options po;
+  po.base = so.base;
+  po.factors = so.factors;
+  po.priorities = so.priorities;
+  po.policies = so.policies;
+  po.batch_tokens = pa.batch_tokens;
+  po.order = how;
+  po.seed = pa.seed;
+  po.block_size = so.block_size;
+  po.hidden = so.hidden;
+  po.buffer_dtype = so.buffer_dtype;
+  po.target_drop = pa.target_drop;
+  po.quantile = pa.quantile;
+  po.cold_share = pa.cold_share;
+  po.executor = so.executor;
+  std::string placement_label;
+  if (ep_ranks != 0) {
+    if (ep_ranks < 1 || ep_ranks > E) throw usage_error("--ep must be in [1, experts]");
+    try {
+      const ep::placement place = parse_placement(placement_spec, E, ep_ranks, placement_label);
+      for (std::int32_t e = 0; e < E; ++e) po.owner.push_back(place.owner(ep::global_expert_id{e}));
+    } catch (const std::invalid_argument& e) {
+      throw usage_error(e.what());
+    } catch (const error& e) {
+      throw usage_error("--placement: " + e.get_status().message);
+    }
+    po.ranks = ep_ranks;
+  }
+  dump.advise(how == batching::consecutive);
+  const auto order = batch_order(N, how, pa.seed, ids.values);
+  progress_bar bar(quiet);
+  const plan_result r = run_plan(po, dump, order, bias, std::ref(bar));
+  if (r.nonfinite_logits > 0)
+    std::fprintf(stderr,
+                 "moeroute-capacity: warning: layer 0 has %lld non-finite logits in the planned "
+                 "batches (routed as NaN -> -FLT_MAX, +-Inf -> +-FLT_MAX; docs/numerics.md)\n",
+                 static_cast<long long>(r.nonfinite_logits));
+  const std::string setup = fmt::format(
+      "{} {} | preset {} E={} k={} | batching {}{} | d={} {}{}", pa.npy,
+      io::to_string(dump.dtype()), preset.name, E, so.base.top_k, pa.batching,
+      how == batching::shuffled ? fmt::format(" (seed {})", pa.seed) : std::string(), so.hidden,
+      to_string(so.buffer_dtype),
+      ep_ranks ? fmt::format(" | EP {} ranks, {}", ep_ranks, placement_label) : std::string());
+  nlohmann::json meta;
+  meta["tool"] = "moeroute-capacity --batch-tokens";
+  meta["input"] = pa.npy;
+  meta["preset"] = std::string(preset.name);
+  meta["config"] = to_string(so.base);
+  meta["experts"] = E;
+  meta["top_k"] = so.base.top_k;
+  meta["layers"] = L;
+  meta["tokens"] = N;
+  meta["batching"] = pa.batching;
+  meta["seed"] = pa.seed;
+  meta["hidden"] = so.hidden;
+  meta["dtype"] = to_string(so.buffer_dtype);
+  meta["target_drop"] = pa.target_drop;
+  meta["quantile"] = pa.quantile;
+  meta["ranks"] = ep_ranks;
+  const auto json = [&] { return plan_to_json(r, meta).dump(2); };
+  write_outputs(
+      format, out_path, csv_path, [&](std::ostream& o) { write_plan_table(o, r, po, setup); },
+      [&](std::ostream& o) { write_plan_csv(o, r); }, json);
+  std::string json_for_plot = json_path;
+  if (json_for_plot.empty() && !plot_path.empty()) json_for_plot = plot_path + ".json";
+  if (!json_for_plot.empty()) {
+    std::ofstream f(json_for_plot);
+    f << json() << '\n';
+    if (!f) throw std::runtime_error("cannot write '" + json_for_plot + "'");
+  }
+  if (!plot_path.empty()) {
+    const std::string cmd = shell_quote(python) + " " + shell_quote(pa.plot_script) + " " +
+                            shell_quote(plot_path) + " " + shell_quote(json_for_plot);
+    const int rc = std::system(cmd.c_str());
+    if (json_path.empty()) std::remove(json_for_plot.c_str());
+    if (rc != 0)
+      throw std::runtime_error("plotting failed (" + cmd + " returned " + std::to_string(rc) +
+                               "); needs python3 with matplotlib (Debian: python3-matplotlib)");
+    if (!quiet) std::fprintf(stderr, "plot written to %s\n", plot_path.c_str());
+  }
+  return 0;
+}
+
 int run(int argc, char** argv) {
   CLI::App app{
       "moeroute-capacity: compare capacity factors, priorities and drop policies on your "
@@ -434,6 +626,32 @@ int run(int argc, char** argv) {
       ->capture_default_str();
   app.add_option("--scopes", ep_scopes, "--ep: capacity scopes (dropless, per_source, global)")
       ->capture_default_str();
+  plan_args pa;
+  auto* o_bt = app.add_option(
+      "--batch-tokens", pa.batch_tokens,
+      "planning mode: cut a long --npy dump ([layers, N, E], memory-mapped) into batches of this "
+      "many tokens and report per-batch drop-rate distributions, a recommended factor, and "
+      "cold / dead / drifting experts");
+  app.add_option("--batching", pa.batching,
+                 "planning: consecutive (as served), shuffled (--seed), grouped (--group-ids)")
+      ->capture_default_str();
+  app.add_option("--group-ids", pa.group_ids,
+                 "planning: .npy of N request / document ids; batches then hold whole requests "
+                 "(implies --batching grouped)");
+  app.add_option("--bias", pa.bias,
+                 "planning: expert bias .npy, [E] or [layers, E], for biased routers "
+                 "(DeepSeek-V3); default zero");
+  app.add_option("--target-drop", pa.target_drop,
+                 "planning: the per-batch overflow (drop) rate to stay under")
+      ->capture_default_str();
+  app.add_option("--quantile", pa.quantile,
+                 "planning: which quantile of the batches must meet --target-drop")
+      ->capture_default_str();
+  app.add_option("--cold-share", pa.cold_share,
+                 "planning: an expert is cold below this fraction of its fair share 1/E")
+      ->capture_default_str();
+  app.add_option("--plan-plot-script", pa.plot_script, "planning: the plotting script")
+      ->capture_default_str();
   o_npy->excludes(o_scn)->excludes(o_tok)->excludes(o_exp);
 
   try {
@@ -516,7 +734,17 @@ int run(int argc, char** argv) {
   if (o_k->count() > 0 && (top_k < 1 || top_k > max_top_k))
     throw usage_error("--top-k must be >= 1");
   std::int32_t E = experts > 0 ? experts : preset->default_experts;
-  if (!npy.empty()) {
+  if (o_bt->count() > 0) {
+    // planning: the dump stays memory-mapped; only its shape is needed here
+    if (npy.empty()) throw usage_error("--batch-tokens plans a dump: give it with --npy");
+    if (layer >= 0) throw usage_error("--layer: planning covers every layer of the dump");
+    mapped_logits dump;
+    if (auto s = mapped_logits::open(npy, dump); !s) throw usage_error(s.message);
+    if (dump.experts() < 1 || dump.experts() > max_experts)
+      throw usage_error(npy + ": the last dimension (experts) is " +
+                        std::to_string(dump.experts()) + ", must be in [1, 8192]");
+    E = static_cast<std::int32_t>(dump.experts());
+  } else if (!npy.empty()) {
     if (auto s = io::read_npy(npy, arr); !s) throw usage_error(s.message);
     if (arr.experts() < 1 || arr.experts() > max_experts)
       throw usage_error(npy + ": the last dimension (experts) is " + std::to_string(arr.experts()) +
@@ -613,6 +841,13 @@ int run(int argc, char** argv) {
           in.name.c_str(), static_cast<long long>(bad));
   }
 
+  if (o_bt->count() > 0) {
+    pa.npy = npy;
+    pa.seed = sp.seed;
+    if (!pa.group_ids.empty() && pa.batching == "consecutive") pa.batching = "grouped";
+    return run_planning(pa, so, *preset, ep_ranks, placement_spec, format, out_path, csv_path,
+                        json_path, plot_path, python, quiet);
+  }
   if (ep_ranks != 0)
     return run_cluster(ep_ranks, placement_spec, ep_scopes, so, inputs, format, out_path, csv_path,
                        json_path, plot_path, python, preset->name);

@@ -2,7 +2,8 @@
 # SPDX-License-Identifier: Apache-2.0
 """ctest driver for moeroute-capacity: test_capacity_tool.py CASE TOOL WORKDIR.
 
-Cases: synthetic, npy, npy_layers_f16, malformed, bad_args, plot, ep. Each asserts exact values
+Cases: synthetic, npy, npy_layers_f16, malformed, bad_args, plot, ep, backends, plan, plan_bad,
+plan_plot. Each asserts exact values
 (counts the routing rules determine) and exits non-zero with a message on the first failure.
 """
 import csv
@@ -352,9 +353,203 @@ def case_backends():
                   f"{key} cpu {a[key]} vs reference {b[key]}")
 
 
+REAL = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "tests", "data", "real-router")
+
+
+def overflow_per_batch(logits, order, B, cf, k=2):
+    """Per-batch overflow of top-k on the logits, C = ceil(cf * B * k / E): numpy, independent of
+    the tool. logits [N, E] of one layer; order the token order the batches cut."""
+    E = logits.shape[1]
+    C = int(np.ceil(cf * B * k / E))
+    top = np.argsort(-logits, axis=1, kind="stable")[:, :k]
+    out = []
+    for b in range(len(order) // B):
+        ids = top[order[b * B:(b + 1) * B]]
+        req = np.bincount(ids.ravel(), minlength=E)
+        out.append(np.maximum(req - C, 0).sum() / (B * k))
+    return np.array(out), C
+
+
+def nearest_rank(v, q):
+    v = np.sort(v)
+    r = min(max(int(np.ceil(q * len(v))), 1), len(v))
+    return v[r - 1]
+
+
+def case_plan():
+    """Planning on the real served traffic (tests/data/real-router): every distribution
+    statistic against numpy on the same batches, the README's published worst batches, the
+    recommendation's exactness, grouped batches, and expert usage."""
+    dump = os.path.join(REAL, "traffic.npy")
+    req = os.path.join(REAL, "traffic_request.npy")
+    x = np.load(dump)
+    L, N, E = x.shape
+    js = os.path.join(WORK, "plan.json")
+    rc, out, err = run("--npy", dump, "--batch-tokens", "2048", "--preset", "mixtral", "--factors",
+                       "1.0,1.25,2.0,dropless", "--priorities", "preset", "--policies",
+                       "zero_weight", "--format", "json", "--target-drop", "0.02", "--quantile",
+                       "0.9")
+    check(rc == 0, f"plan exit {rc}: {err}")
+    if rc != 0:
+        return
+    plan = json.loads(out)
+    check(plan["batches"] == 16 and plan["tokens_left_out"] == 0, "16 batches of 2048")
+    order = np.arange(N)
+    for layer in range(L):
+        for cf in (1.0, 1.25, 2.0):
+            want, C = overflow_per_batch(x[layer], order, 2048, cf)
+            cell = [c for c in plan["cells"] if c["layer"] == layer and c["factor"] == f"{cf:g}"]
+            check(len(cell) == 1, f"one cell for layer {layer} factor {cf}")
+            if not cell:
+                continue
+            d = cell[0]["drop_rate"]
+            check(cell[0]["capacity"] == C, f"capacity {cell[0]['capacity']} != {C}")
+            for key, val in (("mean", want.mean()), ("p50", nearest_rank(want, 0.5)),
+                             ("p95", nearest_rank(want, 0.95)), ("p99", nearest_rank(want, 0.99)),
+                             ("max", want.max())):
+                check(abs(d[key] - val) <= 1e-12, f"layer {layer} cf {cf} {key}: {d[key]} vs {val}")
+        dl = [c for c in plan["cells"] if c["layer"] == layer and c["factor"] == "dropless"][0]
+        check(dl["drop_rate"]["max"] == 0.0, "dropless drops nothing")
+    # the README's published worst batches at 1.25, arrival order: 17.1 / 17.2 / 15.3 / 22.0 %
+    worst = [c["drop_rate"]["max"] for c in plan["cells"] if c["factor"] == "1.25"]
+    check([round(100 * w, 1) for w in worst] == [17.1, 17.2, 15.3, 22.0], f"worst batches {worst}")
+    # recommendation: the smallest factor on a 0.01 grid whose p90 overflow <= 2%, exactly
+    for rec in plan["recommendations"][:-1]:
+        layer = rec["layer"]
+        f = rec["factor"]
+        q_at = nearest_rank(overflow_per_batch(x[layer], order, 2048, f)[0], 0.9)
+        q_below = nearest_rank(overflow_per_batch(x[layer], order, 2048, round(f - 0.01, 2))[0], 0.9)
+        check(q_at <= 0.02 < q_below, f"layer {layer}: factor {f} gives {q_at}, {f - 0.01} {q_below}")
+        check(abs(rec["overflow_quantile"] - q_at) <= 1e-12, "recommendation overflow quantile")
+    model = plan["recommendations"][-1]
+    check(model["layer"] == "model" and model["factor"] == max(r["factor"] for r in plan["recommendations"][:-1]),
+          "the model factor is the largest layer factor")
+    # expert usage: shares of the routed top-2 over the dump
+    for u in plan["expert_load"]:
+        top = np.argsort(-x[u["layer"]], axis=1, kind="stable")[:, :2]
+        share = np.bincount(top.ravel(), minlength=E) / (2 * N)
+        check(np.allclose(u["share"], share, rtol=0, atol=1e-12), f"layer {u['layer']} shares")
+        fq = np.bincount(top[:N // 4].ravel(), minlength=E) / (2 * (N // 4))
+        lq = np.bincount(top[N - N // 4:].ravel(), minlength=E) / (2 * (N // 4))
+        check(abs(u["drift"] - 0.5 * np.abs(fq - lq).sum()) <= 1e-12, "drift")
+        check(u["cold"] == [int(e) for e in np.nonzero((share > 0) & (share < 0.25 / E))[0]], "cold")
+    # grouped by request: requests are contiguous here, so grouped batches are the served ones
+    rc, out2, err = run("--npy", dump, "--batch-tokens", "2048", "--preset", "mixtral", "--factors",
+                        "1.0,1.25,2.0,dropless", "--priorities", "preset", "--policies",
+                        "zero_weight", "--format", "json", "--target-drop", "0.02", "--quantile",
+                        "0.9", "--group-ids", req)
+    check(rc == 0, f"grouped exit {rc}: {err}")
+    if rc == 0:
+        g = json.loads(out2)
+        check(g["batching"] == "grouped" and g["cells"] == plan["cells"], "grouped == consecutive")
+    # shuffled: the same tokens, milder batches; reproducible for a seed
+    args = ["--npy", dump, "--batch-tokens", "2048", "--preset", "mixtral", "--factors", "1.25",
+            "--priorities", "preset", "--policies", "zero_weight", "--format", "json",
+            "--batching", "shuffled", "--seed", "7"]
+    rc, s1, err = run(*args)
+    rc2, s2, _ = run(*args)
+    check(rc == 0 and rc2 == 0 and json.loads(s1)["cells"] == json.loads(s2)["cells"],
+          f"shuffled runs reproducible: {err}")
+    if rc == 0:
+        sh = json.loads(s1)
+        for layer in range(L):
+            a = [c for c in sh["cells"] if c["layer"] == layer][0]["drop_rate"]["max"]
+            b = [c for c in plan["cells"] if c["layer"] == layer and c["factor"] == "1.25"][0]["drop_rate"]["max"]
+            check(a < b, f"layer {layer}: shuffled worst {a} >= served worst {b}")
+    # EP ranks: per-rank drop distributions, the rank of a lone expert = that expert's drops
+    rc, out3, err = run("--npy", dump, "--batch-tokens", "4096", "--preset", "mixtral",
+                        "--factors", "1.25", "--priorities", "preset", "--policies", "zero_weight",
+                        "--format", "json", "--ep", "16")
+    check(rc == 0, f"--ep plan exit {rc}: {err}")
+    if rc == 0:
+        ep = json.loads(out3)
+        cell = ep["cells"][0]
+        check(len(cell["rank_drop_rate"]) == 16, "16 ranks")
+        top = np.argsort(-x[0], axis=1, kind="stable")[:, :2]
+        C = int(np.ceil(1.25 * 4096 * 2 / 16))
+        per = []
+        for b in range(N // 4096):
+            req_e = np.bincount(top[b * 4096:(b + 1) * 4096].ravel(), minlength=E)
+            per.append(np.maximum(req_e[3] - C, 0) / req_e[3])
+        check(abs(cell["rank_drop_rate"][3]["max"] - max(per)) <= 1e-12, "rank 3 = expert 3")
+
+
+def case_plan_bad():
+    """Planning's hostile inputs: exit 2 with a message naming the problem."""
+    dump = os.path.join(REAL, "traffic.npy")
+    base = ["--npy", dump, "--preset", "mixtral", "--factors", "1.25", "--priorities", "preset",
+            "--policies", "zero_weight"]
+    bad_ids = os.path.join(WORK, "ids.npy")
+    np.save(bad_ids, np.zeros(100, dtype=np.int32))
+    bad_bias = os.path.join(WORK, "bias.npy")
+    np.save(bad_bias, np.zeros((3, 16), dtype=np.float32))
+    empty = os.path.join(WORK, "empty.npy")
+    np.save(empty, np.zeros((2, 0, 16), dtype=np.float32))
+    for args, want in [
+        (["--batch-tokens", "2048", "--group-ids", bad_ids], "expected [32768]"),
+        (["--batch-tokens", "2048", "--batching", "grouped"], "needs --group-ids"),
+        (["--batch-tokens", "2048", "--bias", bad_bias], "without an expert bias"),
+        (["--batch-tokens", "2048", "--bias", bad_bias, "--set", "gating.expert_bias=true"],
+         "expected [16] or [4, 16]"),
+        (["--batch-tokens", "40000"], "larger than the dump"),
+        (["--batch-tokens", "0"], "--batch-tokens must be"),
+        (["--batch-tokens", "2048", "--batching", "random"], "not one of consecutive"),
+        (["--batch-tokens", "2048", "--quantile", "1.5"], "--quantile"),
+        (["--batch-tokens", "2048", "--target-drop", "-1"], "--target-drop"),
+    ]:
+        rc, out, err = run(*base, *args)
+        check(rc == 2 and want in err, f"{args}: exit {rc}, stderr {err.strip()[:200]}")
+    rc, out, err = run("--npy", empty, "--batch-tokens", "8", "--preset", "mixtral")
+    check(rc == 2 and "empty" in err, f"empty dump: exit {rc}, {err.strip()[:200]}")
+    rc, out, err = run("--scenario", "uniform", "--batch-tokens", "8")
+    check(rc == 2 and "--npy" in err, f"no dump: exit {rc}, {err.strip()[:200]}")
+    # NaN logits: reported, routed (NaN -> -FLT_MAX, never chosen while others are finite)
+    x = np.load(dump)[:1, :4096].copy()
+    x[0, 5, 3] = np.nan
+    x[0, 9, :] = np.nan
+    nan = os.path.join(WORK, "nan.npy")
+    np.save(nan, x)
+    rc, out, err = run("--npy", nan, "--batch-tokens", "1024", "--preset", "mixtral",
+                       "--factors", "1.25", "--priorities", "preset", "--policies", "zero_weight",
+                       "--format", "json")
+    check(rc == 0 and "17 non-finite logits" in err, f"NaN dump: exit {rc}, {err.strip()[:300]}")
+    # a biased router: the bias moves the routing (DeepSeek-V3 style)
+    bias = os.path.join(WORK, "bias16.npy")
+    b = np.zeros(16, dtype=np.float32)
+    b[0] = 100.0  # every token picks expert 0
+    np.save(bias, b)
+    rc, out, err = run("--npy", dump, "--batch-tokens", "8192", "--preset", "mixtral", "--set",
+                       "gating.expert_bias=true", "--bias", bias, "--factors", "1.0",
+                       "--priorities", "preset", "--policies", "zero_weight", "--format", "json")
+    check(rc == 0, f"bias exit {rc}: {err.strip()[:300]}")
+    if rc == 0:
+        share = json.loads(out)["expert_load"][0]["share"]
+        check(abs(share[0] - 0.5) < 1e-12, f"with the bias expert 0 takes every token: {share[0]}")
+
+
+def case_plan_plot():
+    """The planning plot and the mapped float16 dump: the same plan as the float32 one."""
+    dump = os.path.join(REAL, "traffic.npy")
+    f16 = os.path.join(WORK, "traffic_f16.npy")
+    x = np.load(dump)
+    np.save(f16, x.astype(np.float16))
+    png = os.path.join(WORK, "plan.png")
+    rc, out, err = run("--npy", f16, "--batch-tokens", "4096", "--preset", "mixtral",
+                       "--factors", "1.0,1.5,2.0,dropless", "--plot", png, "--format", "json")
+    check(rc == 0, f"plan plot exit {rc}: {err.strip()[:300]}")
+    check(os.path.exists(png) and open(png, "rb").read(8) == b"\x89PNG\r\n\x1a\n", "plot written")
+    if rc == 0:
+        plan = json.loads(out)
+        y = x.astype(np.float16).astype(np.float32)
+        want, C = overflow_per_batch(y[2], np.arange(y.shape[1]), 4096, 1.5)
+        cell = [c for c in plan["cells"] if c["layer"] == 2 and c["factor"] == "1.5"][0]
+        check(abs(cell["drop_rate"]["max"] - want.max()) <= 1e-12, "float16 dump planned exactly")
+
+
 {"synthetic": case_synthetic, "npy": case_npy, "npy_layers_f16": case_npy_layers_f16,
  "malformed": case_malformed, "bad_args": case_bad_args, "plot": case_plot, "ep": case_ep,
- "backends": case_backends}[CASE]()
+ "backends": case_backends, "plan": case_plan, "plan_bad": case_plan_bad,
+ "plan_plot": case_plan_plot}[CASE]()
 if failures:
     print(f"{len(failures)} check(s) failed in case {CASE}", file=sys.stderr)
     sys.exit(1)

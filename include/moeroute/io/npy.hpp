@@ -96,10 +96,10 @@ class npy_header_parser {
  public:
   explicit npy_header_parser(std::string_view s) : s_(s) {}
 
-  [[nodiscard]] status parse(npy_header& h) {
+  /// The dict's three values, unchecked.
+  [[nodiscard]] status parse_dict(std::string& descr, bool& fortran,
+                                  std::vector<std::int64_t>& shape) {
     bool have_descr = false, have_order = false, have_shape = false;
-    std::string descr;
-    bool fortran = false;
     skip_ws();
     if (!eat('{')) return err("header does not start with '{'");
     for (;;) {
@@ -121,7 +121,7 @@ class npy_header_parser {
       } else if (key == "shape") {
         if (have_shape) return err("duplicate key 'shape'");
         have_shape = true;
-        if (auto st = parse_shape(h.shape); !st) return st;
+        if (auto st = parse_shape(shape); !st) return st;
       } else {
         return err("unexpected key '" + printable(key) +
                    "' (a .npy header has exactly descr, "
@@ -138,7 +138,18 @@ class npy_header_parser {
     if (!have_descr) return npy_bad("header has no 'descr' key");
     if (!have_order) return npy_bad("header has no 'fortran_order' key");
     if (!have_shape) return npy_bad("header has no 'shape' key");
+    if (fortran)
+      return npy_bad(
+          "fortran_order is True: save a C-ordered array "
+          "(np.save(f, np.ascontiguousarray(a)))");
+    return status::success();
+  }
 
+  /// A router-logit header: float32 / float16, 2-D or 3-D.
+  [[nodiscard]] status parse(npy_header& h) {
+    std::string descr;
+    bool fortran = false;
+    if (auto st = parse_dict(descr, fortran, h.shape); !st) return st;
     if (descr == "<f4") {
       h.dtype = npy_dtype::f32;
       h.big_endian = false;
@@ -156,10 +167,6 @@ class npy_header_parser {
                      "': router logits must be float32 ('<f4') or float16 ('<f2'); convert with "
                      "arr.astype(np.float32)");
     }
-    if (fortran)
-      return npy_bad(
-          "fortran_order is True: save a C-ordered array "
-          "(np.save(f, np.ascontiguousarray(a)))");
     if (h.shape.size() != 2 && h.shape.size() != 3)
       return npy_bad(
           "shape has " + std::to_string(h.shape.size()) +
@@ -406,6 +413,112 @@ inline std::uint32_t read_le32(const std::uint8_t* p) {
   npy_array a;
   throw_if_error(read_npy(path, a));
   return a;
+}
+
+/// A numeric array of any rank read whole (request ids, expert bias, token sources): integers
+/// and floats of 1, 2, 4 or 8 bytes in either byte order and bools, widened to double
+/// (integers exactly up to 2^53).
+struct npy_numeric {
+  std::string descr;                ///< as in the file, e.g. "<i4"
+  std::vector<std::int64_t> shape;  ///< any rank (0-D: one value)
+  std::vector<double> values;       ///< prod(shape) values, C order
+};
+
+/// @brief Parses a whole numeric .npy file held in memory (see npy_numeric).
+/// @return success, or invalid_argument with a message starting "malformed .npy: ".
+[[nodiscard]] inline status parse_npy_numeric(std::span<const std::uint8_t> bytes,
+                                              npy_numeric& out) {
+  using detail::npy_bad;
+  out = npy_numeric{};
+  static constexpr std::uint8_t magic[6] = {0x93, 'N', 'U', 'M', 'P', 'Y'};
+  if (bytes.size() < 10 || std::memcmp(bytes.data(), magic, 6) != 0)
+    return npy_bad("bad magic: not a .npy file written by np.save");
+  const int major = bytes[6];
+  if ((major != 1 && major != 2 && major != 3) || bytes[7] != 0)
+    return npy_bad("unsupported format version");
+  const std::size_t len_bytes = major == 1 ? 2 : 4;
+  if (bytes.size() < 8 + len_bytes) return npy_bad("file ends inside the header length");
+  const std::size_t header_len =
+      major == 1 ? (std::size_t{bytes[8]} | (std::size_t{bytes[9]} << 8))
+                 : static_cast<std::size_t>(detail::read_le32(bytes.data() + 8));
+  const std::size_t start = 8 + len_bytes;
+  if (header_len > npy_max_header_bytes || start + header_len > bytes.size())
+    return npy_bad("header length " + std::to_string(header_len) + " runs past the end");
+  const std::string_view text(reinterpret_cast<const char*>(bytes.data() + start), header_len);
+  bool fortran = false;
+  if (auto st = detail::npy_header_parser(text).parse_dict(out.descr, fortran, out.shape); !st)
+    return st;
+  const std::string& d = out.descr;
+  const bool ok_descr = d.size() == 3 && (d[0] == '<' || d[0] == '>' || d[0] == '|') &&
+                        (d[1] == 'i' || d[1] == 'u' || d[1] == 'f' || d[1] == 'b') &&
+                        (d[2] == '1' || d[2] == '2' || d[2] == '4' || d[2] == '8') &&
+                        !(d[1] == 'f' && d[2] == '1') && !(d[1] == 'b' && d[2] != '1');
+  if (!ok_descr)
+    return npy_bad("unsupported dtype descr '" + detail::printable(d) +
+                   "': expected an integer, bool or float array");
+  const std::size_t item = static_cast<std::size_t>(d[2] - '0');
+  std::uint64_t n = 1;
+  for (std::int64_t e : out.shape) {
+    const auto ue = static_cast<std::uint64_t>(e);
+    if (ue != 0 && n > (std::uint64_t{1} << 40) / ue) return npy_bad("shape product overflows");
+    n *= ue;
+  }
+  const std::size_t data = start + header_len;
+  if (bytes.size() - data != n * item)
+    return npy_bad("data size mismatch: shape and dtype need " + std::to_string(n * item) +
+                   " bytes after the header, the file has " + std::to_string(bytes.size() - data));
+  out.values.resize(static_cast<std::size_t>(n));
+  const bool big = d[0] == '>';
+  for (std::size_t i = 0; i < out.values.size(); ++i) {
+    std::uint64_t u = 0;
+    for (std::size_t b = 0; b < item; ++b) {
+      const std::size_t at = big ? item - 1 - b : b;
+      u |= std::uint64_t{bytes[data + i * item + at]} << (8 * b);
+    }
+    double v = 0.0;
+    if (d[1] == 'u' || d[1] == 'b') {
+      v = static_cast<double>(u);
+    } else if (d[1] == 'i') {
+      const std::uint64_t sign = std::uint64_t{1} << (8 * item - 1);
+      const std::int64_t sv = (u & sign) != 0 && item < 8
+                                  ? static_cast<std::int64_t>(u | ~((sign << 1) - 1))
+                                  : static_cast<std::int64_t>(u);
+      v = static_cast<double>(sv);
+    } else if (item == 2) {
+      v = to_float(half_bits{static_cast<std::uint16_t>(u)});
+    } else if (item == 4) {
+      float f;
+      const auto w = static_cast<std::uint32_t>(u);
+      std::memcpy(&f, &w, 4);
+      v = f;
+    } else {
+      std::memcpy(&v, &u, 8);
+    }
+    out.values[i] = v;
+  }
+  return status::success();
+}
+
+/// @brief Reads a numeric .npy file whole (see npy_numeric); files above `max_bytes` are
+///        refused rather than read.
+[[nodiscard]] inline status read_npy_numeric(const std::string& path, npy_numeric& out,
+                                             std::size_t max_bytes = std::size_t{1} << 33) {
+  std::ifstream f(path, std::ios::binary);
+  if (!f) return status::make(status_code::invalid_argument, "cannot open '" + path + "'");
+  f.seekg(0, std::ios::end);
+  const std::streamoff end = f.tellg();
+  if (end < 0 || static_cast<std::size_t>(end) > max_bytes)
+    return status::make(
+        status_code::invalid_argument,
+        "'" + path + "' is unreadable or larger than " + std::to_string(max_bytes) + " bytes");
+  std::vector<std::uint8_t> bytes(static_cast<std::size_t>(end));
+  f.seekg(0, std::ios::beg);
+  if (!bytes.empty() &&
+      !f.read(reinterpret_cast<char*>(bytes.data()), static_cast<std::streamsize>(bytes.size())))
+    return status::make(status_code::invalid_argument, "cannot read '" + path + "'");
+  if (auto s = parse_npy_numeric(bytes, out); !s)
+    return status::make(s.code, path + ": " + s.message);
+  return status::success();
 }
 
 /// @brief Writes a float32 C-order .npy (format 1.0), e.g. for tests and tool output.
