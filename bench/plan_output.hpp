@@ -125,7 +125,7 @@ inline void write_plan_table(std::ostream& os, const plan_result& r, const plan_
         wr = static_cast<std::int32_t>(i);
       }
     os << fmt::format(
-        "{:>8} {:>6} {:>12} {:>11} {:>6.2f} {:>6.2f} {:>6.2f} {:>6.2f} {:>6.2f} {:>8.1f} {:>8.1f} "
+        "{:>8} {:>6} {:>16} {:>11} {:>6.2f} {:>6.2f} {:>6.2f} {:>6.2f} {:>6.2f} {:>8.1f} {:>8.1f} "
         "{:>6.2f} {:>10}{}\n",
         c.factor, c.capacity < 0 ? std::string("inf") : std::to_string(c.capacity), c.priority_name,
         c.policy_name, 100 * c.drop_rate.mean, 100 * c.drop_rate.p50, 100 * c.drop_rate.p95,

@@ -268,3 +268,39 @@ TEST_CASE("plan: the recommendation on a dump whose answer is known", "[plan][re
   CHECK(r[0].factor == 1.51);
   CHECK(r[0].overflow_quantile == 0.5);
 }
+
+TEST_CASE("plan: numeric .npy arrays (ids, biases) of any integer, bool or float type",
+          "[plan][npy]") {
+  const auto file = [](const std::string& descr, const std::string& shape,
+                       const std::vector<std::uint8_t>& data) {
+    std::string header =
+        "{'descr': '" + descr + "', 'fortran_order': False, 'shape': " + shape + ", }";
+    while ((10 + header.size() + 1) % 64 != 0) header += ' ';
+    header += '\n';
+    std::vector<std::uint8_t> b = {
+        0x93, 'N', 'U', 'M', 'P', 'Y', 1, 0, static_cast<std::uint8_t>(header.size()), 0};
+    b.insert(b.end(), header.begin(), header.end());
+    b.insert(b.end(), data.begin(), data.end());
+    return b;
+  };
+  io::npy_numeric a;
+  REQUIRE(io::parse_npy_numeric(file("|i1", "(3,)", {0xff, 0x02, 0x80}), a).ok());
+  CHECK(a.values == std::vector<double>{-1, 2, -128});
+  REQUIRE(io::parse_npy_numeric(file(">i4", "(2,)", {0, 0, 1, 0, 0xff, 0xff, 0xff, 0xfe}), a).ok());
+  CHECK(a.values == std::vector<double>{256, -2});
+  REQUIRE(io::parse_npy_numeric(file("<u2", "(1, 2)", {1, 1, 0xff, 0xff}), a).ok());
+  CHECK(a.shape == std::vector<std::int64_t>{1, 2});
+  CHECK(a.values == std::vector<double>{257, 65535});
+  REQUIRE(io::parse_npy_numeric(file("|b1", "(2,)", {1, 0}), a).ok());
+  CHECK(a.values == std::vector<double>{1, 0});
+  REQUIRE(io::parse_npy_numeric(file("<f8", "()", {0, 0, 0, 0, 0, 0, 0xf8, 0x3f}), a).ok());
+  CHECK(a.values == std::vector<double>{1.5});
+  REQUIRE(io::parse_npy_numeric(
+              file("<i8", "(1,)", {0xfe, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff}), a)
+              .ok());
+  CHECK(a.values == std::vector<double>{-2});
+  const status bad = io::parse_npy_numeric(file("<c8", "(1,)", std::vector<std::uint8_t>(8)), a);
+  CHECK_THAT(bad.message, Catch::Contains("unsupported dtype descr '<c8'"));
+  const status short_data = io::parse_npy_numeric(file("<i4", "(3,)", {1, 0, 0, 0}), a);
+  CHECK_THAT(short_data.message, Catch::Contains("data size mismatch"));
+}

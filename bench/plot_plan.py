@@ -3,7 +3,7 @@
 """Plots of a moeroute-capacity planning run: plot_plan.py OUT.png PLAN.json
 
 Three panels: (1) per layer, the per-batch drop rate against the capacity factor (p50 line,
-p95-p99 band) for the first priority / policy of the run; (2) a layer x expert heatmap of each
+p95 dashed, shaded up to p99) for the first priority / policy of the run; (2) a layer x expert heatmap of each
 expert's load share over the dump, in units of its fair share 1/E; (3) the recommendation: the
 smallest factor per layer (and for the whole model) whose quantile of per-batch overflow meets
 the target, annotated with its padded buffer and the dropless alternative.
@@ -45,13 +45,14 @@ def main(out, path):
         p99 = [100 * c["drop_rate"]["p99"] for c in rows]
         color = cmap(i)
         ax.plot(x, p50, "-o", color=color, ms=3, label=f"layer {layer}" if len(layers) <= 12 else None)
-        ax.fill_between(x, p95, p99, color=color, alpha=0.25)
+        ax.plot(x, p95, "--", color=color, lw=0.8)
+        ax.fill_between(x, p50, p99, color=color, alpha=0.15)
     target = 100 * plan["target_drop"]
     ax.axhline(target, color="red", ls="--", lw=1, label=f"target {target:g}%")
     ax.set_xlabel("capacity factor")
     ax.set_ylabel("drop rate per batch (%)")
     ax.set_title(f"drop rate over {plan['batches']} batches of {plan['batch_tokens']}\n"
-                 f"line p50, band p95-p99 ({prio} / {pol}, {plan['batching']})")
+                 f"p50 line, p95 dashed, band to p99 ({prio} / {pol}, {plan['batching']})")
     ax.legend(fontsize=7, ncol=2)
     ax.grid(alpha=0.3)
 

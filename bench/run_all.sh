@@ -8,7 +8,9 @@
 #   3. expert parallelism: dispatch + combine over MPI for Mixtral- and DeepSeek-V3-sized layers
 #      at R = 2 and 4 beside the raw MPI_Alltoallv of the same bytes, and the capacity tool's
 #      cluster mode (--ep 64) on the same synthetic traffic;
-#   4. the GPU benchmarks, when bench_kernels_cuda was built and a device is present.
+#   4. capacity planning (--batch-tokens) on the real served traffic of tests/data/real-router
+#      and on a synthetic 1M-token x 32-layer x 128-expert dump, with plots;
+#   5. the GPU benchmarks, when bench_kernels_cuda was built and a device is present.
 # Outputs go to $MOEROUTE_BENCH_OUT (default: build/bench/ in the source tree).
 #
 #   bench/run_all.sh BUILD_DIR        e.g. bench/run_all.sh build/release
@@ -63,6 +65,34 @@ else
   echo "no python3 with matplotlib: plots skipped (Debian: apt-get install python3-matplotlib)" >&2
 fi
 
+# Capacity planning (--batch-tokens): the real served traffic of tests/data/real-router, then a
+# synthetic dump of MOEROUTE_PLAN_TOKENS tokens x 32 layers x 128 experts (float16, memory-
+# mapped; 8 GiB at the default 1M tokens, deleted afterwards unless MOEROUTE_KEEP_TRAFFIC=1):
+# 7 factors x 3 priorities, batches of 8192, timed end to end.
+log "capacity plan: real served traffic (4 layers x 32768 tokens x 16 experts), batches of 2048"
+plan_plot=()
+[ -n "$PY" ] && plan_plot=(--plot "$OUT/plan_real.png")
+"$TOOL" --npy "$ROOT/tests/data/real-router/traffic.npy" --batch-tokens 2048 --preset mixtral \
+        --factors 1.0,1.25,1.5,2.0,2.5,3.0,dropless --priorities preset --policies zero_weight \
+        --quiet --out "$OUT/plan_real.txt" --json "$OUT/plan_real.json" "${PLOT_ARGS[@]}" "${plan_plot[@]}"
+cat "$OUT/plan_real.txt"
+PLAN_TOKENS=${MOEROUTE_PLAN_TOKENS:-1048576}
+if [ -n "$PY" ] && "$PY" -c "import numpy" 2>/dev/null; then
+  log "capacity plan: synthetic traffic, $PLAN_TOKENS tokens x 32 layers x 128 experts (float16)"
+  "$PY" "$ROOT/bench/make_traffic.py" "$OUT/traffic" --tokens "$PLAN_TOKENS"
+  plan_plot=(--plot "$OUT/plan_synthetic.png")
+  plan_start=$(date +%s)
+  "$TOOL" --npy "$OUT/traffic/traffic.npy" --batch-tokens 8192 --preset qwen_moe \
+          --factors 0.75,1.0,1.25,1.5,2.0,3.0,dropless --priorities token_major,choice_major,score \
+          --policies zero_weight --out "$OUT/plan_synthetic.txt" --json "$OUT/plan_synthetic.json" \
+          "${PLOT_ARGS[@]}" "${plan_plot[@]}"
+  tail -45 "$OUT/plan_synthetic.txt"
+  echo "planning run: $(( $(date +%s) - plan_start )) s wall for $PLAN_TOKENS tokens x 32 layers x 128 experts, 21 configs"
+  [ "${MOEROUTE_KEEP_TRAFFIC:-0}" = 1 ] || rm -f "$OUT/traffic/traffic.npy"
+else
+  echo "no python3 with numpy: the synthetic planning run is skipped" >&2
+fi
+
 log "CPU reference stages (Google Benchmark)"
 "$KERNELS" --benchmark_out="$OUT/kernels_cpu.json" --benchmark_out_format=json
 
@@ -111,4 +141,4 @@ if [ -x "$CUDA_BENCH" ]; then
 fi
 
 log "done in $(( $(date +%s) - start )) s; results in $OUT"
-ls -1 "$OUT"/capacity* "$OUT"/kernels_*.json "$OUT"/ep_* 2>/dev/null || true
+ls -1 "$OUT"/capacity* "$OUT"/plan_* "$OUT"/kernels_*.json "$OUT"/ep_* 2>/dev/null || true

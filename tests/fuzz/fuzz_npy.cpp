@@ -29,6 +29,17 @@ extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size
   io::npy_array a;
   const moeroute::status s = io::parse_npy(bytes, a);
 
+  // the numeric reader (ids, biases): success with prod(shape) values, or a malformed message
+  io::npy_numeric num;
+  const moeroute::status sn = io::parse_npy_numeric(bytes, num);
+  if (sn.ok()) {
+    std::uint64_t m = 1;
+    for (std::int64_t e : num.shape) m *= static_cast<std::uint64_t>(e);
+    NPY_CHECK(num.values.size() == m);
+  } else {
+    NPY_CHECK(sn.message.rfind("malformed .npy: ", 0) == 0);
+  }
+
   // the header parser given only a prefix must never read past it
   io::npy_header hp;
   const moeroute::status sp = io::parse_npy_header(bytes.first(size / 2), size, hp);
