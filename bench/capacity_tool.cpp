@@ -113,14 +113,6 @@ std::vector<std::optional<Enum>> parse_choices(const std::string& s, const char*
   return out;
 }
 
-std::string fmt_bytes(std::int64_t b) {
-  const double v = static_cast<double>(b);
-  if (v >= 1024.0 * 1024 * 1024) return fmt::format("{:.2f} GiB", v / (1024.0 * 1024 * 1024));
-  if (v >= 1024.0 * 1024) return fmt::format("{:.1f} MiB", v / (1024.0 * 1024));
-  if (v >= 1024.0) return fmt::format("{:.1f} KiB", v / 1024.0);
-  return fmt::format("{} B", b);
-}
-
 std::string fmt_time(double us) {
   if (us >= 1e6) return fmt::format("{:.2f} s", us / 1e6);
   if (us >= 1e3) return fmt::format("{:.2f} ms", us / 1e3);
@@ -210,7 +202,7 @@ void write_table(std::ostream& os, const std::vector<sweep_row>& rows,
         "{:>9.4g} {:>10}\n",
         r.factor, r.capacity < 0 ? std::string("inf") : std::to_string(r.capacity), r.priority_name,
         r.policy_name, 100.0 * s.drop_rate, s.fully_dropped_tokens, s.rerouted,
-        100.0 * s.padding_waste, r.max_over_mean, s.dead_experts, fmt_bytes(r.buffer_bytes),
+        100.0 * s.padding_waste, r.max_over_mean, s.dead_experts, format_bytes(r.buffer_bytes),
         r.aux_loss, r.z_loss, fmt_time(r.cpu_us));
   }
   os << "\ndrop% = dropped / routed assignments; tok.drop = tokens with no expert at all;\n"
@@ -231,6 +223,18 @@ std::string shell_quote(const std::string& s) {
       q += c;
   }
   return q + "'";
+}
+
+/// Runs `script OUT DATA` with `python` to draw a plot; removes DATA unless `keep_data`.
+void draw_plot(const std::string& python, const std::string& script, const std::string& plot_path,
+               const std::string& data_path, bool keep_data) {
+  const std::string cmd = shell_quote(python) + " " + shell_quote(script) + " " +
+                          shell_quote(plot_path) + " " + shell_quote(data_path);
+  const int rc = std::system(cmd.c_str());
+  if (!keep_data) std::remove(data_path.c_str());
+  if (rc != 0)
+    throw std::runtime_error("plotting failed (" + cmd + " returned " + std::to_string(rc) +
+                             "); needs python3 with matplotlib (Debian: python3-matplotlib)");
 }
 
 std::string file_stem(const std::string& path) {
@@ -315,15 +319,8 @@ int run_cluster(std::int32_t R, const std::string& placement_spec, const std::st
     f << ep_to_json(rows, meta).dump(2) << '\n';
     if (!f) throw std::runtime_error("cannot write '" + json_for_plot + "'");
   }
-  if (!plot_path.empty()) {
-    const std::string cmd = shell_quote(python) + " " + shell_quote(MOEROUTE_EP_PLOT_SCRIPT) + " " +
-                            shell_quote(plot_path) + " " + shell_quote(json_for_plot);
-    const int rc = std::system(cmd.c_str());
-    if (json_path.empty()) std::remove(json_for_plot.c_str());
-    if (rc != 0)
-      throw std::runtime_error("plotting failed (" + cmd + " returned " + std::to_string(rc) +
-                               "); needs python3 with matplotlib (Debian: python3-matplotlib)");
-  }
+  if (!plot_path.empty())
+    draw_plot(python, MOEROUTE_EP_PLOT_SCRIPT, plot_path, json_for_plot, !json_path.empty());
   return 0;
 }
 
@@ -503,13 +500,7 @@ int run_planning(const plan_args& pa, const sweep_options& so, const presets::pr
     if (!f) throw std::runtime_error("cannot write '" + json_for_plot + "'");
   }
   if (!plot_path.empty()) {
-    const std::string cmd = shell_quote(python) + " " + shell_quote(pa.plot_script) + " " +
-                            shell_quote(plot_path) + " " + shell_quote(json_for_plot);
-    const int rc = std::system(cmd.c_str());
-    if (json_path.empty()) std::remove(json_for_plot.c_str());
-    if (rc != 0)
-      throw std::runtime_error("plotting failed (" + cmd + " returned " + std::to_string(rc) +
-                               "); needs python3 with matplotlib (Debian: python3-matplotlib)");
+    draw_plot(python, pa.plot_script, plot_path, json_for_plot, !json_path.empty());
     if (!quiet) std::fprintf(stderr, "plot written to %s\n", plot_path.c_str());
   }
   return 0;
@@ -933,13 +924,7 @@ int run(int argc, char** argv) {
       write_csv(f, rows);
       if (!f) throw std::runtime_error("cannot write '" + csv_for_plot + "'");
     }
-    const std::string cmd = shell_quote(python) + " " + shell_quote(plot_script) + " " +
-                            shell_quote(plot_path) + " " + shell_quote(csv_for_plot);
-    const int rc = std::system(cmd.c_str());
-    if (csv_path.empty()) std::remove(csv_for_plot.c_str());
-    if (rc != 0)
-      throw std::runtime_error("plotting failed (" + cmd + " returned " + std::to_string(rc) +
-                               "); needs python3 with matplotlib (Debian: python3-matplotlib)");
+    draw_plot(python, plot_script, plot_path, csv_for_plot, !csv_path.empty());
     if (!quiet) std::fprintf(stderr, "plot written to %s\n", plot_path.c_str());
   }
   return 0;

@@ -14,7 +14,8 @@
 
 namespace moeroute::bench {
 
-inline std::string plan_bytes(std::int64_t b) {
+/// Bytes for people: B, KiB, MiB or GiB.
+inline std::string format_bytes(std::int64_t b) {
   const double v = static_cast<double>(b);
   if (v >= 1024.0 * 1024 * 1024) return fmt::format("{:.2f} GiB", v / (1024.0 * 1024 * 1024));
   if (v >= 1024.0 * 1024) return fmt::format("{:.1f} MiB", v / (1024.0 * 1024));
@@ -130,7 +131,7 @@ inline void write_plan_table(std::ostream& os, const plan_result& r, const plan_
         c.factor, c.capacity < 0 ? std::string("inf") : std::to_string(c.capacity), c.priority_name,
         c.policy_name, 100 * c.drop_rate.mean, 100 * c.drop_rate.p50, 100 * c.drop_rate.p95,
         100 * c.drop_rate.p99, 100 * c.drop_rate.max, c.fully_dropped.mean, c.rerouted.mean,
-        100 * c.padding_waste.mean, plan_bytes(c.buffer_bytes),
+        100 * c.padding_waste.mean, format_bytes(c.buffer_bytes),
         o.ranks > 0 ? fmt::format("  {:6.2f} (rank {})", 100 * worst, wr) : std::string());
   }
   os << "\n-- experts over the dump (routed choices, before capacity)\n";
@@ -158,8 +159,8 @@ inline void write_plan_table(std::ostream& os, const plan_result& r, const plan_
     }
     os << fmt::format("{:>6} {:>7.2f} {:>6} {:>8.2f}% {:>8.2f}% {:>10} {:>6.2f} {:>14} {:>6.2f}\n",
                       name, c.factor, c.capacity, 100 * c.overflow_quantile, 100 * c.overflow_max,
-                      plan_bytes(c.buffer_bytes), 100 * c.padding_waste,
-                      plan_bytes(c.dropless_bytes), 100 * c.dropless_padding);
+                      format_bytes(c.buffer_bytes), 100 * c.padding_waste,
+                      format_bytes(c.dropless_bytes), 100 * c.dropless_padding);
   }
   os << "\noverflow = assignments past their chosen expert's capacity, per batch (the drop rate\n"
         "of zero_weight / residual; fallback and next_choice reroute some of it). mean/p50/p95/\n"

@@ -380,6 +380,7 @@ def case_plan():
     """Planning on the real served traffic (tests/data/real-router): every distribution
     statistic against numpy on the same batches, the README's published worst batches, the
     recommendation's exactness, grouped batches, and expert usage."""
+    os.makedirs(WORK, exist_ok=True)
     dump = os.path.join(REAL, "traffic.npy")
     req = os.path.join(REAL, "traffic_request.npy")
     x = np.load(dump)
@@ -476,6 +477,7 @@ def case_plan():
 
 def case_plan_bad():
     """Planning's hostile inputs: exit 2 with a message naming the problem."""
+    os.makedirs(WORK, exist_ok=True)
     dump = os.path.join(REAL, "traffic.npy")
     base = ["--npy", dump, "--preset", "mixtral", "--factors", "1.25", "--priorities", "preset",
             "--policies", "zero_weight"]
@@ -529,6 +531,7 @@ def case_plan_bad():
 
 def case_plan_plot():
     """The planning plot and the mapped float16 dump: the same plan as the float32 one."""
+    os.makedirs(WORK, exist_ok=True)
     dump = os.path.join(REAL, "traffic.npy")
     f16 = os.path.join(WORK, "traffic_f16.npy")
     x = np.load(dump)
