@@ -463,8 +463,8 @@ int run_planning(const plan_args& pa, const sweep_options& so, const presets::pr
   const plan_result r = run_plan(po, dump, order, bias, std::ref(bar));
   if (r.nonfinite_logits > 0)
     std::fprintf(stderr,
-                 "moeroute-capacity: warning: layer 0 has %lld non-finite logits in the planned "
-                 "batches (routed as NaN -> -FLT_MAX, +-Inf -> +-FLT_MAX; docs/numerics.md)\n",
+                 "moeroute-capacity: warning: the planned batches hold %lld non-finite logits "
+                 "(routed as NaN -> -FLT_MAX, +-Inf -> +-FLT_MAX; docs/numerics.md)\n",
                  static_cast<long long>(r.nonfinite_logits));
   const std::string setup = fmt::format(
       "{} {} | preset {} E={} k={} | batching {}{} | d={} {}{}", pa.npy,

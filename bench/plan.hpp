@@ -155,7 +155,8 @@ struct recommendation {
 };
 
 struct plan_result {
-  std::int64_t batches = 0, batch_tokens = 0, tokens_left_out = 0, nonfinite_logits = 0;
+  std::int64_t batches = 0, batch_tokens = 0, tokens_left_out = 0;
+  std::int64_t nonfinite_logits = 0;  ///< NaN / Inf logits in the planned batches, all layers
   std::vector<plan_cell> cells;
   std::vector<expert_usage> experts;
   std::vector<recommendation> recommendations;  ///< per layer, then the model (layer -1)
@@ -367,7 +368,7 @@ inline plan_result run_plan(const plan_options& o, const mapped_logits& dump,
         return gatings.back();
       };
       const cpu_gated& g0 = gating_for(o.base);
-      if (layer == 0) res.nonfinite_logits += g0.nonfinite;
+      res.nonfinite_logits += g0.nonfinite;
       // requests per capacity group and expert, and the expert load over the dump
       detail::batch_requests req;
       req.groups = groups;

@@ -173,6 +173,22 @@ TEST_CASE("sequence aux: sums of sharded sequences add up to the unsharded loss"
     CHECK(tokens == g.seq_tokens);
     CHECK(ref::sequence_aux_loss_from_sums(whole, score, count, tokens) ==
           Approx(ref::sequence_aux_loss(whole, g)).epsilon(1e-12));
+    // the gradient: each rank's backward on the added sums is the unsharded gradient's rows
+    std::vector<double> want(T * E, 0.0);
+    ref::sequence_aux_loss_backward<double>(whole, std::vector<double>(x.begin(), x.end()), g,
+                                            want);
+    for (int r = 0; r < 2; ++r) {
+      const std::vector<float> xr(x.begin() + r * (T / 2) * E, x.begin() + (r + 1) * (T / 2) * E);
+      auto gr = ref::gating(half, xr, T / 2);
+      gr.seq_score_sum = score;  // the all-reduced sums
+      gr.seq_count = count;
+      gr.seq_tokens = tokens;
+      std::vector<double> got((T / 2) * E, 0.0);
+      ref::sequence_aux_loss_backward<double>(half, std::vector<double>(xr.begin(), xr.end()), gr,
+                                              got);
+      for (std::int64_t i = 0; i < (T / 2) * E; ++i)
+        REQUIRE(got[i] == Approx(want[r * (T / 2) * E + i]).epsilon(1e-12).margin(1e-300));
+    }
   }
   // data parallelism with the sum reduction: sequences on different ranks are separate terms
   const auto mean =
