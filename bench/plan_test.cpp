@@ -277,9 +277,9 @@ TEST_CASE("plan: numeric .npy arrays (ids, biases) of any integer, bool or float
         "{'descr': '" + descr + "', 'fortran_order': False, 'shape': " + shape + ", }";
     while ((10 + header.size() + 1) % 64 != 0) header += ' ';
     header += '\n';
-    std::vector<std::uint8_t> b = {
-        0x93, 'N', 'U', 'M', 'P', 'Y', 1, 0, static_cast<std::uint8_t>(header.size()), 0};
-    b.insert(b.end(), header.begin(), header.end());
+    const std::string text =
+        std::string("\x93NUMPY\x01\x00", 8) + static_cast<char>(header.size()) + '\0' + header;
+    std::vector<std::uint8_t> b(text.begin(), text.end());
     b.insert(b.end(), data.begin(), data.end());
     return b;
   };

@@ -291,14 +291,17 @@ void counting_pass(std::int64_t m, std::int64_t digits, std::int64_t* count, Dig
     std::swap(order, spare);
   }
 
-  // 3. capacity from the largest queue (per group, per expert); then grants in order
+  // 3. capacity (capacity_mode::max_load: from the largest queue per group and expert); then
+  //    grants in order
   std::int64_t max_load = 0;
-  for (std::int64_t i = 0; i < m; ++i) {
-    const std::int64_t a = order[i];
-    if (skipped(a)) continue;
-    max_load = std::max(max_load, ++w.held[group_of(a) * ET + ids[a]]);
+  if (capacity_needs_loads(cfg)) {
+    for (std::int64_t i = 0; i < m; ++i) {
+      const std::int64_t a = order[i];
+      if (skipped(a)) continue;
+      max_load = std::max(max_load, ++w.held[group_of(a) * ET + ids[a]]);
+    }
+    std::fill(w.held, w.held + cells, std::int64_t{0});
   }
-  std::fill(w.held, w.held + cells, std::int64_t{0});
   const std::int64_t C = expert_capacity(cfg, T, max_load);
   totals.capacity = C;
   totals.fallback_capacity = cfg.has_dedicated_fallback() ? d.fallback.capacity : 0;
@@ -363,22 +366,14 @@ void counting_pass(std::int64_t m, std::int64_t digits, std::int64_t* count, Dig
     }
   }
 
-  // 5. counts; slot numbering dense per expert over the groups (base = earlier groups' holders)
-  for (std::int64_t a = 0; a < n; ++a) {
-    switch (o.d_fate[a]) {
-      case fate::dropped:
-        ++o.d_dropped[ids[a]];
-        ++totals.dropped;
-        break;
-      case fate::kept:
-        ++totals.kept;
-        break;
-      case fate::rerouted:
-        ++totals.rerouted;
-        break;
-      case fate::masked:
-        break;
-    }
+  // 5. counts: every valid assignment was requested of its first choice and is kept there,
+  //    rerouted from it or dropped, so the drops per expert follow from the other counts;
+  //    slot numbering dense per expert over the groups (base = earlier groups' holders)
+  for (std::int32_t e = 0; e < E; ++e) {
+    o.d_dropped[e] = o.d_requested[e] - o.d_kept[e] - o.d_rerouted[e];
+    totals.kept += o.d_kept[e];
+    totals.rerouted += o.d_rerouted[e];
+    totals.dropped += o.d_dropped[e];
   }
   for (std::int32_t e = 0; e < ET; ++e) {
     std::int64_t b = 0;
@@ -402,7 +397,7 @@ void counting_pass(std::int64_t m, std::int64_t digits, std::int64_t* count, Dig
       for (std::int64_t b = t0; b < t0 + k; ++b)
         if (w.owns[b] && o.d_expert[b] == o.d_expert[a]) o.d_slot[a] = o.d_slot[b];
     }
-  } else {
+  } else if (Q > 1) {  // one group: every base is 0, the local slots are final
     for (std::int64_t a = 0; a < n; ++a)
       if (o.d_expert[a] >= 0)
         o.d_slot[a] =

@@ -73,6 +73,19 @@ __global__ void gating_backward_kernel(const gating_backward_args<Element> a) {
   const std::int64_t* d_valid_tokens = a.gated.sums.d_valid_tokens;
   const std::int64_t* aux_count = a.aux_weight != 0.0 ? a.gated.sums.d_aux_count : nullptr;
   const std::int64_t Tvalid = d_valid_tokens ? *d_valid_tokens : a.tokens;
+  // the sequences with a valid token (the sequence mean's divisor): counted once per block by
+  // all its threads, not once per token (integer atomics only)
+  __shared__ unsigned long long s_used;
+  if (threadIdx.x == 0) s_used = 0;
+  __syncthreads();
+  if (a.gated.sums.d_seq_tokens != nullptr && a.seq_weight != 0.0 && a.seq_len > 0) {
+    unsigned long long mine = 0;
+    for (std::int64_t i = threadIdx.x; i < a.sequences; i += blockDim.x)
+      mine += a.gated.sums.d_seq_tokens[i] > 0 ? 1ull : 0ull;
+    if (mine != 0) atomicAdd(&s_used, mine);
+  }
+  __syncthreads();
+  const auto used_sequences = static_cast<std::int64_t>(s_used);
   for (std::int64_t t = static_cast<std::int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
        t < a.tokens; t += static_cast<std::int64_t>(gridDim.x) * blockDim.x) {
     float* out = a.grad_logits + t * E;
@@ -180,10 +193,7 @@ __global__ void gating_backward_kernel(const gating_backward_args<Element> a) {
     double seq_base = 0.0, seq_L2 = 1.0, dot_seq = 0.0;
     const std::int64_t q = seq ? sequence_of_token(a.seq_order, t, a.sequences, a.seq_len) : 0;
     if (seq) {
-      std::int64_t used = 0;
-      for (std::int64_t i = 0; i < a.sequences; ++i)
-        used += a.gated.sums.d_seq_tokens[i] > 0 ? 1 : 0;
-      if (a.seq_sum && used > 0) used = 1;
+      const std::int64_t used = a.seq_sum && used_sequences > 0 ? 1 : used_sequences;
       const double Ls = static_cast<double>(a.gated.sums.d_seq_tokens[q]);
       seq = used > 0 && Ls > 0.0;
       seq_base = seq ? a.seq_weight / static_cast<double>(used) : 0.0;
