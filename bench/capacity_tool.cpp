@@ -492,6 +492,16 @@ int run_planning(const plan_args& pa, const sweep_options& so, const presets::pr
   write_outputs(
       format, out_path, csv_path, [&](std::ostream& o) { write_plan_table(o, r, po, setup); },
       [&](std::ostream& o) { write_plan_csv(o, r); }, json);
+  if (!csv_path.empty()) {  // beside the cells: the recommendations and the expert load
+    const std::string stem = csv_path.size() > 4 && csv_path.ends_with(".csv")
+                                 ? csv_path.substr(0, csv_path.size() - 4)
+                                 : csv_path;
+    std::ofstream recs(stem + ".recommendations.csv"), experts(stem + ".experts.csv");
+    write_recommendations_csv(recs, r);
+    write_experts_csv(experts, r);
+    if (!recs || !experts)
+      throw std::runtime_error("cannot write the CSV files beside '" + csv_path + "'");
+  }
   std::string json_for_plot = json_path;
   if (json_for_plot.empty() && !plot_path.empty()) json_for_plot = plot_path + ".json";
   if (!json_for_plot.empty()) {

@@ -2,6 +2,7 @@
 // The capacity planner's results as a table, CSV and JSON (the plot script reads the JSON).
 #pragma once
 
+#include <algorithm>
 #include <cmath>
 #include <cstdint>
 #include <ostream>
@@ -101,6 +102,31 @@ inline void write_plan_csv(std::ostream& os, const plan_result& r) {
         c.padding_waste.mean, c.buffer_bytes,
         c.rank_drop.empty() ? std::string() : fmt::format("{:.6f}", worst));
   }
+}
+
+/// The recommendations as CSV: one row per layer, then the model ("model").
+inline void write_recommendations_csv(std::ostream& os, const plan_result& r) {
+  os << "layer,met,factor,capacity,overflow_quantile,overflow_max,buffer_bytes,padding_waste,"
+        "dropless_bytes,dropless_padding_waste\n";
+  for (const auto& c : r.recommendations)
+    os << fmt::format("{},{},{},{},{:.6f},{:.6f},{},{:.6f},{},{:.6f}\n",
+                      c.layer < 0 ? std::string("model") : std::to_string(c.layer), c.met ? 1 : 0,
+                      c.met ? fmt::format("{:.2f}", c.factor) : std::string(), c.capacity,
+                      c.overflow_quantile, c.overflow_max, c.buffer_bytes, c.padding_waste,
+                      c.dropless_bytes, c.dropless_padding);
+}
+
+/// The expert load over the dump as CSV: one row per layer and expert.
+inline void write_experts_csv(std::ostream& os, const plan_result& r) {
+  os << "layer,expert,share,share_first_quarter,share_last_quarter,cold,dead\n";
+  for (const auto& u : r.experts)
+    for (std::size_t e = 0; e < u.share.size(); ++e) {
+      const auto id = static_cast<std::int32_t>(e);
+      const bool cold = std::find(u.cold.begin(), u.cold.end(), id) != u.cold.end();
+      const bool dead = std::find(u.dead.begin(), u.dead.end(), id) != u.dead.end();
+      os << fmt::format("{},{},{:.8f},{:.8f},{:.8f},{},{}\n", u.layer, e, u.share[e], u.first[e],
+                        u.last[e], cold ? 1 : 0, dead ? 1 : 0);
+    }
 }
 
 inline void write_plan_table(std::ostream& os, const plan_result& r, const plan_options& o,

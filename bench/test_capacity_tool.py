@@ -434,6 +434,22 @@ def case_plan():
         lq = np.bincount(top[N - N // 4:].ravel(), minlength=E) / (2 * (N // 4))
         check(abs(u["drift"] - 0.5 * np.abs(fq - lq).sum()) <= 1e-12, "drift")
         check(u["cold"] == [int(e) for e in np.nonzero((share > 0) & (share < 0.25 / E))[0]], "cold")
+    # --csv: the cells, and beside them the recommendations and the expert load
+    csvp = os.path.join(WORK, "plan.csv")
+    rc, _, err = run("--npy", dump, "--batch-tokens", "2048", "--preset", "mixtral", "--factors",
+                     "1.0,1.25,2.0,dropless", "--priorities", "preset", "--policies",
+                     "zero_weight", "--target-drop", "0.02", "--quantile", "0.9", "--csv", csvp)
+    check(rc == 0, f"--csv exit {rc}: {err}")
+    if rc == 0:
+        cells = csv_rows(open(csvp).read())
+        check(len(cells) == 4 * 4, f"{len(cells)} cell rows")
+        recs = csv_rows(open(os.path.join(WORK, "plan.recommendations.csv")).read())
+        want = [f"{r['factor']:.2f}" for r in plan["recommendations"]]
+        check([r["factor"] for r in recs] == want and recs[-1]["layer"] == "model",
+              f"recommendations.csv {[r['factor'] for r in recs]} vs {want}")
+        ex = csv_rows(open(os.path.join(WORK, "plan.experts.csv")).read())
+        check(len(ex) == L * E and abs(float(ex[1]["share"]) - plan["expert_load"][0]["share"][1]) < 1e-8,
+              "experts.csv")
     # grouped by request: requests are contiguous here, so grouped batches are the served ones
     rc, out2, err = run("--npy", dump, "--batch-tokens", "2048", "--preset", "mixtral", "--factors",
                         "1.0,1.25,2.0,dropless", "--priorities", "preset", "--policies",
