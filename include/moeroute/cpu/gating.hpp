@@ -286,7 +286,9 @@ struct gating_agent {
       for (std::int32_t j = 0; j < k; ++j) gm = std::max(gm, gate_logits[ids[j]]);
       double gs = 0.0;
       for (std::int32_t j = 0; j < k; ++j) {
-        gt[j] = std::exp(gate_logits[ids[j]] - gm);
+        // exp(0) = 1 exactly: the best gate (and any tied with it) needs no libm call
+        const float dx = gate_logits[ids[j]] - gm;
+        gt[j] = dx == 0.0f ? 1.0f : std::exp(dx);
         gs += gt[j];
       }
       for (std::int32_t j = 0; j < k; ++j) gt[j] = static_cast<float>(gt[j] / gs);
