@@ -28,18 +28,23 @@ struct token_view {
   const std::vector<std::int32_t>& counted;  // [T, c]
 };
 
-/// Megatron-Core sequence_load_balancing_loss_func / _apply_seq_aux_loss, transcribed:
-/// probs.view(L, B, E); cost = routing_map.view(L, B, E).sum(0) / (L * k / E);
-/// loss = (cost * probs.mean(0)).sum(1), summed over B (TE's fused kernel on [L, B * E]) and
-/// divided by B for Megatron's mean.
-double megatron_seq_aux(const token_view& v, std::int64_t L, std::int32_t k, double coeff,
-                        bool mean) {
+/// The peers' per-sequence loss, transcribed, on their own tensor views: sequence b's
+/// cost[e] = (its tokens counting e) / (L * k / E), its P = the mean over its L tokens, and
+/// the loss sum_e cost * P, reduced over the B sequences.
+/// - Megatron-Core (sequence_load_balancing_loss_func / _apply_seq_aux_loss): probs.view(L, B,
+///   E), so token (s, b) is row s * B + b; (cost * probs.mean(0)).sum(1), summed over B (TE's
+///   fused kernel on the [L, B * E] view) and divided by B for Megatron's mean.
+/// - DeepSeek-V2 / V3 HF `seq_aux`: scores.view(bsz, seq_len, E), token (b, s) is row b * L + s;
+///   (ce * scores.mean(1)).sum(1).mean() * alpha.
+enum class view { seq_batch, batch_seq };
+double peer_seq_aux(const token_view& v, view layout, std::int64_t L, std::int32_t k, double coeff,
+                    bool mean) {
   const std::int64_t B = v.T / L;
   double total = 0.0;
   for (std::int64_t b = 0; b < B; ++b) {
     std::vector<double> cost(v.E, 0.0), pmean(v.E, 0.0);
     for (std::int64_t s = 0; s < L; ++s) {
-      const std::int64_t t = s * B + b;  // row (s, b) of the [L, B] view
+      const std::int64_t t = layout == view::seq_batch ? s * B + b : b * L + s;
       for (std::int32_t j = 0; j < v.c; ++j) cost[v.counted[t * v.c + j]] += 1.0;
       for (std::int32_t e = 0; e < v.E; ++e) pmean[e] += v.P[t * v.E + e];
     }
@@ -49,26 +54,6 @@ double megatron_seq_aux(const token_view& v, std::int64_t L, std::int32_t k, dou
     total += row;
   }
   return coeff * (mean ? total / static_cast<double>(B) : total);
-}
-
-/// DeepSeek-V2 / V3 HF `seq_aux`, transcribed: scores.view(bsz, seq_len, E);
-/// ce = scatter_add(topk ids) / (seq_len * k / E); (ce * scores.mean(1)).sum(1).mean() * alpha.
-double deepseek_seq_aux(const token_view& v, std::int64_t L, std::int32_t k, double alpha) {
-  const std::int64_t B = v.T / L;
-  double total = 0.0;
-  for (std::int64_t b = 0; b < B; ++b) {
-    std::vector<double> ce(v.E, 0.0), pmean(v.E, 0.0);
-    for (std::int64_t s = 0; s < L; ++s) {
-      const std::int64_t t = b * L + s;  // row (b, s) of the [bsz, seq_len] view
-      for (std::int32_t j = 0; j < v.c; ++j) ce[v.counted[t * v.c + j]] += 1.0;
-      for (std::int32_t e = 0; e < v.E; ++e) pmean[e] += v.P[t * v.E + e];
-    }
-    double row = 0.0;
-    for (std::int32_t e = 0; e < v.E; ++e)
-      row += ce[e] / (static_cast<double>(L) * k / v.E) * (pmean[e] / static_cast<double>(L));
-    total += row;
-  }
-  return alpha * total / static_cast<double>(B);
 }
 
 /// [S, L] logits to [L, S]: token s * L + p moves to p * S + s.
@@ -125,10 +110,10 @@ TEST_CASE("sequence aux: each peer's convention reproduces its transcribed formu
       const token_view v{T, E, 4, g.aux_scores, g.aux_count_ids};
       INFO("E = " << E);
       CHECK(ref::sequence_aux_loss(mg, g) ==
-            Approx(megatron_seq_aux(v, L, 4, 0.01f, true)).epsilon(1e-12));
+            Approx(peer_seq_aux(v, view::seq_batch, L, 4, 0.01f, true)).epsilon(1e-12));
       // the routing does not depend on the reduction: the same gating serves both
       CHECK(ref::sequence_aux_loss(te, g) ==
-            Approx(megatron_seq_aux(v, L, 4, 0.01f, false)).epsilon(1e-12));
+            Approx(peer_seq_aux(v, view::seq_batch, L, 4, 0.01f, false)).epsilon(1e-12));
       CHECK(ref::sequence_aux_loss(te, g) ==
             Approx(static_cast<double>(B) * ref::sequence_aux_loss(mg, g)).epsilon(1e-12));
     }
@@ -141,7 +126,8 @@ TEST_CASE("sequence aux: each peer's convention reproduces its transcribed formu
     // DeepSeek counts the routed top-k (bias and group limit included): the routed ids
     for (std::int64_t t = 0; t < T; ++t)
       for (std::int32_t j = 0; j < 8; ++j) REQUIRE(g.aux_count_ids[t * 8 + j] == g.ids[t * 8 + j]);
-    CHECK(ref::sequence_aux_loss(c, g) == Approx(deepseek_seq_aux(v, L, 8, 1e-4f)).epsilon(1e-12));
+    CHECK(ref::sequence_aux_loss(c, g) ==
+          Approx(peer_seq_aux(v, view::batch_seq, L, 8, 1e-4f, true)).epsilon(1e-12));
   }
 }
 
