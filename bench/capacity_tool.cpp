@@ -429,6 +429,11 @@ int run_planning(const plan_args& pa, const sweep_options& so, const presets::pr
         bias.push_back(static_cast<float>(v));
       }
   }
+  if (bias.empty() && so.base.gating.expert_bias && !quiet)
+    std::fprintf(stderr,
+                 "moeroute-capacity: note: preset %s selects with an expert bias; routing with "
+                 "bias 0 (give the router's bias with --bias, [E] or [layers, E])\n",
+                 std::string(preset.name).c_str());
   plan_options po;
   po.base = so.base;
   po.factors = so.factors;
