@@ -5,6 +5,8 @@
 //     sequence (a piece of it); the per-task partials give both the batch sums (all tasks in
 //     order) and the sequence sums (the sequence's pieces in order).
 //   - shorter sequences: a task holds whole sequences and writes their sums itself.
+// Tasks cut sequence-major positions (sequence s, position p) = s * L + p; with
+// loss.sequence_order = position_major cpu::gating routes token p * S + s for each of them.
 #pragma once
 
 #include <algorithm>
