@@ -220,49 +220,38 @@ inline double factor_for(const routing_config& base, std::int64_t C, std::int64_
   return static_cast<double>(lo) / 100.0;
 }
 
-/// The recommendation for one layer's (or the model's) batches.
-inline recommendation recommend(const plan_options& o, std::int64_t layer,
-                                const std::vector<batch_requests>& batches,
-                                std::int64_t min_capacity) {
+/// The overflow quantile of `batches` at capacity C (the worst batch's into *worst if given).
+inline double overflow_quantile(const plan_options& o, const std::vector<batch_requests>& batches,
+                                std::int64_t C, double* worst = nullptr) {
+  const double assignments = static_cast<double>(o.batch_tokens * o.base.top_k);
+  std::vector<double> v;
+  v.reserve(batches.size());
+  for (const auto& b : batches) v.push_back(static_cast<double>(overflow(b, C)) / assignments);
+  if (worst != nullptr) *worst = v.empty() ? 0.0 : *std::max_element(v.begin(), v.end());
+  return nearest_rank(std::move(v), o.quantile);
+}
+
+/// What factor f (capacity C) costs on one layer's batches: the overflow quantile and worst
+/// batch, the padded buffer and its mean padding, and the dropless compact alternative.
+inline recommendation costs_at(const plan_options& o, std::int64_t layer,
+                               const std::vector<batch_requests>& batches, double f,
+                               std::int64_t C) {
   recommendation r;
   r.layer = layer;
-  const std::int64_t B = o.batch_tokens, k = o.base.top_k, E = o.base.num_experts;
-  const double assignments = static_cast<double>(B * k);
-  const auto quantile_at = [&](std::int64_t C, double* worst) {
-    std::vector<double> v;
-    v.reserve(batches.size());
-    for (const auto& b : batches) v.push_back(static_cast<double>(overflow(b, C)) / assignments);
-    if (worst != nullptr) *worst = v.empty() ? 0.0 : *std::max_element(v.begin(), v.end());
-    return nearest_rank(std::move(v), o.quantile);
-  };
-  std::int64_t hi = 0;
-  for (const auto& b : batches)
-    for (std::int64_t x : b.req) hi = std::max(hi, x);
-  std::int64_t lo = std::max<std::int64_t>(min_capacity, 0);
-  hi = std::max(hi, lo);
-  // overflow is non-increasing in C, so is its quantile: bisect on C in [lo, hi]
-  while (lo < hi) {
-    const std::int64_t mid = lo + (hi - lo) / 2;
-    if (quantile_at(mid, nullptr) <= o.target_drop)
-      hi = mid;
-    else
-      lo = mid + 1;
-  }
-  const double f = factor_for(o.base, lo, B);
-  if (std::isnan(f)) return r;
   r.met = true;
   r.factor = f;
-  r.capacity = capacity_at(o.base, f, B);
-  r.overflow_quantile = quantile_at(r.capacity, &r.overflow_max);
+  r.capacity = C;
+  r.overflow_quantile = overflow_quantile(o, batches, C, &r.overflow_max);
+  const std::int64_t E = o.base.num_experts;
   const std::int64_t groups = batches.empty() ? 1 : batches.front().groups;
   const std::int64_t elem = static_cast<std::int64_t>(size_of(o.buffer_dtype));
-  r.buffer_bytes = E * r.capacity * groups * o.hidden * elem;
+  r.buffer_bytes = E * C * groups * o.hidden * elem;
   double pad = 0.0, dpad = 0.0;
   std::int64_t drows_max = 0;
   for (const auto& b : batches) {
     std::int64_t used = 0, rows = 0, total = 0;
     for (std::int64_t x : b.req) {
-      used += std::min(x, r.capacity);
+      used += std::min(x, C);
       total += x;
     }
     // dropless compact: each expert's requests over the whole batch, block-aligned
@@ -271,7 +260,7 @@ inline recommendation recommend(const plan_options& o, std::int64_t layer,
       for (std::int64_t g = 0; g < b.groups; ++g) req += b.req[g * E + e];
       rows += (req + o.block_size - 1) / o.block_size * o.block_size;
     }
-    const double slots = static_cast<double>(E * r.capacity * groups);
+    const double slots = static_cast<double>(E * C * groups);
     pad += slots > 0 ? 1.0 - static_cast<double>(used) / slots : 0.0;
     dpad += rows > 0 ? 1.0 - static_cast<double>(total) / static_cast<double>(rows) : 0.0;
     drows_max = std::max(drows_max, rows);
@@ -281,6 +270,33 @@ inline recommendation recommend(const plan_options& o, std::int64_t layer,
   r.dropless_padding = dpad / n;
   r.dropless_bytes = drows_max * o.hidden * elem;
   return r;
+}
+
+/// The recommendation for one layer's batches: the least capacity (at least min_capacity)
+/// whose overflow quantile meets the target, then the least factor giving it, and its costs.
+inline recommendation recommend(const plan_options& o, std::int64_t layer,
+                                const std::vector<batch_requests>& batches,
+                                std::int64_t min_capacity) {
+  std::int64_t hi = 0;
+  for (const auto& b : batches)
+    for (std::int64_t x : b.req) hi = std::max(hi, x);
+  std::int64_t lo = std::max<std::int64_t>(min_capacity, 0);
+  hi = std::max(hi, lo);
+  // overflow is non-increasing in C, so is its quantile: bisect on C in [lo, hi]
+  while (lo < hi) {
+    const std::int64_t mid = lo + (hi - lo) / 2;
+    if (overflow_quantile(o, batches, mid) <= o.target_drop)
+      hi = mid;
+    else
+      lo = mid + 1;
+  }
+  const double f = factor_for(o.base, lo, o.batch_tokens);
+  if (std::isnan(f)) {
+    recommendation none;
+    none.layer = layer;
+    return none;
+  }
+  return costs_at(o, layer, batches, f, capacity_at(o.base, f, o.batch_tokens));
 }
 
 /// Reusable buffers of one dispatch of a batch.
@@ -332,7 +348,7 @@ inline plan_result run_plan(const plan_options& o, const mapped_logits& dump,
 
   std::vector<float> logits(static_cast<std::size_t>(B * E));
   std::vector<float> zero_bias(o.base.gating.expert_bias ? E : 0, 0.0f);
-  std::vector<detail::batch_requests> all_layers;  // every layer's batches (model-wide)
+  std::vector<std::vector<detail::batch_requests>> all_layers;  // [layer][batch] (model-wide)
   const std::int64_t total_units = Lyr * nb;
   const double elem = static_cast<double>(size_of(o.buffer_dtype));
   for (std::int64_t layer = 0; layer < Lyr; ++layer) {
@@ -386,15 +402,13 @@ inline plan_result run_plan(const plan_options& o, const mapped_logits& dump,
 
       // the configs' dispatches run in parallel, one config a task (each dispatch serial);
       // every task writes only its own config's buffers and values: thread-count independent
-      for (std::size_t c = 0; c < nc; ++c) (void)gating_for(configs[c].cfg);  // gate first
+      std::vector<const cpu_gated*> gated(nc);  // gate first: the tasks only read
+      for (std::size_t c = 0; c < nc; ++c) gated[c] = &gating_for(configs[c].cfg);
       const auto t0 = std::chrono::steady_clock::now();
       std::vector<status> failed(nc);
       parallel_for(o.executor, static_cast<std::int64_t>(nc), [&](std::int64_t ci) {
         const auto c = static_cast<std::size_t>(ci);
         const routing_config& cfg = configs[c].cfg;
-        const cpu_gated* g = nullptr;
-        for (const auto& x : gatings)
-          if (x.variant == variant_of(cfg)) g = &x;
         detail::dispatch_buffers& db = dbs[c];
         const std::int64_t n = B * k;
         const std::int32_t ET = cfg.total_experts();
@@ -407,7 +421,7 @@ inline plan_result run_plan(const plan_options& o, const mapped_logits& dump,
         db.ws.resize(cpu::dispatch_workspace_bytes(cfg, B));
         dispatch_params dp;
         dp.tokens = B;
-        dp.gated = g->view();
+        dp.gated = gated[c]->view();
         dp.out = {db.expert.data(),    db.slot.data(), db.weight.data(),   db.fates.data(),
                   db.requested.data(), db.kept.data(), db.rerouted.data(), db.dropped.data(),
                   db.received.data(),  db.load.data(), &db.totals};
@@ -499,7 +513,7 @@ inline plan_result run_plan(const plan_options& o, const mapped_logits& dump,
     u.gini = detail::gini(u.share);
     res.experts.push_back(std::move(u));
     res.recommendations.push_back(detail::recommend(o, layer, layer_batches, min_capacity));
-    all_layers.insert(all_layers.end(), layer_batches.begin(), layer_batches.end());
+    all_layers.push_back(std::move(layer_batches));
   }
   // the model: one factor for every layer = the largest per-layer factor (overflow falls with
   // the factor in every layer); its costs summed over the layers
@@ -514,11 +528,8 @@ inline plan_result run_plan(const plan_options& o, const mapped_logits& dump,
     m.capacity = detail::capacity_at(o.base, m.factor, B);
     double pad = 0.0;
     for (std::int64_t layer = 0; layer < Lyr; ++layer) {
-      const std::vector<detail::batch_requests> lb(all_layers.begin() + layer * nb,
-                                                   all_layers.begin() + (layer + 1) * nb);
-      plan_options one = o;
-      one.target_drop = 1.0;  // any capacity meets it: recommend() evaluates m.capacity itself
-      recommendation at = detail::recommend(one, layer, lb, m.capacity);
+      const recommendation at = detail::costs_at(
+          o, layer, all_layers[static_cast<std::size_t>(layer)], m.factor, m.capacity);
       m.overflow_quantile = std::max(m.overflow_quantile, at.overflow_quantile);
       m.overflow_max = std::max(m.overflow_max, at.overflow_max);
       m.buffer_bytes += at.buffer_bytes;
