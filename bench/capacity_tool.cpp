@@ -440,8 +440,6 @@ int run_planning(const plan_args& pa, const sweep_options& so, const presets::pr
   po.priorities = so.priorities;
   po.policies = so.policies;
   po.batch_tokens = pa.batch_tokens;
-  po.order = how;
-  po.seed = pa.seed;
   po.block_size = so.block_size;
   po.hidden = so.hidden;
   po.buffer_dtype = so.buffer_dtype;

@@ -101,10 +101,8 @@ struct plan_options {
   std::vector<factor_choice> factors;
   std::vector<std::optional<priority>> priorities;
   std::vector<std::optional<drop_policy>> policies;
-  std::int64_t batch_tokens = 2048;
-  batching order = batching::consecutive;
-  std::uint64_t seed = 0;
-  std::int64_t block_size = 16;  ///< compact (dropless) layout alignment
+  std::int64_t batch_tokens = 2048;  ///< the batches cut the token order run_plan is given
+  std::int64_t block_size = 16;      ///< compact (dropless) layout alignment
   std::int64_t hidden = 4096;
   dtype buffer_dtype = dtype::bf16;
   std::vector<std::int32_t> owner;  ///< [E] EP rank of each expert; empty = no --ep
@@ -338,9 +336,7 @@ inline plan_result run_plan(const plan_options& o, const mapped_logits& dump,
     for (const auto& p : o.priorities)
       for (const auto& d : o.policies) {
         routing_config c;
-        sweep_options so;
-        so.base = o.base;
-        if (sweep_config(so, f, p, d, c)) configs.push_back({c, f});
+        if (sweep_config(o.base, f, p, d, c)) configs.push_back({c, f});
       }
   const std::int64_t groups = o.base.capacity_groups(B);
   const std::int64_t group_tokens = o.base.capacity_group_tokens(B);

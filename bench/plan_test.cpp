@@ -172,11 +172,9 @@ TEST_CASE("plan: per-batch numbers equal the reference routing each batch", "[pl
   REQUIRE(r.cells.size() == 2 * 3 * 2 * 2);
   for (const auto& cell : r.cells) {
     routing_config cfg;
-    sweep_options so;
-    so.base = o.base;
     const factor_choice fc = cell.factor == "dropless" ? factor_choice{true, 0.0}
                                                        : factor_choice{false, cell.factor_value};
-    REQUIRE(sweep_config(so, fc, parse<priority>(cell.priority_name),
+    REQUIRE(sweep_config(o.base, fc, parse<priority>(cell.priority_name),
                          parse<drop_policy>(cell.policy_name), cfg)
                 .ok());
     std::vector<double> drop, fully, rerouted, rank1;

@@ -84,12 +84,13 @@ struct sweep_row {
   std::string check;       ///< --check: "ok", or what differs from the reference
 };
 
-/// @brief Configs of a sweep in order: factor-major, then priority, then policy.
+/// @brief The config of one sweep row: `base` with the factor (or dropless), and the priority
+///        and drop policy when given (nullopt: the base's own).
 /// @return the config, or an error status for a combination validate() rejects.
-inline status sweep_config(const sweep_options& o, const factor_choice& f,
+inline status sweep_config(const routing_config& base, const factor_choice& f,
                            const std::optional<priority>& p, const std::optional<drop_policy>& d,
                            routing_config& out) {
-  out = o.base;
+  out = base;
   out.training = true;
   if (f.dropless) {
     out.capacity.mode = capacity_mode::unbounded;
@@ -197,7 +198,7 @@ inline std::vector<sweep_row> run_sweep(const sweep_options& o,
                                    std::string(d ? to_string(*d) : "preset");
           if (progress) progress(i, total, what);
           ++i;
-          if (auto s = sweep_config(o, f, p, d, cfg); !s) {
+          if (auto s = sweep_config(o.base, f, p, d, cfg); !s) {
             if (skipped) skipped(what + ": " + s.message);
             continue;
           }
