@@ -214,7 +214,6 @@ void counting_pass(std::int64_t m, std::int64_t digits, std::int64_t* count, Dig
   std::fill(o.d_requested, o.d_requested + E, std::int64_t{0});
   std::fill(o.d_kept, o.d_kept + E, std::int64_t{0});
   std::fill(o.d_rerouted, o.d_rerouted + E, std::int64_t{0});
-  std::fill(o.d_dropped, o.d_dropped + E, std::int64_t{0});
   std::fill(o.d_received, o.d_received + ET, std::int64_t{0});
   std::fill(o.d_load, o.d_load + ET, std::int64_t{0});
   const std::size_t cells = static_cast<std::size_t>(Q * ET);
