@@ -362,13 +362,12 @@ class progress_bar {
 };
 
 /// --batch-tokens: the capacity plan of a long dump (plan.hpp).
-int run_planning(const plan_args& pa, const sweep_options& so, const presets::preset_info& preset,
-                 std::int32_t ep_ranks, const std::string& placement_spec,
-                 const std::string& format, const std::string& out_path,
-                 const std::string& csv_path, const std::string& json_path,
-                 const std::string& plot_path, const std::string& python, bool quiet) {
-  mapped_logits dump;
-  if (auto s = mapped_logits::open(pa.npy, dump); !s) throw usage_error(s.message);
+int run_planning(const plan_args& pa, const mapped_logits& dump, const sweep_options& so,
+                 const presets::preset_info& preset, std::int32_t ep_ranks,
+                 const std::string& placement_spec, const std::string& format,
+                 const std::string& out_path, const std::string& csv_path,
+                 const std::string& json_path, const std::string& plot_path,
+                 const std::string& python, bool quiet) {
   const std::int64_t N = dump.tokens(), L = dump.layers();
   const std::int32_t E = so.base.num_experts;
   if (N == 0 || L == 0) throw usage_error(pa.npy + ": the dump is empty (no tokens)");
@@ -733,16 +732,16 @@ int run(int argc, char** argv) {
   std::vector<std::vector<float>> storage;
   std::map<std::string, std::string> descriptions;
   io::npy_array arr;
+  mapped_logits dump;  // --batch-tokens: the dump to plan on, mapped, not read
   if (o_exp->count() > 0 && (experts < 1 || experts > max_experts))
     throw usage_error("--experts must be in [1, 8192]");
   if (o_k->count() > 0 && (top_k < 1 || top_k > max_top_k))
     throw usage_error("--top-k must be >= 1");
   std::int32_t E = experts > 0 ? experts : preset->default_experts;
   if (o_bt->count() > 0) {
-    // planning: the dump stays memory-mapped; only its shape is needed here
+    // planning: the dump stays memory-mapped; here its shape gives E
     if (npy.empty()) throw usage_error("--batch-tokens plans a dump: give it with --npy");
     if (layer >= 0) throw usage_error("--layer: planning covers every layer of the dump");
-    mapped_logits dump;
     if (auto s = mapped_logits::open(npy, dump); !s) throw usage_error(s.message);
     if (dump.experts() < 1 || dump.experts() > max_experts)
       throw usage_error(npy + ": the last dimension (experts) is " +
@@ -849,7 +848,7 @@ int run(int argc, char** argv) {
     pa.npy = npy;
     pa.seed = sp.seed;
     if (!pa.group_ids.empty() && pa.batching == "consecutive") pa.batching = "grouped";
-    return run_planning(pa, so, *preset, ep_ranks, placement_spec, format, out_path, csv_path,
+    return run_planning(pa, dump, so, *preset, ep_ranks, placement_spec, format, out_path, csv_path,
                         json_path, plot_path, python, quiet);
   }
   if (ep_ranks != 0)
