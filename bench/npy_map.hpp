@@ -38,7 +38,7 @@ class mapped_logits {
     return *this;
   }
   ~mapped_logits() {
-    if (base_ != nullptr) munmap(base_, size_);
+    if (base_ != nullptr && size_ > 0) munmap(base_, size_);
   }
 
   /// @brief Maps `path`; invalid_argument naming the file for a missing or malformed one.
@@ -67,6 +67,19 @@ class mapped_logits {
     return status::success();
   }
 
+  /// @brief A view of logits already in memory ([layers, tokens, experts], float32 or float16,
+  ///        little-endian), which the caller keeps alive; nothing is mapped or unmapped.
+  [[nodiscard]] static mapped_logits view(const void* data, io::npy_dtype dtype,
+                                          std::int64_t layers, std::int64_t tokens,
+                                          std::int64_t experts) {
+    mapped_logits m;
+    m.base_ = const_cast<void*>(data);
+    m.header_.dtype = dtype;
+    m.header_.shape = {layers, tokens, experts};
+    m.header_.data_offset = 0;
+    return m;
+  }
+
   [[nodiscard]] std::int64_t layers() const noexcept {
     return header_.shape.size() == 3 ? header_.shape[0] : 1;
   }
@@ -81,7 +94,8 @@ class mapped_logits {
 
   /// @brief Tells the kernel how the rows will be read (sequential for consecutive batches).
   void advise(bool sequential) const {
-    if (base_ != nullptr) madvise(base_, size_, sequential ? MADV_SEQUENTIAL : MADV_RANDOM);
+    if (base_ != nullptr && size_ > 0)
+      madvise(base_, size_, sequential ? MADV_SEQUENTIAL : MADV_RANDOM);
   }
 
   /// @brief Rows `rows` of `layer` as float into out [rows.size(), E] (float16 widened

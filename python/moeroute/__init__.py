@@ -1,0 +1,27 @@
+# SPDX-License-Identifier: Apache-2.0
+"""moeroute: Mixture-of-Experts routing (top-k gating, capacity dispatch, drop policies,
+combine, the aux and z losses and their backward passes) from the C++ library's headers.
+
+    import moeroute
+    cfg = moeroute.Config.preset("megatron", 64, 2)
+    cfg["capacity.factor"] = 1.25
+    r = moeroute.route(logits, cfg)          # numpy or torch, [T, E]
+    r.dispatched.totals_dict()["dropped"]
+
+moeroute.torch holds the autograd functions and a Router module; docs/python.md has more."""
+
+from ._core import Config, Error, presets
+from ._core import openmp as _openmp
+from .planning import plan, plan_frames
+from .stages import (Dispatched, Gated, Laid, Routing, combine, combine_backward, dispatch,
+                     expert_bias_update, gating, gating_backward, layout, losses, permute,
+                     permute_backward, route)
+
+__version__ = "0.2.0"
+has_openmp = bool(_openmp)
+
+__all__ = [
+    "Config", "Error", "presets", "plan", "plan_frames", "Gated", "Dispatched", "Laid", "Routing",
+    "gating", "dispatch", "layout", "permute", "combine", "losses", "gating_backward",
+    "combine_backward", "permute_backward", "expert_bias_update", "route",
+]

@@ -1,0 +1,241 @@
+# SPDX-License-Identifier: Apache-2.0
+"""The routing stages on numpy arrays or torch tensors, one function per C++ operation
+(docs/api.md): gating, dispatch, layout, permute, combine, losses and their backward passes.
+Each allocates its outputs in the caller's framework from the shapes the C++ side lists for
+the config and calls the C++ stage; no routing is computed here. Results are plain objects
+of arrays, and one stage's result is the next stage's input, as in C++."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Dict, Optional
+
+from . import _arrays
+from . import _core
+from ._core import Config
+
+
+class _Arrays:
+    """Named arrays of one stage, readable as attributes (result.ids, result.weight)."""
+
+    def __init__(self, arrays: Dict[str, Any]):
+        self.arrays = arrays
+
+    def __getattr__(self, name):
+        arrays = self.__dict__.get("arrays", {})
+        if name in arrays:
+            return arrays[name]
+        raise AttributeError(f"{type(self).__name__} has no array '{name}'")
+
+    def __repr__(self):
+        shapes = ", ".join(f"{k}{tuple(v.shape)}" for k, v in self.arrays.items())
+        return f"{type(self).__name__}({shapes})"
+
+
+class Gated(_Arrays):
+    """gating's outputs: ids, gates [T, k] (best first), logsumexp [T], the loss sums
+    (aux_score_sum, aux_count [E], valid_tokens, z_sum_squares, nonfinite [1], the seq_*
+    sums with loss.sequence_length), and reroute_ids / token_priority / second_skipped /
+    aux_scores / aux_count_ids where the config or the call asks for them."""
+
+    def __init__(self, arrays, tokens: int):
+        super().__init__(arrays)
+        self.tokens = tokens
+
+
+class Dispatched(_Arrays):
+    """dispatch's outputs: expert, slot, weight, fate [T, k]; requested, kept, rerouted,
+    dropped [E]; received, load [total_experts]; totals [8] (see totals_dict)."""
+
+    def totals_dict(self) -> Dict[str, int]:
+        """The batch totals by name (capacity, kept, rerouted, dropped, ...): a host read."""
+        t = self.arrays["totals"]
+        values = t.tolist() if not _arrays.is_torch(t) else t.cpu().tolist()
+        return dict(zip(_core.totals_fields, (int(v) for v in values)))
+
+
+class Laid(_Arrays):
+    """layout's outputs: offsets, rows_used (per segment), row_token [max_rows] (-1 padding),
+    assignment_row [T, k] (-1 none), num_rows [1], block_expert (compact), nonlocal (with an
+    expert map). `max_rows` is the size the buffers were allocated for."""
+
+    def __init__(self, arrays, kind: str, block_size: int, max_rows: int):
+        super().__init__(arrays)
+        self.kind = kind
+        self.block_size = block_size
+        self.max_rows = max_rows
+
+
+def _tokens_of(x, what: str) -> int:
+    if not hasattr(x, "shape") or not hasattr(x, "dtype"):
+        raise _core.Error(f"{what}: expected a numpy array or a torch tensor, got "
+                          f"{type(x).__name__}")
+    if len(x.shape) != 2:
+        raise _core.Error(f"{what}: must be 2-D [tokens, ...], got shape {tuple(x.shape)}")
+    return int(x.shape[0])
+
+
+def gating(logits, config: Config, *, bias=None, valid=None, per_token_aux: bool = False,
+           threads: int = 0) -> Gated:
+    """Top-k ids and gates of router logits [T, E] (float32, float16 or bfloat16), their
+    logsumexp and the loss sums. `bias` [E] float32: the expert bias (gating.expert_bias);
+    `valid` [T] bool / uint8: padding mask; `per_token_aux`: also aux_scores [T, E] and
+    aux_count_ids [T, c] for a caller's own aux loss."""
+    T = _tokens_of(logits, "logits")
+    out = _arrays.allocate(logits, _core.gating_outputs(config, T, per_token_aux), T == 0)
+    args = dict(out, logits=logits, bias=bias, valid=_arrays.as_mask(valid),
+                workspace=_arrays.workspace(logits, _core.gating_workspace_bytes(config, T)))
+    _core.gating(config, args, threads)
+    return Gated(out, T)
+
+
+def dispatch(gated: Gated, config: Config, *, valid=None, threads: int = 0) -> Dispatched:
+    """Capacity assignment: each (token, choice) kept, rerouted or dropped, its slot and
+    combine weight, and the per-expert counts."""
+    like = gated.ids
+    T = gated.tokens
+    out = _arrays.allocate(like, _core.dispatch_outputs(config, T), T == 0)
+    args = dict(gated.arrays)
+    args.update(out, valid=_arrays.as_mask(valid),
+                workspace=_arrays.workspace(like, _core.dispatch_workspace_bytes(config, T)))
+    _core.dispatch(config, args, threads)
+    return Dispatched(out)
+
+
+def layout(dispatched: Dispatched, config: Config, *, kind: str = "padded", block_size: int = 1,
+           expert_map=None, threads: int = 0) -> Laid:
+    """The expert buffer's rows: padded (E x C, a capacity needed) or compact (segments
+    aligned to block_size). `expert_map` [total_experts] int32: a local-expert view (compact)."""
+    like = dispatched.expert
+    T = int(like.shape[0])
+    local = 0
+    if expert_map is not None:
+        m = expert_map.tolist() if not _arrays.is_torch(expert_map) else expert_map.cpu().tolist()
+        local = sum(1 for v in m if v >= 0)
+    specs = _core.layout_outputs(config, T, kind, block_size, local)
+    out = _arrays.allocate(like, specs, T == 0)
+    args = dict(dispatched.arrays)
+    args.update(out, expert_map=expert_map)
+    _core.layout(config, args, kind, block_size, threads)
+    max_rows = dict((n, s) for n, s, _ in specs)["row_token"][0]
+    return Laid(out, kind, block_size, max_rows)
+
+
+def permute(x, laid: Laid, config: Config, *, threads: int = 0):
+    """Hidden states x [T, d] gathered into the expert buffer [max_rows, d] (padding rows 0)."""
+    out = _arrays.empty_like_framework(x, (laid.max_rows, int(x.shape[1])), _arrays.dtype_name(x))
+    _core.permute(config, dict(x=x, row_token=laid.row_token, num_rows=laid.num_rows, out=out),
+                  threads)
+    return out
+
+
+def combine(expert_out, laid: Laid, dispatched: Dispatched, config: Config, *, x=None,
+            threads: int = 0):
+    """y [T, d] = sum over a token's rows of weight * expert_out[row] (+ x for the dropped
+    assignments under drop_policy residual, which needs `x`)."""
+    T = int(dispatched.weight.shape[0])
+    y = _arrays.empty_like_framework(expert_out, (T, int(expert_out.shape[1])),
+                                     _arrays.dtype_name(expert_out))
+    _core.combine(config, dict(expert_out=expert_out, assignment_row=laid.assignment_row,
+                               weight=dispatched.weight, fate=dispatched.fate, x=x, y=y), threads)
+    return y
+
+
+def losses(gated: Gated, config: Config, *, tokens: Optional[int] = None,
+           threads: int = 0) -> Dict[str, Any]:
+    """aux_loss, sequence_aux_loss and z_loss [1] float64 from gating's sums (or sums added
+    over shards, with `tokens` the whole batch's T)."""
+    like = gated.valid_tokens
+    out = {n: _arrays.zeros_like_framework(like, (1,), "float64")
+           for n in ("aux_loss", "sequence_aux_loss", "z_loss")}
+    args = dict(gated.arrays)
+    args.update(out)
+    _core.losses(config, args, gated.tokens if tokens is None else int(tokens), threads)
+    return out
+
+
+def gating_backward(logits, gated: Gated, dispatched: Optional[Dispatched], config: Config, *,
+                    grad_weight=None, routing: float = 1.0, aux: float = 1.0,
+                    sequence_aux: float = 1.0, z: float = 1.0, valid=None, out=None,
+                    threads: int = 0):
+    """dL/dlogits [T, E] float32: the routing term (grad_weight = dL/d dispatch weight,
+    through the gates) and dL/d of the aux, sequence-aux and z losses (weights aux,
+    sequence_aux, z; 0 skips a term; the config's coefficients apply on top). With `out`,
+    the gradient is added into it."""
+    T = _tokens_of(logits, "logits")
+    accumulate = out is not None
+    if out is None:
+        out = _arrays.empty_like_framework(logits, (T, config.num_experts), "float32")
+    args = dict(gated.arrays)
+    if dispatched is not None:
+        args["fate"] = dispatched.fate
+    args.update(logits=logits, grad_weight=grad_weight, grad_logits=out,
+                valid=_arrays.as_mask(valid))
+    _core.gating_backward(config, args, routing, aux, sequence_aux, z, accumulate, threads)
+    return out
+
+
+def combine_backward(dy, expert_out, laid: Laid, dispatched: Dispatched, config: Config, *,
+                     grad_x: bool = True, threads: int = 0):
+    """(grad_expert_out [rows, d], grad_weight [T, k] float32, grad_x [T, d] or None): the
+    gradients of combine. grad_x is the residual pass-through (0 outside drop_policy
+    residual); grad_x=False skips it."""
+    rows, d = int(expert_out.shape[0]), int(expert_out.shape[1])
+    T, k = int(dispatched.weight.shape[0]), config.top_k
+    name = _arrays.dtype_name(expert_out)
+    g_out = _arrays.empty_like_framework(expert_out, (rows, d), name)
+    g_w = _arrays.empty_like_framework(expert_out, (T, k), "float32")
+    g_x = _arrays.empty_like_framework(expert_out, (T, d), name) if grad_x else None
+    _core.combine_backward(config, dict(expert_out=expert_out, dy=dy, row_token=laid.row_token,
+                                        assignment_row=laid.assignment_row,
+                                        weight=dispatched.weight, fate=dispatched.fate,
+                                        grad_expert_out=g_out, grad_weight=g_w, grad_x=g_x),
+                           threads)
+    return g_out, g_w, g_x
+
+
+def permute_backward(grad_buf, laid: Laid, config: Config, *, out=None, threads: int = 0):
+    """dL/dx [T, d]: each token's buffer rows' gradients summed (added into `out` if given)."""
+    T = int(laid.assignment_row.shape[0])
+    accumulate = out is not None
+    if out is None:
+        out = _arrays.empty_like_framework(grad_buf, (T, int(grad_buf.shape[1])),
+                                           _arrays.dtype_name(grad_buf))
+    _core.permute_backward(config, dict(grad_buf=grad_buf, assignment_row=laid.assignment_row,
+                                        grad_x=out), accumulate, threads)
+    return out
+
+
+def expert_bias_update(bias, load, config: Config) -> None:
+    """DeepSeek's aux-loss-free balancing: bias [E] float32 updated in place from the loads
+    [E] int64 summed over a step (gating.bias_update.rate / recenter)."""
+    _core.expert_bias_update(config, dict(bias=bias, load=load))
+
+
+@dataclass
+class Routing:
+    """gating, dispatch, layout and the losses of one batch (what route() returns)."""
+
+    gated: Gated
+    dispatched: Dispatched
+    laid: Laid
+    losses: Dict[str, Any] = field(default_factory=dict)
+
+
+def layout_kind_for(config: Config, kind: str = "auto") -> str:
+    """"auto": padded when the capacity is bounded, else compact (dropless)."""
+    if kind != "auto":
+        return kind
+    return "compact" if config["capacity.mode"] == "unbounded" else "padded"
+
+
+def route(logits, config: Config, *, bias=None, valid=None, kind: str = "auto",
+          block_size: int = 1, per_token_aux: bool = False, threads: int = 0) -> Routing:
+    """gating -> dispatch -> layout -> losses on one batch of router logits [T, E]. kind:
+    "padded", "compact" or "auto" (padded when the capacity is bounded, else compact)."""
+    kind = layout_kind_for(config, kind)
+    g = gating(logits, config, bias=bias, valid=valid, per_token_aux=per_token_aux,
+               threads=threads)
+    d = dispatch(g, config, valid=valid, threads=threads)
+    lay = layout(d, config, kind=kind, block_size=block_size, threads=threads)
+    return Routing(g, d, lay, losses(g, config, threads=threads))

@@ -1,0 +1,501 @@
+# SPDX-License-Identifier: Apache-2.0
+"""moeroute for PyTorch: routing, permute and combine as autograd operations whose backward
+passes are the library's (gating_backward, permute_backward, combine_backward), and a Router
+module that drops in for a Megatron- or HF-style router.
+
+    router = moeroute.torch.Router(hidden_size=512, config="mixtral", num_experts=8, top_k=2)
+    out = router(hidden_states)                     # [..., hidden] -> routing of the tokens
+    x_buf = moeroute.torch.permute(x, out)          # [max_rows, hidden] expert buffer
+    y = moeroute.torch.combine(experts(x_buf), out, x=x)
+    loss = task(y) + out.aux_loss + out.z_loss
+
+On torch >= 2.4 the three operations are registered as custom operators (moeroute::route,
+moeroute::permute, moeroute::combine) with fake implementations, so torch.compile traces
+them; on older torch they are plain autograd functions. float64 tensors are computed in
+float32 (the library's widest element type) and their results cast back."""
+
+from __future__ import annotations
+
+from typing import NamedTuple, Optional, Union
+
+import torch
+
+from . import _core
+from . import stages as _st
+from ._core import Config
+
+__all__ = ["RouterOutput", "route", "permute", "combine", "Router", "custom_ops"]
+
+#: True when route / permute / combine are registered torch custom operators.
+custom_ops = hasattr(torch, "library") and hasattr(torch.library, "custom_op")
+
+_config_cache: dict = {}
+
+
+def _config_of(text: str) -> Config:
+    c = _config_cache.get(text)
+    if c is None:
+        c = Config(text)
+        _config_cache[text] = c
+    return c
+
+
+def _text_of(config: Config) -> str:
+    return config.__getstate__()
+
+
+def _compute(t: torch.Tensor) -> torch.Tensor:
+    """The tensor the library reads: contiguous, float64 narrowed to float32."""
+    t = t.contiguous()
+    return t.float() if t.dtype == torch.float64 else t
+
+
+def _threads() -> int:
+    return torch.get_num_threads()
+
+
+# --- the three operations on tensors (shared by the custom-op and autograd paths) ----------
+
+def _route_impl(logits, bias, valid, config: str, kind: str, block_size: int):
+    cfg = _config_of(config)
+    x = _compute(logits.detach())
+    r = _st.route(x, cfg, bias=None if bias is None else bias.detach().float().contiguous(),
+                  valid=valid, kind=kind, block_size=block_size, threads=_threads())
+    g, d, lay = r.gated.arrays, r.dispatched.arrays, r.laid.arrays
+    loss_dtype = logits.dtype if logits.dtype in (torch.float32, torch.float64) else torch.float32
+    empty = x.new_zeros((0,), dtype=torch.int64)
+    return (d["weight"],
+            r.losses["aux_loss"].to(loss_dtype).reshape(()),
+            r.losses["sequence_aux_loss"].to(loss_dtype).reshape(()),
+            r.losses["z_loss"].to(loss_dtype).reshape(()),
+            g["ids"], g["gates"], d["expert"], d["slot"], d["fate"], lay["row_token"],
+            lay["assignment_row"], lay["num_rows"], lay["offsets"], d["load"], d["requested"],
+            g["aux_count"],
+            g["valid_tokens"], g.get("seq_count", empty), g.get("seq_tokens", empty),
+            d["totals"])
+
+
+def _route_backward_impl(logits, valid, ids, fate, aux_count, valid_tokens, seq_count,
+                         seq_tokens, grad_weight, grad_aux, grad_seq, grad_z, config: str):
+    """dL/dlogits from dL/dweight and the three loss gradients (0-d tensors)."""
+    cfg = _config_of(config)
+    x = _compute(logits.detach())
+    arrays = {"ids": ids, "aux_count": aux_count, "valid_tokens": valid_tokens}
+    if cfg["loss.sequence_length"] > 0:
+        arrays.update(seq_count=seq_count, seq_tokens=seq_tokens)
+    gated = _st.Gated(arrays, int(x.shape[0]))
+    dispatched = _st.Dispatched({"fate": fate})
+    gw = None if grad_weight is None else grad_weight.float().contiguous()
+    if x.device.type == "cpu":
+        grad = _st.gating_backward(x, gated, dispatched, cfg, grad_weight=gw,
+                                   routing=1.0 if gw is not None else 0.0,
+                                   aux=float(grad_aux), sequence_aux=float(grad_seq),
+                                   z=float(grad_z), valid=valid, threads=_threads())
+    else:
+        # A device backward reads the loss gradients on the device (no host sync): the
+        # routing term, then each loss term with weight 1 scaled by its gradient tensor.
+        grad = _st.gating_backward(x, gated, dispatched, cfg, grad_weight=gw,
+                                   routing=1.0 if gw is not None else 0.0, aux=0.0,
+                                   sequence_aux=0.0, z=0.0, valid=valid)
+        for term, g in (("aux", grad_aux), ("sequence_aux", grad_seq), ("z", grad_z)):
+            unit = {"aux": 0.0, "sequence_aux": 0.0, "z": 0.0, term: 1.0}
+            grad += g * _st.gating_backward(x, gated, dispatched, cfg, routing=0.0, valid=valid,
+                                            **unit)
+    return grad.to(logits.dtype)
+
+
+def _permute_impl(x, row_token, num_rows, config: str):
+    cfg = _config_of(config)
+    xc = _compute(x.detach())
+    lay = _st.Laid({"row_token": row_token, "num_rows": num_rows}, "", 1, int(row_token.shape[0]))
+    return _st.permute(xc, lay, cfg, threads=_threads()).to(x.dtype)
+
+
+def _permute_backward_impl(grad_buf, assignment_row, config: str, dtype):
+    cfg = _config_of(config)
+    lay = _st.Laid({"assignment_row": assignment_row}, "", 1, 0)
+    return _st.permute_backward(_compute(grad_buf), lay, cfg, threads=_threads()).to(dtype)
+
+
+def _combine_impl(expert_out, weight, x, assignment_row, fate, config: str):
+    cfg = _config_of(config)
+    eo = _compute(expert_out.detach())
+    lay = _st.Laid({"assignment_row": assignment_row}, "", 1, int(eo.shape[0]))
+    d = _st.Dispatched({"weight": weight.detach().float().contiguous(), "fate": fate})
+    xr = None if x is None else _compute(x.detach()).to(eo.dtype)
+    return _st.combine(eo, lay, d, cfg, x=xr, threads=_threads()).to(expert_out.dtype)
+
+
+def _combine_backward_impl(dy, expert_out, weight, row_token, assignment_row, fate,
+                           config: str, want_x: bool):
+    cfg = _config_of(config)
+    eo = _compute(expert_out.detach())
+    lay = _st.Laid({"row_token": row_token, "assignment_row": assignment_row}, "", 1,
+                   int(eo.shape[0]))
+    d = _st.Dispatched({"weight": weight.detach().float().contiguous(), "fate": fate})
+    g_out, g_w, g_x = _st.combine_backward(_compute(dy).to(eo.dtype), eo, lay, d, cfg,
+                                           grad_x=want_x, threads=_threads())
+    return (g_out.to(expert_out.dtype), g_w.to(weight.dtype),
+            None if g_x is None else g_x)
+
+
+# --- autograd functions (every torch) ---------------------------------------------------------
+
+
+class _RouteFn(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, logits, bias, valid, config, kind, block_size):
+        outs = _route_impl(logits, bias, valid, config, kind, block_size)
+        (_, _, _, _, ids, _, _, _, fate, _, _, _, _, _, _, aux_count, valid_tokens, seq_count,
+         seq_tokens, _) = outs
+        ctx.config = config
+        ctx.has_valid = valid is not None
+        saved = [logits, ids, fate, aux_count, valid_tokens, seq_count, seq_tokens]
+        ctx.save_for_backward(*(saved + ([valid] if valid is not None else [])))
+        ctx.mark_non_differentiable(*outs[4:])
+        return outs
+
+    @staticmethod
+    def backward(ctx, grad_weight, grad_aux, grad_seq, grad_z, *_):
+        logits, ids, fate, aux_count, valid_tokens, seq_count, seq_tokens, *rest = \
+            ctx.saved_tensors
+        valid = rest[0] if ctx.has_valid else None
+        zero = torch.zeros((), dtype=torch.float64)
+        grad = _route_backward_impl(
+            logits, valid, ids, fate, aux_count, valid_tokens, seq_count, seq_tokens, grad_weight,
+            zero if grad_aux is None else grad_aux, zero if grad_seq is None else grad_seq,
+            zero if grad_z is None else grad_z, ctx.config)
+        return grad, None, None, None, None, None
+
+
+class _PermuteFn(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, x, row_token, num_rows, assignment_row, config):
+        ctx.config = config
+        ctx.dtype = x.dtype
+        ctx.save_for_backward(assignment_row)
+        return _permute_impl(x, row_token, num_rows, config)
+
+    @staticmethod
+    def backward(ctx, grad_buf):
+        (assignment_row,) = ctx.saved_tensors
+        return (_permute_backward_impl(grad_buf, assignment_row, ctx.config, ctx.dtype), None,
+                None, None, None)
+
+
+class _CombineFn(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, expert_out, weight, x, row_token, assignment_row, fate, config):
+        ctx.config = config
+        ctx.x_dtype = None if x is None else x.dtype
+        ctx.save_for_backward(expert_out, weight, row_token, assignment_row, fate)
+        return _combine_impl(expert_out, weight, x, assignment_row, fate, config)
+
+    @staticmethod
+    def backward(ctx, dy):
+        expert_out, weight, row_token, assignment_row, fate = ctx.saved_tensors
+        want_x = ctx.x_dtype is not None and ctx.needs_input_grad[2]
+        g_out, g_w, g_x = _combine_backward_impl(dy, expert_out, weight, row_token,
+                                                 assignment_row, fate, ctx.config, want_x)
+        return (g_out, g_w, None if g_x is None else g_x.to(ctx.x_dtype), None, None, None, None)
+
+
+# --- torch custom operators (torch >= 2.4) ----------------------------------------------------
+
+if custom_ops:
+    from typing import List, Tuple
+
+    from torch import Tensor
+
+    @torch.library.custom_op("moeroute::route", mutates_args=())
+    def _route_op(logits: Tensor, bias: Optional[Tensor], valid: Optional[Tensor], config: str,
+                  kind: str, block_size: int) -> Tuple[Tensor, ...]:
+        return tuple(t.clone() if t is logits else t
+                     for t in _route_impl(logits, bias, valid, config, kind, block_size))
+
+    @_route_op.register_fake
+    def _(logits, bias, valid, config, kind, block_size):
+        cfg = _config_of(config)
+        T = logits.shape[0]
+        g = {n: (s, d) for n, s, d in _core.gating_outputs(cfg, T, False)}
+        d = {n: (s, dt) for n, s, dt in _core.dispatch_outputs(cfg, T)}
+        lay = {n: (s, dt) for n, s, dt in _core.layout_outputs(cfg, T, kind, block_size, 0)}
+        loss_dtype = logits.dtype if logits.dtype in (torch.float32, torch.float64) \
+            else torch.float32
+
+        def new(spec):
+            shape, dtype = spec
+            return logits.new_empty(shape, dtype=getattr(torch, dtype))
+
+        scalar = logits.new_empty((), dtype=loss_dtype)
+        empty = logits.new_empty((0,), dtype=torch.int64)
+        return (new(d["weight"]), scalar, scalar.clone(), scalar.clone(), new(g["ids"]),
+                new(g["gates"]), new(d["expert"]), new(d["slot"]), new(d["fate"]),
+                new(lay["row_token"]), new(lay["assignment_row"]), new(lay["num_rows"]),
+                new(lay["offsets"]), new(d["load"]), new(d["requested"]), new(g["aux_count"]),
+                new(g["valid_tokens"]),
+                new(g["seq_count"]) if "seq_count" in g else empty,
+                new(g["seq_tokens"]) if "seq_tokens" in g else empty.clone(), new(d["totals"]))
+
+    @torch.library.custom_op("moeroute::route_backward", mutates_args=())
+    def _route_backward_op(logits: Tensor, valid: Optional[Tensor], ids: Tensor, fate: Tensor,
+                           aux_count: Tensor, valid_tokens: Tensor, seq_count: Tensor,
+                           seq_tokens: Tensor, grad_weight: Optional[Tensor], grad_aux: Tensor,
+                           grad_seq: Tensor, grad_z: Tensor, config: str) -> Tensor:
+        return _route_backward_impl(logits, valid, ids, fate, aux_count, valid_tokens, seq_count,
+                                    seq_tokens, grad_weight, grad_aux, grad_seq, grad_z, config)
+
+    @_route_backward_op.register_fake
+    def _(logits, valid, ids, fate, aux_count, valid_tokens, seq_count, seq_tokens, grad_weight,
+          grad_aux, grad_seq, grad_z, config):
+        return torch.empty_like(logits)
+
+    def _route_setup(ctx, inputs, output):
+        logits, _, valid, config, _, _ = inputs
+        ctx.config = config
+        ctx.save_for_backward(logits, valid if valid is not None else logits.new_empty(0),
+                              output[4], output[8], output[15], output[16], output[17],
+                              output[18])
+        ctx.has_valid = valid is not None
+
+    def _route_grad(ctx, grad_weight, grad_aux, grad_seq, grad_z, *_):
+        logits, valid, ids, fate, aux_count, valid_tokens, seq_count, seq_tokens = \
+            ctx.saved_tensors
+        zero = logits.new_zeros(())
+        grad = _route_backward_op(logits, valid if ctx.has_valid else None, ids, fate, aux_count,
+                                  valid_tokens, seq_count, seq_tokens, grad_weight,
+                                  zero if grad_aux is None else grad_aux,
+                                  zero if grad_seq is None else grad_seq,
+                                  zero if grad_z is None else grad_z, ctx.config)
+        return grad, None, None, None, None, None
+
+    _route_op.register_autograd(_route_grad, setup_context=_route_setup)
+
+    @torch.library.custom_op("moeroute::permute", mutates_args=())
+    def _permute_op(x: Tensor, row_token: Tensor, num_rows: Tensor, assignment_row: Tensor,
+                    config: str) -> Tensor:
+        return _permute_impl(x, row_token, num_rows, config)
+
+    @_permute_op.register_fake
+    def _(x, row_token, num_rows, assignment_row, config):
+        return x.new_empty((row_token.shape[0], x.shape[1]))
+
+    @torch.library.custom_op("moeroute::permute_backward", mutates_args=())
+    def _permute_backward_op(grad_buf: Tensor, assignment_row: Tensor, config: str,
+                             like: Tensor) -> Tensor:
+        return _permute_backward_impl(grad_buf, assignment_row, config, like.dtype)
+
+    @_permute_backward_op.register_fake
+    def _(grad_buf, assignment_row, config, like):
+        return like.new_empty((assignment_row.shape[0], grad_buf.shape[1]))
+
+    def _permute_setup(ctx, inputs, output):
+        x, _, _, assignment_row, config = inputs
+        ctx.config = config
+        ctx.save_for_backward(assignment_row, x.new_empty(0))
+
+    def _permute_grad(ctx, grad_buf):
+        assignment_row, like = ctx.saved_tensors
+        return (_permute_backward_op(grad_buf, assignment_row, ctx.config, like), None, None,
+                None, None)
+
+    _permute_op.register_autograd(_permute_grad, setup_context=_permute_setup)
+
+    @torch.library.custom_op("moeroute::combine", mutates_args=())
+    def _combine_op(expert_out: Tensor, weight: Tensor, x: Optional[Tensor], row_token: Tensor,
+                    assignment_row: Tensor, fate: Tensor, config: str) -> Tensor:
+        return _combine_impl(expert_out, weight, x, assignment_row, fate, config)
+
+    @_combine_op.register_fake
+    def _(expert_out, weight, x, row_token, assignment_row, fate, config):
+        return expert_out.new_empty((weight.shape[0], expert_out.shape[1]))
+
+    @torch.library.custom_op("moeroute::combine_backward", mutates_args=())
+    def _combine_backward_op(dy: Tensor, expert_out: Tensor, weight: Tensor, row_token: Tensor,
+                             assignment_row: Tensor, fate: Tensor, config: str,
+                             want_x: bool) -> List[Tensor]:
+        g_out, g_w, g_x = _combine_backward_impl(dy, expert_out, weight, row_token,
+                                                 assignment_row, fate, config, want_x)
+        return [g_out, g_w, g_x if g_x is not None else dy.new_empty(0)]
+
+    @_combine_backward_op.register_fake
+    def _(dy, expert_out, weight, row_token, assignment_row, fate, config, want_x):
+        return [torch.empty_like(expert_out), torch.empty_like(weight),
+                torch.empty_like(dy) if want_x else dy.new_empty(0)]
+
+    def _combine_setup(ctx, inputs, output):
+        expert_out, weight, x, row_token, assignment_row, fate, config = inputs
+        ctx.config = config
+        ctx.has_x = x is not None
+        ctx.save_for_backward(expert_out, weight, row_token, assignment_row, fate)
+
+    def _combine_grad(ctx, dy):
+        expert_out, weight, row_token, assignment_row, fate = ctx.saved_tensors
+        want_x = ctx.has_x and ctx.needs_input_grad[2]
+        g_out, g_w, g_x = _combine_backward_op(dy, expert_out, weight, row_token, assignment_row,
+                                               fate, ctx.config, want_x)
+        return g_out, g_w, (g_x if want_x else None), None, None, None, None
+
+    _combine_op.register_autograd(_combine_grad, setup_context=_combine_setup)
+
+
+# --- the public API ---------------------------------------------------------------------------
+
+
+class RouterOutput(NamedTuple):
+    """What route() and Router return. weight and the three losses carry gradients back to
+    the logits; the rest are integer routing data."""
+
+    weight: torch.Tensor              #: [T, k] combine weights (0 for dropped)
+    aux_loss: torch.Tensor            #: 0-d, coefficient included
+    sequence_aux_loss: torch.Tensor   #: 0-d (0 without loss.sequence_length)
+    z_loss: torch.Tensor              #: 0-d, coefficient included
+    ids: torch.Tensor                 #: [T, k] int32 chosen experts, best first
+    gates: torch.Tensor               #: [T, k] pre-drop gates (no gradient: use weight)
+    expert: torch.Tensor              #: [T, k] int32 final expert (-1 none)
+    slot: torch.Tensor                #: [T, k] int32 slot there (-1 none)
+    fate: torch.Tensor                #: [T, k] uint8 kept 0 / rerouted 1 / dropped 2 / masked 3
+    row_token: torch.Tensor           #: [max_rows] int32 token of each buffer row (-1 padding)
+    assignment_row: torch.Tensor      #: [T, k] int64 buffer row of each assignment (-1 none)
+    num_rows: torch.Tensor            #: [1] int64 rows in use
+    offsets: torch.Tensor             #: [ET + 1] int64 first row of each expert
+    load: torch.Tensor                #: [ET] int64 rows held per expert
+    requested: torch.Tensor           #: [E] int64 assignments choosing each expert, pre-drop
+    aux_count: torch.Tensor           #: [E] int64 aux-loss counts
+    valid_tokens: torch.Tensor        #: [1] int64
+    seq_count: torch.Tensor           #: [S, E] int64 (empty without sequences)
+    seq_tokens: torch.Tensor          #: [S] int64 (empty without sequences)
+    totals: torch.Tensor              #: [8] int64 capacity, fallback_capacity, kept, ...
+    config: Config
+
+    def totals_dict(self):
+        """The batch totals by name (a host read)."""
+        return dict(zip(_core.totals_fields, (int(v) for v in self.totals.cpu().tolist())))
+
+    @property
+    def tokens_per_expert(self) -> torch.Tensor:
+        """[ET] rows each expert holds (Megatron's tokens_per_expert)."""
+        return self.load
+
+
+def _as_config(config: Union[Config, str], num_experts: int = 0, top_k: int = 0) -> Config:
+    if isinstance(config, Config):
+        return config
+    return Config.preset(config, num_experts, top_k)
+
+
+def route(logits: torch.Tensor, config: Union[Config, str], *, bias=None, valid=None,
+          layout: str = "auto", block_size: int = 1) -> RouterOutput:
+    """Routes router logits [..., E] (float32 / float16 / bfloat16 / float64) under `config`
+    (a Config or a preset name): gating, capacity dispatch, the expert-buffer layout and the
+    losses, differentiable through weight and the losses. layout: "padded", "compact" or
+    "auto" (padded when the capacity is bounded)."""
+    cfg = _as_config(config, int(logits.shape[-1]))
+    flat = logits.reshape(-1, logits.shape[-1])
+    if valid is not None:
+        valid = valid.reshape(-1)
+        valid = valid.view(torch.uint8) if valid.dtype == torch.bool else valid
+    kind = _st.layout_kind_for(cfg, layout)
+    text = _text_of(cfg)
+    if custom_ops:
+        outs = _route_op(flat, bias, valid, text, kind, int(block_size))
+    else:
+        outs = _RouteFn.apply(flat, bias, valid, text, kind, int(block_size))
+    return RouterOutput(*outs, cfg)
+
+
+def permute(x: torch.Tensor, routing: RouterOutput) -> torch.Tensor:
+    """Hidden states x [..., d] (T tokens) into the expert buffer [max_rows, d]: the rows of
+    expert e start at routing.offsets[e]; padding rows are 0. Differentiable in x."""
+    flat = x.reshape(-1, x.shape[-1])
+    text = _text_of(routing.config)
+    args = (flat, routing.row_token, routing.num_rows, routing.assignment_row, text)
+    return _permute_op(*args) if custom_ops else _PermuteFn.apply(*args)
+
+
+def combine(expert_out: torch.Tensor, routing: RouterOutput, *, x: Optional[torch.Tensor] = None,
+            ) -> torch.Tensor:
+    """y [T, d] = sum of each token's expert rows times its weight (+ x for the dropped
+    assignments under drop_policy residual, which needs x). Differentiable in expert_out,
+    routing.weight (so the router learns) and x."""
+    text = _text_of(routing.config)
+    xf = None if x is None else x.reshape(-1, x.shape[-1])
+    if routing.config["dispatch.dropped"] != "residual":
+        xf = None
+    args = (expert_out, routing.weight, xf, routing.row_token, routing.assignment_row,
+            routing.fate, text)
+    y = _combine_op(*args) if custom_ops else _CombineFn.apply(*args)
+    return y if x is None else y.reshape(x.shape)
+
+
+class Router(torch.nn.Module):
+    """A top-k router: logits = hidden @ weight.T ([E, hidden], as Megatron's TopKRouter and
+    HF's gate Linear hold it), routed by moeroute under a config or preset name.
+
+    Arguments override the config: capacity_factor (None keeps the config's; a number sets
+    capacity.mode = factor), drop_policy (dispatch.dropped), aux_loss_coeff,
+    z_loss_coeff. expert_bias: a [E] buffer for bias-selected routing (DeepSeek-V3), kept
+    balanced by update_expert_bias(). forward() returns a RouterOutput; route_logits()
+    routes logits an engine computed itself."""
+
+    def __init__(self, hidden_size: int, config: Union[Config, str] = "megatron", *,
+                 num_experts: int = 0, top_k: int = 0, capacity_factor: Optional[float] = None,
+                 drop_policy: Optional[str] = None, aux_loss_coeff: Optional[float] = None,
+                 z_loss_coeff: Optional[float] = None, layout: str = "auto",
+                 block_size: int = 1, dtype: Optional[torch.dtype] = None, device=None):
+        super().__init__()
+        cfg = _as_config(config, num_experts, top_k).copy()
+        if capacity_factor is not None:
+            cfg["capacity.mode"] = "factor"
+            cfg["capacity.factor"] = float(capacity_factor)
+        if drop_policy is not None:
+            cfg["dispatch.dropped"] = drop_policy
+        if aux_loss_coeff is not None:
+            cfg["loss.aux_coefficient"] = float(aux_loss_coeff)
+        if z_loss_coeff is not None:
+            cfg["loss.z_coefficient"] = float(z_loss_coeff)
+        cfg.validate()
+        self.config = cfg
+        self.layout = layout
+        self.block_size = int(block_size)
+        E = cfg.num_experts
+        self.weight = torch.nn.Parameter(torch.empty(E, hidden_size, dtype=dtype, device=device))
+        torch.nn.init.normal_(self.weight, std=hidden_size ** -0.5)
+        if cfg["gating.expert_bias"]:
+            self.register_buffer("expert_bias", torch.zeros(E, dtype=torch.float32, device=device))
+        else:
+            self.expert_bias = None
+        self.register_buffer("load_since_update", torch.zeros(E, dtype=torch.int64,
+                                                              device=device))
+
+    @property
+    def num_experts(self) -> int:
+        return self.config.num_experts
+
+    @property
+    def top_k(self) -> int:
+        return self.config.top_k
+
+    def route_logits(self, logits: torch.Tensor, valid=None) -> RouterOutput:
+        out = route(logits, self.config, bias=self.expert_bias, valid=valid, layout=self.layout,
+                    block_size=self.block_size)
+        if self.training and self.expert_bias is not None:
+            with torch.no_grad():
+                self.load_since_update += out.requested
+        return out
+
+    def forward(self, hidden_states: torch.Tensor, valid=None) -> RouterOutput:
+        logits = torch.nn.functional.linear(hidden_states.reshape(-1, hidden_states.shape[-1]),
+                                            self.weight)
+        return self.route_logits(logits, valid)
+
+    @torch.no_grad()
+    def update_expert_bias(self) -> None:
+        """DeepSeek's aux-loss-free step: moves the expert bias against the load gathered
+        since the last update (gating.bias_update.rate), then clears that load."""
+        if self.expert_bias is None:
+            raise _core.Error("update_expert_bias: the config routes without gating.expert_bias")
+        bias = self.expert_bias.detach().cpu().contiguous()
+        _st.expert_bias_update(bias, self.load_since_update.cpu().contiguous(), self.config)
+        self.expert_bias.copy_(bias)
+        self.load_since_update.zero_()

@@ -1,0 +1,205 @@
+// SPDX-License-Identifier: Apache-2.0
+#include "arrays.hpp"
+
+#include <pybind11/stl.h>
+
+#include <utility>
+
+namespace moeroute::python {
+
+namespace {
+
+struct elem_info {
+  elem e;
+  const char* name;
+  std::uint8_t code;  // dl::type_code
+  std::uint8_t bits;
+};
+
+constexpr elem_info elems[] = {
+    {elem::f32, "float32", dl::float_, 32},   {elem::f16, "float16", dl::float_, 16},
+    {elem::bf16, "bfloat16", dl::bfloat, 16}, {elem::f64, "float64", dl::float_, 64},
+    {elem::i32, "int32", dl::int_, 32},       {elem::i64, "int64", dl::int_, 64},
+    {elem::u8, "uint8", dl::uint_, 8},
+};
+
+std::optional<elem> from_dl(dl::data_type t) {
+  if (t.lanes != 1) return std::nullopt;
+  if (t.code == dl::bool_ && t.bits == 8) return elem::u8;  // bool masks read as uint8 0 / 1
+  for (const auto& i : elems)
+    if (i.code == t.code && i.bits == t.bits) return i.e;
+  return std::nullopt;
+}
+
+std::optional<elem> from_buffer_format(const std::string& f, py::ssize_t itemsize) {
+  std::string c = f;
+  if (!c.empty() && (c[0] == '<' || c[0] == '=' || c[0] == '@')) c = c.substr(1);
+  if (c == "f") return elem::f32;
+  if (c == "d") return elem::f64;
+  if (c == "e") return elem::f16;
+  if (c == "B" || c == "?") return elem::u8;
+  if ((c == "i" || c == "l" || c == "q") && itemsize == 4) return elem::i32;
+  if ((c == "l" || c == "q") && itemsize == 8) return elem::i64;
+  return std::nullopt;
+}
+
+std::string dl_type_text(dl::data_type t) {
+  return "code " + std::to_string(t.code) + " bits " + std::to_string(t.bits) +
+         (t.lanes != 1 ? " lanes " + std::to_string(t.lanes) : "");
+}
+
+}  // namespace
+
+const char* elem_name(elem e) noexcept {
+  for (const auto& i : elems)
+    if (i.e == e) return i.name;
+  return "?";
+}
+
+std::optional<elem> elem_from_name(const std::string& s) noexcept {
+  for (const auto& i : elems)
+    if (s == i.name) return i.e;
+  return std::nullopt;
+}
+
+std::string shape_text(const std::vector<std::int64_t>& s) {
+  std::string t = "[";
+  for (std::size_t i = 0; i < s.size(); ++i) t += (i ? ", " : "") + std::to_string(s[i]);
+  return t + "]";
+}
+
+call_arrays::call_arrays(std::string op, py::dict arrays, std::optional<std::intptr_t> stream,
+                         bool device_arrays)
+    : op_(std::move(op)),
+      arrays_(std::move(arrays)),
+      stream_(stream),
+      device_arrays_(device_arrays) {}
+
+void call_arrays::fail(const std::string& what) const { throw binding_error(op_ + ": " + what); }
+
+bool call_arrays::has(const std::string& name) const {
+  return arrays_.contains(name) && !arrays_[py::str(name)].is_none();
+}
+
+array_view call_arrays::look(const std::string& name, bool writable) {
+  py::object obj = arrays_[py::str(name)];
+  array_view v;
+  const bool dlpack = py::hasattr(obj, "__dlpack__");
+  py::object cap;
+  if (dlpack) {
+    try {
+      // Device arrays are handed over on the call's stream: the producer orders its pending
+      // work before it there (a stream wait, never a host sync).
+      cap = stream_ && py::hasattr(obj, "device") &&
+                    !py::str(obj.attr("device")).cast<std::string>().starts_with("cpu")
+                ? obj.attr("__dlpack__")(py::arg("stream") = *stream_)
+                : obj.attr("__dlpack__")();
+    } catch (py::error_already_set& e) {
+      // numpy refuses read-only arrays (DLPack v0 cannot say read-only); read those through
+      // the buffer protocol below, and only as inputs.
+      if (writable || !e.matches(PyExc_BufferError) || !PyObject_CheckBuffer(obj.ptr()))
+        fail(name + ": cannot be exported through DLPack (" + std::string(e.what()) + ")");
+      cap = py::object();
+    }
+  }
+  if (cap) {
+    if (!PyCapsule_IsValid(cap.ptr(), dl::capsule_name))
+      fail(name + ": __dlpack__ did not return a DLPack capsule");
+    auto* m = static_cast<dl::managed_tensor*>(PyCapsule_GetPointer(cap.ptr(), dl::capsule_name));
+    const dl::tensor& t = m->dl_tensor;
+    keep_.push_back(cap);  // the producer frees the tensor with the capsule, after the call
+    const auto e = from_dl(t.dtype);
+    if (!e) fail(name + ": unsupported dtype (DLPack " + dl_type_text(t.dtype) + ")");
+    v.dtype = *e;
+    v.shape.assign(t.shape, t.shape + t.ndim);
+    if (t.strides != nullptr) {
+      std::int64_t expect = 1;
+      for (std::int32_t d = t.ndim - 1; d >= 0; --d) {
+        if (t.shape[d] != 1 && t.strides[d] != expect)
+          fail(name +
+               ": must be contiguous (row-major); call .contiguous() or "
+               "numpy.ascontiguousarray() first");
+        expect *= t.shape[d];
+      }
+    }
+    v.data = static_cast<char*>(t.data) + t.byte_offset;
+    v.place = {t.dev.device_type == dl::cuda_host ? dl::cpu : t.dev.device_type,
+               t.dev.device_type == dl::cuda_host ? 0 : t.dev.device_id};
+  } else if (PyObject_CheckBuffer(obj.ptr()) && !writable) {
+    py::buffer_info b = py::reinterpret_borrow<py::buffer>(obj).request(false);
+    const auto e = from_buffer_format(b.format, b.itemsize);
+    if (!e) fail(name + ": unsupported dtype (buffer format '" + b.format + "')");
+    v.dtype = *e;
+    v.shape.assign(b.shape.begin(), b.shape.end());
+    std::int64_t expect = b.itemsize;
+    for (auto d = static_cast<std::int64_t>(b.ndim) - 1; d >= 0; --d) {
+      const auto i = static_cast<std::size_t>(d);
+      if (b.shape[i] != 1 && b.strides[i] != expect)
+        fail(name + ": must be contiguous (row-major); call numpy.ascontiguousarray() first");
+      expect *= b.shape[i];
+    }
+    v.data = b.ptr;
+    v.place = {dl::cpu, 0};
+    keep_.push_back(obj);
+    bufs_.push_back(std::move(b));
+  } else {
+    fail(name + ": expected a numpy array or a torch tensor (an object with __dlpack__), got " +
+         py::str(py::type::handle_of(obj).attr("__name__")).cast<std::string>() +
+         (writable ? " (outputs must be writable)" : ""));
+  }
+  if (v.place.type != dl::cpu && v.place.type != dl::cuda && v.place.type != dl::cuda_managed)
+    fail(name + ": arrays must be on the CPU or a CUDA device (DLPack device type " +
+         std::to_string(v.place.type) + ")");
+  if (v.place.type != dl::cpu && !device_arrays_)
+    fail(name +
+         ": on a CUDA device, and this call runs on the CPU (this build of the package "
+         "has the CPU backend only): pass CPU arrays (tensor.cpu())");
+  if (!placed_) {
+    place_ = v.place;
+    placed_ = true;
+  } else if (!(v.place == place_)) {
+    fail(name +
+         ": on a different device than the call's other arrays (every array of one "
+         "call must be on the same device)");
+  }
+  return v;
+}
+
+void* call_arrays::get(const spec& s, bool required, bool writable) {
+  if (!has(s.name)) {
+    if (required) fail(s.name + ": required here, but not given");
+    return nullptr;
+  }
+  array_view v = look(s.name, writable);
+  if (v.dtype != s.dtype)
+    fail(s.name + ": dtype " + elem_name(v.dtype) + ", expected " + elem_name(s.dtype));
+  if (v.shape != s.shape)
+    fail(s.name + ": shape " + shape_text(v.shape) + ", expected " + shape_text(s.shape));
+  return v.data;
+}
+
+array_view call_arrays::view(const std::string& name, const std::vector<std::int64_t>& shape,
+                             const std::vector<elem>& allowed, bool writable) {
+  if (!has(name)) fail(name + ": required here, but not given");
+  array_view v = look(name, writable);
+  bool ok = false;
+  std::string names;
+  for (elem e : allowed) {
+    ok = ok || e == v.dtype;
+    names += (names.empty() ? "" : ", ") + std::string(elem_name(e));
+  }
+  if (!ok) fail(name + ": dtype " + elem_name(v.dtype) + ", expected one of " + names);
+  bool shape_ok = v.shape.size() == shape.size();
+  for (std::size_t i = 0; shape_ok && i < shape.size(); ++i)
+    shape_ok = shape[i] < 0 || shape[i] == v.shape[i];
+  if (!shape_ok) {
+    std::vector<std::int64_t> want = shape;
+    std::string t = "[";
+    for (std::size_t i = 0; i < want.size(); ++i)
+      t += (i ? ", " : "") + (want[i] < 0 ? std::string("*") : std::to_string(want[i]));
+    fail(name + ": shape " + shape_text(v.shape) + ", expected " + t + "]");
+  }
+  return v;
+}
+
+}  // namespace moeroute::python

@@ -1,0 +1,401 @@
+// SPDX-License-Identifier: Apache-2.0
+// The stages on host arrays: each binding reads its named arrays (checked against the specs),
+// fills the params struct the C++ API takes, releases the GIL and calls moeroute::cpu. A
+// failed status becomes moeroute.Error carrying the library's message.
+#include "ops.hpp"
+
+#include <moeroute/cpu.hpp>
+#include <moeroute/status.hpp>
+
+#include <cstddef>
+#include <utility>
+
+#include "specs.hpp"
+
+namespace moeroute::python {
+
+namespace {
+
+constexpr std::int64_t any = -1;
+const std::vector<elem> element_types = {elem::f32, elem::f16, elem::bf16};
+
+void raise_if(const status& s, const char* op) {
+  if (!s) throw binding_error(std::string(op) + ": " + to_string(s.code) + ": " + s.message);
+}
+
+/// Calls f(Element{}) for the C++ element type of `e` (f32, f16, bf16).
+template <class F>
+void with_element(elem e, F&& f) {
+  switch (e) {
+    case elem::f16:
+      f(half_bits{});
+      return;
+    case elem::bf16:
+      f(bf16_bits{});
+      return;
+    default:
+      f(float{});
+      return;
+  }
+}
+
+/// Runs `call` without the GIL (the arrays stay alive in `a`) and raises on failure.
+template <class Call>
+void run(const char* op, Call&& call) {
+  status s;
+  {
+    py::gil_scoped_release nogil;
+    s = call();
+  }
+  raise_if(s, op);
+}
+
+std::uint8_t* valid_of(call_arrays& a, std::int64_t T) {
+  return a.in<std::uint8_t>({"valid", {T}, elem::u8}, false);
+}
+
+void* workspace_of(call_arrays& a, std::size_t bytes) {
+  return a.out<std::byte>({"workspace", {static_cast<std::int64_t>(bytes)}, elem::u8}, bytes > 0);
+}
+
+/// Reads the gating outputs a later stage takes (only those its config lists).
+const_gating_result gated_of(call_arrays& a, const routing_config& cfg, std::int64_t T,
+                             bool needs_gates = true) {
+  const auto specs = gating_outputs(cfg, T, false);
+  const_gating_result g;
+  g.d_ids = a.in<std::int32_t>(find_spec(specs, "ids"), true);
+  if (needs_gates) g.d_gates = a.in<float>(find_spec(specs, "gates"), true);
+  if (lists(specs, "reroute_ids"))
+    g.d_reroute_ids = a.in<std::int32_t>(find_spec(specs, "reroute_ids"), true);
+  if (lists(specs, "token_priority"))
+    g.d_token_priority = a.in<float>(find_spec(specs, "token_priority"), true);
+  if (lists(specs, "second_skipped"))
+    g.d_second_skipped = a.in<std::uint8_t>(find_spec(specs, "second_skipped"), true);
+  return g;
+}
+
+/// The loss sums, as gating wrote them (`required` lists the ones the caller needs).
+const_gating_sums sums_of(call_arrays& a, const routing_config& cfg, std::int64_t T, bool aux,
+                          bool z, bool seq) {
+  const auto specs = gating_outputs(cfg, T, false);
+  const_gating_sums s;
+  s.d_valid_tokens = a.in<std::int64_t>(find_spec(specs, "valid_tokens"), false);
+  s.d_aux_score_sum = a.in<double>(find_spec(specs, "aux_score_sum"), aux);
+  s.d_aux_count = a.in<std::int64_t>(find_spec(specs, "aux_count"), aux);
+  s.d_z_sum_squares = a.in<double>(find_spec(specs, "z_sum_squares"), z);
+  if (cfg.loss.sequence_length > 0) {
+    s.d_seq_score_sum = a.in<double>(find_spec(specs, "seq_score_sum"), seq);
+    s.d_seq_count = a.in<std::int64_t>(find_spec(specs, "seq_count"), seq);
+    s.d_seq_tokens = a.in<std::int64_t>(find_spec(specs, "seq_tokens"), seq);
+  }
+  return s;
+}
+
+cpu::executor executor_of(int threads) {
+  return threads == 1 ? cpu::executor::serial() : cpu::executor::openmp(threads);
+}
+
+}  // namespace
+
+std::size_t gating_workspace_bytes(const routing_config& cfg, std::int64_t tokens) {
+  raise_if(validate_extents_checked(cfg, tokens), "gating_workspace_bytes");
+  return cpu::gating_workspace_bytes(cfg, tokens);
+}
+
+std::size_t dispatch_workspace_bytes(const routing_config& cfg, std::int64_t tokens) {
+  raise_if(validate_extents_checked(cfg, tokens), "dispatch_workspace_bytes");
+  return cpu::dispatch_workspace_bytes(cfg, tokens);
+}
+
+status validate_extents_checked(const routing_config& cfg, std::int64_t tokens) {
+  if (auto s = validate(cfg); !s) return s;
+  return validate_tokens(cfg, tokens);
+}
+
+void gating(const routing_config& cfg, py::dict arrays, int threads) {
+  call_arrays a("gating", std::move(arrays));
+  raise_if(validate(cfg), "gating");
+  const array_view logits = a.view("logits", {any, cfg.num_experts}, element_types, false);
+  const std::int64_t T = logits.shape[0];
+  raise_if(validate_tokens(cfg, T), "gating");
+  const auto specs = gating_outputs(cfg, T, a.has("aux_scores") || a.has("aux_count_ids"));
+  gating_result o;
+  o.d_ids = a.out<std::int32_t>(find_spec(specs, "ids"), true);
+  o.d_gates = a.out<float>(find_spec(specs, "gates"), true);
+  o.d_logsumexp = a.out<float>(find_spec(specs, "logsumexp"), true);
+  o.sums.d_aux_score_sum = a.out<double>(find_spec(specs, "aux_score_sum"), true);
+  o.sums.d_aux_count = a.out<std::int64_t>(find_spec(specs, "aux_count"), true);
+  o.sums.d_valid_tokens = a.out<std::int64_t>(find_spec(specs, "valid_tokens"), true);
+  o.sums.d_z_sum_squares = a.out<double>(find_spec(specs, "z_sum_squares"), true);
+  o.sums.d_nonfinite = a.out<std::int64_t>(find_spec(specs, "nonfinite"), false);
+  if (lists(specs, "reroute_ids"))
+    o.d_reroute_ids = a.out<std::int32_t>(find_spec(specs, "reroute_ids"), true);
+  if (cfg.loss.sequence_length > 0) {
+    o.sums.d_seq_score_sum = a.out<double>(find_spec(specs, "seq_score_sum"), true);
+    o.sums.d_seq_count = a.out<std::int64_t>(find_spec(specs, "seq_count"), true);
+    o.sums.d_seq_tokens = a.out<std::int64_t>(find_spec(specs, "seq_tokens"), true);
+  }
+  if (lists(specs, "token_priority"))
+    o.d_token_priority = a.out<float>(find_spec(specs, "token_priority"), true);
+  if (lists(specs, "second_skipped"))
+    o.d_second_skipped = a.out<std::uint8_t>(find_spec(specs, "second_skipped"), true);
+  if (lists(specs, "aux_scores")) {
+    o.d_aux_scores = a.out<float>(find_spec(specs, "aux_scores"), false);
+    o.d_aux_count_ids = a.out<std::int32_t>(find_spec(specs, "aux_count_ids"), false);
+  }
+  const float* bias = a.in<float>({"bias", {cfg.num_experts}, elem::f32}, cfg.gating.expert_bias);
+  const std::uint8_t* valid = valid_of(a, T);
+  const std::size_t ws_bytes = cpu::gating_workspace_bytes(cfg, T);
+  void* ws = workspace_of(a, ws_bytes);
+  const cpu::executor ex = executor_of(threads);
+  with_element(logits.dtype, [&](auto e) {
+    using Element = decltype(e);
+    gating_params<Element> p;
+    p.d_logits = static_cast<const Element*>(logits.data);
+    p.tokens = T;
+    p.d_bias = bias;
+    p.d_valid = valid;
+    p.out = o;
+    run("gating", [&] { return cpu::gating(cfg, p, ws, ws_bytes, ex); });
+  });
+}
+
+void dispatch(const routing_config& cfg, py::dict arrays, int threads) {
+  call_arrays a("dispatch", std::move(arrays));
+  raise_if(validate(cfg), "dispatch");
+  const std::int64_t T = a.view("ids", {any, cfg.top_k}, {elem::i32}, false).shape[0];
+  raise_if(validate_tokens(cfg, T), "dispatch");
+  const auto specs = dispatch_outputs(cfg, T);
+  dispatch_params p;
+  p.tokens = T;
+  p.gated = gated_of(a, cfg, T);
+  p.d_valid = valid_of(a, T);
+  p.out.d_expert = a.out<std::int32_t>(find_spec(specs, "expert"), true);
+  p.out.d_slot = a.out<std::int32_t>(find_spec(specs, "slot"), true);
+  p.out.d_weight = a.out<float>(find_spec(specs, "weight"), true);
+  p.out.d_fate = a.out<fate>(find_spec(specs, "fate"), true);
+  p.out.d_requested = a.out<std::int64_t>(find_spec(specs, "requested"), true);
+  p.out.d_kept = a.out<std::int64_t>(find_spec(specs, "kept"), true);
+  p.out.d_rerouted = a.out<std::int64_t>(find_spec(specs, "rerouted"), true);
+  p.out.d_dropped = a.out<std::int64_t>(find_spec(specs, "dropped"), true);
+  p.out.d_received = a.out<std::int64_t>(find_spec(specs, "received"), true);
+  p.out.d_load = a.out<std::int64_t>(find_spec(specs, "load"), true);
+  p.out.d_totals = a.out<dispatch_totals>(find_spec(specs, "totals"), true);
+  const std::size_t ws_bytes = cpu::dispatch_workspace_bytes(cfg, T);
+  void* ws = workspace_of(a, ws_bytes);
+  const cpu::executor ex = executor_of(threads);
+  run("dispatch", [&] { return cpu::dispatch(cfg, p, ws, ws_bytes, ex); });
+}
+
+void layout(const routing_config& cfg, py::dict arrays, layout_kind kind, std::int64_t block_size,
+            int threads) {
+  call_arrays a("layout", std::move(arrays));
+  raise_if(validate(cfg), "layout");
+  const std::int64_t T = a.view("expert", {any, cfg.top_k}, {elem::i32}, false).shape[0];
+  raise_if(validate_tokens(cfg, T), "layout");
+  const std::int32_t* map =
+      a.in<std::int32_t>({"expert_map", {cfg.total_experts()}, elem::i32}, false);
+  std::int32_t local = 0;
+  if (map != nullptr) {
+    // the local experts are the map's non-negative entries (validate() checks each is once)
+    const auto* m = map;
+    for (std::int32_t e = 0; e < cfg.total_experts(); ++e) local += m[e] >= 0 ? 1 : 0;
+    if (local == 0) a.fail("expert_map: holds no local expert (every entry is -1)");
+  }
+  const auto specs = layout_outputs(cfg, T, kind, block_size, local);
+  const auto dspecs = dispatch_outputs(cfg, T);
+  layout_params p;
+  p.kind = kind;
+  p.block_size = block_size;
+  p.tokens = T;
+  p.max_rows = find_spec(specs, "row_token").shape[0];
+  p.dispatched.d_expert = a.in<std::int32_t>(find_spec(dspecs, "expert"), true);
+  p.dispatched.d_slot = a.in<std::int32_t>(find_spec(dspecs, "slot"), true);
+  p.dispatched.d_load = a.in<std::int64_t>(find_spec(dspecs, "load"), true);
+  p.dispatched.d_totals = a.in<dispatch_totals>(find_spec(dspecs, "totals"), true);
+  p.d_expert_map = map;
+  p.local_experts = local;
+  p.out.d_offsets = a.out<std::int64_t>(find_spec(specs, "offsets"), true);
+  p.out.d_rows_used = a.out<std::int64_t>(find_spec(specs, "rows_used"), false);
+  p.out.d_row_token = a.out<std::int32_t>(find_spec(specs, "row_token"), true);
+  p.out.d_assignment_row = a.out<std::int64_t>(find_spec(specs, "assignment_row"), true);
+  p.out.d_num_rows = a.out<std::int64_t>(find_spec(specs, "num_rows"), true);
+  if (lists(specs, "block_expert"))
+    p.out.d_block_expert = a.out<std::int32_t>(find_spec(specs, "block_expert"), false);
+  if (lists(specs, "nonlocal"))
+    p.out.d_nonlocal = a.out<std::int64_t>(find_spec(specs, "nonlocal"), true);
+  const cpu::executor ex = executor_of(threads);
+  run("layout", [&] { return cpu::layout(cfg, p, ex); });
+}
+
+void permute(const routing_config& cfg, py::dict arrays, int threads) {
+  call_arrays a("permute", std::move(arrays));
+  const array_view x = a.view("x", {any, any}, element_types, false);
+  const array_view row_token = a.view("row_token", {any}, {elem::i32}, false);
+  const std::int64_t T = x.shape[0], d = x.shape[1], rows = row_token.shape[0];
+  const std::int64_t* num_rows = a.in<std::int64_t>({"num_rows", {1}, elem::i64}, false);
+  const array_view out = a.view("out", {rows, d}, {x.dtype}, true);
+  const cpu::executor ex = executor_of(threads);
+  with_element(x.dtype, [&](auto e) {
+    using Element = decltype(e);
+    permute_params<Element> p;
+    p.d_x = static_cast<const Element*>(x.data);
+    p.tokens = T;
+    p.hidden = d;
+    p.layout.d_row_token = static_cast<const std::int32_t*>(row_token.data);
+    p.layout.d_num_rows = num_rows;
+    p.rows = rows;
+    p.d_out = static_cast<Element*>(out.data);
+    run("permute", [&] { return cpu::permute(cfg, p, ex); });
+  });
+}
+
+void combine(const routing_config& cfg, py::dict arrays, int threads) {
+  call_arrays a("combine", std::move(arrays));
+  const array_view expert_out = a.view("expert_out", {any, any}, element_types, false);
+  const std::int64_t rows = expert_out.shape[0], d = expert_out.shape[1];
+  const array_view weight = a.view("weight", {any, cfg.top_k}, {elem::f32}, false);
+  const std::int64_t T = weight.shape[0];
+  const bool residual = cfg.dispatch.dropped == drop_policy::residual;
+  const auto* assignment_row =
+      a.in<std::int64_t>({"assignment_row", {T, cfg.top_k}, elem::i64}, true);
+  const auto* fates = a.in<fate>({"fate", {T, cfg.top_k}, elem::u8}, residual);
+  const array_view y = a.view("y", {T, d}, {expert_out.dtype}, true);
+  const void* x = residual ? a.view("x", {T, d}, {expert_out.dtype}, false).data : nullptr;
+  const cpu::executor ex = executor_of(threads);
+  with_element(expert_out.dtype, [&](auto e) {
+    using Element = decltype(e);
+    combine_params<Element> p;
+    p.d_expert_out = static_cast<const Element*>(expert_out.data);
+    p.rows = rows;
+    p.tokens = T;
+    p.hidden = d;
+    p.layout.d_assignment_row = assignment_row;
+    p.dispatched.d_weight = static_cast<const float*>(weight.data);
+    p.dispatched.d_fate = fates;
+    p.d_x = static_cast<const Element*>(x);
+    p.d_y = static_cast<Element*>(y.data);
+    run("combine", [&] { return cpu::combine(cfg, p, ex); });
+  });
+}
+
+void losses(const routing_config& cfg, py::dict arrays, std::int64_t tokens, int threads) {
+  call_arrays a("losses", std::move(arrays));
+  raise_if(validate_extents_checked(cfg, tokens), "losses");
+  loss_params p;
+  p.tokens = tokens;
+  p.d_aux_loss = a.out<double>({"aux_loss", {1}, elem::f64}, false);
+  p.d_sequence_aux_loss = a.out<double>({"sequence_aux_loss", {1}, elem::f64}, false);
+  p.d_z_loss = a.out<double>({"z_loss", {1}, elem::f64}, false);
+  p.sums = sums_of(a, cfg, tokens, p.d_aux_loss != nullptr, p.d_z_loss != nullptr,
+                   p.d_sequence_aux_loss != nullptr);
+  const cpu::executor ex = executor_of(threads);
+  run("losses", [&] { return cpu::losses(cfg, p, ex); });
+}
+
+void gating_backward(const routing_config& cfg, py::dict arrays,
+                     const gating_backward_weights& weights, bool accumulate, int threads) {
+  call_arrays a("gating_backward", std::move(arrays));
+  raise_if(validate(cfg), "gating_backward");
+  const array_view logits = a.view("logits", {any, cfg.num_experts}, element_types, false);
+  const std::int64_t T = logits.shape[0];
+  raise_if(validate_tokens(cfg, T), "gating_backward");
+  const std::int64_t E = cfg.num_experts, k = cfg.top_k;
+  const float* grad_weight = a.in<float>({"grad_weight", {T, k}, elem::f32}, false);
+  const bool routing = grad_weight != nullptr && weights.routing != 0.0;
+  const bool seq = cfg.loss.sequence_length > 0 && weights.sequence_aux != 0.0;
+  const_gating_result g;
+  g.d_ids = a.in<std::int32_t>({"ids", {T, k}, elem::i32}, routing);
+  const auto specs = gating_outputs(cfg, T, false);
+  g.sums.d_aux_count = a.in<std::int64_t>(find_spec(specs, "aux_count"), weights.aux != 0.0);
+  g.sums.d_valid_tokens = a.in<std::int64_t>(find_spec(specs, "valid_tokens"), false);
+  if (cfg.loss.sequence_length > 0) {
+    g.sums.d_seq_count = a.in<std::int64_t>(find_spec(specs, "seq_count"), seq);
+    g.sums.d_seq_tokens = a.in<std::int64_t>(find_spec(specs, "seq_tokens"), seq);
+  }
+  const_dispatch_result dres;
+  dres.d_fate = a.in<fate>({"fate", {T, k}, elem::u8}, routing);
+  float* grad_logits = a.out<float>({"grad_logits", {T, E}, elem::f32}, true);
+  const std::uint8_t* valid = valid_of(a, T);
+  const cpu::executor ex = executor_of(threads);
+  with_element(logits.dtype, [&](auto e) {
+    using Element = decltype(e);
+    gating_backward_params<Element> p;
+    p.d_logits = static_cast<const Element*>(logits.data);
+    p.tokens = T;
+    p.d_valid = valid;
+    p.gated = g;
+    p.dispatched = dres;
+    p.d_grad_weight = grad_weight;
+    p.weights = weights;
+    p.accumulate = accumulate;
+    p.d_grad_logits = grad_logits;
+    run("gating_backward", [&] { return cpu::gating_backward(cfg, p, ex); });
+  });
+}
+
+void combine_backward(const routing_config& cfg, py::dict arrays, int threads) {
+  call_arrays a("combine_backward", std::move(arrays));
+  const array_view expert_out = a.view("expert_out", {any, any}, element_types, false);
+  const std::int64_t rows = expert_out.shape[0], d = expert_out.shape[1];
+  const array_view dy = a.view("dy", {any, d}, {expert_out.dtype}, false);
+  const std::int64_t T = dy.shape[0], k = cfg.top_k;
+  const auto* row_token = a.in<std::int32_t>({"row_token", {rows}, elem::i32}, true);
+  const auto* assignment_row = a.in<std::int64_t>({"assignment_row", {T, k}, elem::i64}, true);
+  const auto* weight = a.in<float>({"weight", {T, k}, elem::f32}, true);
+  const auto* fates = a.in<fate>({"fate", {T, k}, elem::u8}, true);
+  const array_view grad_expert_out = a.view("grad_expert_out", {rows, d}, {expert_out.dtype}, true);
+  float* grad_weight = a.out<float>({"grad_weight", {T, k}, elem::f32}, true);
+  void* grad_x =
+      a.has("grad_x") ? a.view("grad_x", {T, d}, {expert_out.dtype}, true).data : nullptr;
+  const cpu::executor ex = executor_of(threads);
+  with_element(expert_out.dtype, [&](auto e) {
+    using Element = decltype(e);
+    combine_backward_params<Element> p;
+    p.d_expert_out = static_cast<const Element*>(expert_out.data);
+    p.d_dy = static_cast<const Element*>(dy.data);
+    p.rows = rows;
+    p.tokens = T;
+    p.hidden = d;
+    p.layout.d_row_token = row_token;
+    p.layout.d_assignment_row = assignment_row;
+    p.dispatched.d_weight = weight;
+    p.dispatched.d_fate = fates;
+    p.d_grad_expert_out = static_cast<Element*>(grad_expert_out.data);
+    p.d_grad_weight = grad_weight;
+    p.d_grad_x = static_cast<Element*>(grad_x);
+    run("combine_backward", [&] { return cpu::combine_backward(cfg, p, ex); });
+  });
+}
+
+void permute_backward(const routing_config& cfg, py::dict arrays, bool accumulate, int threads) {
+  call_arrays a("permute_backward", std::move(arrays));
+  const array_view grad_buf = a.view("grad_buf", {any, any}, element_types, false);
+  const std::int64_t rows = grad_buf.shape[0], d = grad_buf.shape[1];
+  const array_view assignment_row = a.view("assignment_row", {any, cfg.top_k}, {elem::i64}, false);
+  const std::int64_t T = assignment_row.shape[0];
+  const array_view grad_x = a.view("grad_x", {T, d}, {grad_buf.dtype}, true);
+  const cpu::executor ex = executor_of(threads);
+  with_element(grad_buf.dtype, [&](auto e) {
+    using Element = decltype(e);
+    permute_backward_params<Element> p;
+    p.d_grad_buf = static_cast<const Element*>(grad_buf.data);
+    p.rows = rows;
+    p.tokens = T;
+    p.hidden = d;
+    p.layout.d_assignment_row = static_cast<const std::int64_t*>(assignment_row.data);
+    p.accumulate = accumulate;
+    p.d_grad_x = static_cast<Element*>(grad_x.data);
+    run("permute_backward", [&] { return cpu::permute_backward(cfg, p, ex); });
+  });
+}
+
+void expert_bias_update(const routing_config& cfg, py::dict arrays) {
+  call_arrays a("expert_bias_update", std::move(arrays));
+  expert_bias_update_params p;
+  p.d_bias = a.out<float>({"bias", {cfg.num_experts}, elem::f32}, true);
+  p.d_load = a.in<std::int64_t>({"load", {cfg.num_experts}, elem::i64}, true);
+  run("expert_bias_update", [&] { return cpu::expert_bias_update(cfg, p); });
+}
+
+}  // namespace moeroute::python

@@ -1,0 +1,82 @@
+// SPDX-License-Identifier: Apache-2.0
+// moeroute._core.reference_route: the CPU reference (the oracle every backend is compared
+// with) on float32 logits, so the Python tests compare the package's results with it as the
+// C++ tests do. Not part of the package's API: the reference is plain loops, for checking.
+#include <pybind11/numpy.h>
+#include <pybind11/stl.h>
+
+#include <span>
+#include <vector>
+
+#include <moeroute/reference.hpp>
+
+#include "arrays.hpp"
+#include "module.hpp"
+
+namespace moeroute::python {
+
+namespace {
+
+template <class T>
+py::array_t<T> numpy_of(const std::vector<T>& v, std::vector<py::ssize_t> shape) {
+  py::array_t<T> a(shape);
+  std::copy(v.begin(), v.end(), a.mutable_data());
+  return a;
+}
+
+}  // namespace
+
+void bind_reference(py::module_& m) {
+  m.def(
+      "reference_route",
+      [](const routing_config& cfg, py::dict arrays) {
+        call_arrays a("reference_route", std::move(arrays));
+        const array_view lg = a.view("logits", {-1, cfg.num_experts}, {elem::f32}, false);
+        const std::int64_t T = lg.shape[0];
+        const std::int32_t E = cfg.num_experts, k = cfg.top_k;
+        const auto* logits = static_cast<const float*>(lg.data);
+        const float* bias = a.in<float>({"bias", {E}, elem::f32}, false);
+        const std::uint8_t* valid = a.in<std::uint8_t>({"valid", {T}, elem::u8}, false);
+        reference::routing_result r;
+        try {
+          r = reference::route<float>(
+              cfg, std::span<const float>(logits, static_cast<std::size_t>(T * E)), T,
+              bias ? std::span<const float>(bias, static_cast<std::size_t>(E))
+                   : std::span<const float>(),
+              valid ? std::span<const std::uint8_t>(valid, static_cast<std::size_t>(T))
+                    : std::span<const std::uint8_t>());
+        } catch (const error& e) {
+          throw binding_error(std::string("reference_route: ") + e.what());
+        }
+        const auto& g = r.gating;
+        const auto& d = r.dispatch;
+        std::vector<std::uint8_t> fates(d.fates.size());
+        for (std::size_t i = 0; i < fates.size(); ++i)
+          fates[i] = static_cast<std::uint8_t>(d.fates[i]);
+        const py::ssize_t Tp = T, kp = k, Ep = E, ETp = d.total_experts;
+        const dispatch_totals tot = d.totals();
+        return py::dict(py::arg("ids") = numpy_of(g.ids, {Tp, kp}),
+                        py::arg("gates") = numpy_of(g.gates, {Tp, kp}),
+                        py::arg("logsumexp") = numpy_of(g.logsumexp, {Tp}),
+                        py::arg("expert") = numpy_of(d.expert, {Tp, kp}),
+                        py::arg("slot") = numpy_of(d.slot, {Tp, kp}),
+                        py::arg("weight") = numpy_of(d.weight, {Tp, kp}),
+                        py::arg("fate") = numpy_of(fates, {Tp, kp}),
+                        py::arg("requested") = numpy_of(d.requested, {Ep}),
+                        py::arg("kept") = numpy_of(d.kept, {Ep}),
+                        py::arg("rerouted") = numpy_of(d.rerouted, {Ep}),
+                        py::arg("dropped") = numpy_of(d.dropped, {Ep}),
+                        py::arg("received") = numpy_of(d.received, {ETp}),
+                        py::arg("load") = numpy_of(d.load, {ETp}),
+                        py::arg("totals") =
+                            std::vector<std::int64_t>{tot.capacity, tot.fallback_capacity, tot.kept,
+                                                      tot.rerouted, tot.dropped, tot.masked,
+                                                      tot.reroute_rounds, tot.invalid_tokens},
+                        py::arg("aux_loss") = r.losses.aux.value,
+                        py::arg("sequence_aux_loss") = r.losses.sequence_aux,
+                        py::arg("z_loss") = r.losses.z.value);
+      },
+      py::arg("config"), py::arg("arrays"));
+}
+
+}  // namespace moeroute::python
