@@ -6,6 +6,7 @@
 #   ./build.sh bench         build Release, run the capacity sweep and the kernel benchmarks
 #   ./build.sh examples      build and run the examples
 #   ./build.sh gpu-check DIR on a GPU machine: GPU tests, compute-sanitizer, GPU benchmarks
+#   ./build.sh python        `pip install .` into build/python-venv, then the Python tests on it
 set -euo pipefail
 cd "$(dirname "$0")"
 ROOT=$(pwd)
@@ -16,9 +17,8 @@ log() { printf '\n==> %s\n' "$*"; }
 # Debian packages this project needs; installed only when missing.
 PACKAGES=(cmake make g++ catch2 libfmt-dev libbenchmark-dev libcli11-dev nlohmann-json3-dev
           python3 python3-numpy python3-matplotlib clang libclang-rt-dev clang-format
-          libopenmpi-dev openmpi-bin)
-# Only `./build.sh bench` needs these: the PyTorch baseline of the CPU backend benchmark.
-BENCH_PACKAGES=(python3-torch)
+          libopenmpi-dev openmpi-bin
+          python3-dev pybind11-dev python3-pytest python3-torch python3-pandas python3-venv)
 
 install_deps() {  # [extra packages...]
   local missing=()
@@ -54,7 +54,7 @@ cmd_test() {
 }
 
 cmd_bench() {
-  install_deps "${BENCH_PACKAGES[@]}"
+  install_deps
   configure_build release
   if [ -x bench/run_all.sh ]; then
     bench/run_all.sh "$ROOT/build/release"
@@ -84,10 +84,25 @@ cmd_gpu_check() {
   fi
 }
 
+# The Python package as a user installs it: `pip install .` (scikit-build-core and pybind11
+# come from PyPI into pip's isolated build environment) into a virtual environment that sees
+# Debian's torch and numpy, then the Python tests against the installed package.
+cmd_python() {
+  install_deps
+  local py=/usr/bin/python3 venv="$ROOT/build/python-venv"
+  log "pip install . into $venv"
+  "$py" -m venv --system-site-packages "$venv"
+  "$venv/bin/pip" install --quiet "$ROOT"
+  log "Python tests against the installed package"
+  (cd "$ROOT/build" && MOEROUTE_SHARED_DATA="$ROOT/tests/data" \
+     "$venv/bin/python" -m pytest -q -rs -p no:cacheprovider "$ROOT/python/tests")
+}
+
 case "${1:-test}" in
   test) cmd_test ;;
   bench) cmd_bench ;;
   examples) cmd_examples ;;
   gpu-check) shift; cmd_gpu_check "$@" ;;
-  *) echo "usage: $0 test|bench|examples|gpu-check DIR" >&2; exit 2 ;;
+  python) cmd_python ;;
+  *) echo "usage: $0 test|bench|examples|python|gpu-check DIR" >&2; exit 2 ;;
 esac
