@@ -6,7 +6,8 @@ A doc includes a region of a source file with a marker line before a fenced code
 
     <!-- snippet: examples/cuda_dispatch.cu#cuda-dispatch -->
     ```cpp
-    ...the lines between `// [snippet:cuda-dispatch]` and `// [/snippet]` in that file...
+    ...the lines between `// [snippet:cuda-dispatch]` and `// [/snippet]` in that file
+    (`# [snippet:...]` and `# [/snippet]` in a Python file)...
     ```
 
 The region is copied without its common indentation. `--check` (CTest's docs_snippets) fails
@@ -29,13 +30,14 @@ MAX_FREE_LINES = 12  # signatures and struct listings; anything longer comes fro
 
 def region(path, name):
     lines = (ROOT / path).read_text().splitlines()
-    begin = [i for i, l in enumerate(lines) if l.strip() == f"// [snippet:{name}]"]
-    end = [i for i, l in enumerate(lines) if l.strip() == "// [/snippet]"]
+    c = "#" if str(path).endswith(".py") else "//"  # the file's comment marker
+    begin = [i for i, l in enumerate(lines) if l.strip() == f"{c} [snippet:{name}]"]
+    end = [i for i, l in enumerate(lines) if l.strip() == f"{c} [/snippet]"]
     if len(begin) != 1:
-        raise SystemExit(f"{path}: {len(begin)} '// [snippet:{name}]' markers (need 1)")
+        raise SystemExit(f"{path}: {len(begin)} '{c} [snippet:{name}]' markers (need 1)")
     after = [i for i in end if i > begin[0]]
     if not after:
-        raise SystemExit(f"{path}: '// [snippet:{name}]' has no '// [/snippet]'")
+        raise SystemExit(f"{path}: '{c} [snippet:{name}]' has no '{c} [/snippet]'")
     body = "\n".join(lines[begin[0] + 1 : after[0]])
     return textwrap.dedent(body).strip("\n").splitlines()
 

@@ -26,7 +26,8 @@ class MoELayer(torch.nn.Module):
         self.w2 = torch.nn.Parameter(torch.randn(experts, hidden, d) * hidden ** -0.5)
 
     def forward(self, x):
-        out = self.router(x)
+        # [snippet:readme-python]
+        out = self.router(x)                              # RouterOutput: ids, weight, losses...
         buf = mt.permute(x, out)                          # [max_rows, d], expert-major
         offsets = out.offsets.tolist()
         rows = []
@@ -34,7 +35,8 @@ class MoELayer(torch.nn.Module):
             seg = buf[offsets[e]:offsets[e + 1]]
             rows.append(torch.relu(seg @ self.w1[e]) @ self.w2[e])
         rows.append(buf[offsets[-1]:])                    # padding rows past the experts
-        y = mt.combine(torch.cat(rows), out, x=x)
+        y = mt.combine(torch.cat(rows), out, x=x)         # differentiable in rows, weight, x
+        # [/snippet]
         return y, out
 
 
