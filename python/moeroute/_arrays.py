@@ -74,3 +74,18 @@ def scalar(x) -> float:
     if is_torch(x):
         return float(x.reshape(()).item())
     return float(np.asarray(x).reshape(()))
+
+
+def on_cuda(x) -> bool:
+    """True for a torch tensor on a CUDA device."""
+    return is_torch(x) and x.device.type == "cuda"
+
+
+def stream_of(x):
+    """The CUDA stream a call on `x` runs on: torch's current stream on x's device (an int
+    handle), or None for host arrays. The stages launch there and never synchronise."""
+    if not on_cuda(x):
+        return None
+    import torch
+
+    return int(torch.cuda.current_stream(x.device).cuda_stream)

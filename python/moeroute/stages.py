@@ -83,9 +83,10 @@ def gating(logits, config: Config, *, bias=None, valid=None, per_token_aux: bool
     aux_count_ids [T, c] for a caller's own aux loss."""
     T = _tokens_of(logits, "logits")
     out = _arrays.allocate(logits, _core.gating_outputs(config, T, per_token_aux), T == 0)
+    cuda = _arrays.on_cuda(logits) or _core.emulated
     args = dict(out, logits=logits, bias=bias, valid=_arrays.as_mask(valid),
-                workspace=_arrays.workspace(logits, _core.gating_workspace_bytes(config, T)))
-    _core.gating(config, args, threads)
+                workspace=_arrays.workspace(logits, _core.gating_workspace_bytes(config, T, cuda)))
+    _core.gating(config, args, threads, _arrays.stream_of(logits))
     return Gated(out, T)
 
 
@@ -96,36 +97,47 @@ def dispatch(gated: Gated, config: Config, *, valid=None, threads: int = 0) -> D
     T = gated.tokens
     out = _arrays.allocate(like, _core.dispatch_outputs(config, T), T == 0)
     args = dict(gated.arrays)
+    cuda = _arrays.on_cuda(like) or _core.emulated
     args.update(out, valid=_arrays.as_mask(valid),
-                workspace=_arrays.workspace(like, _core.dispatch_workspace_bytes(config, T)))
-    _core.dispatch(config, args, threads)
+                workspace=_arrays.workspace(like, _core.dispatch_workspace_bytes(config, T, cuda)))
+    _core.dispatch(config, args, threads, _arrays.stream_of(like))
     return Dispatched(out)
 
 
 def layout(dispatched: Dispatched, config: Config, *, kind: str = "padded", block_size: int = 1,
-           expert_map=None, threads: int = 0) -> Laid:
+           expert_map=None, local_experts: Optional[int] = None, threads: int = 0) -> Laid:
     """The expert buffer's rows: padded (E x C, a capacity needed) or compact (segments
-    aligned to block_size). `expert_map` [total_experts] int32: a local-expert view (compact)."""
+    aligned to block_size). `expert_map` [total_experts] int32: a local-expert view (compact)
+    of `local_experts` experts (its entries >= 0; counted from the map when not given, a host
+    read of a device map)."""
     like = dispatched.expert
     T = int(like.shape[0])
     local = 0
     if expert_map is not None:
-        m = expert_map.tolist() if not _arrays.is_torch(expert_map) else expert_map.cpu().tolist()
-        local = sum(1 for v in m if v >= 0)
+        if local_experts is None:
+            m = expert_map.tolist() if not _arrays.is_torch(expert_map) else \
+                expert_map.cpu().tolist()
+            local_experts = sum(1 for v in m if v >= 0)
+        local = int(local_experts)
     specs = _core.layout_outputs(config, T, kind, block_size, local)
     out = _arrays.allocate(like, specs, T == 0)
     args = dict(dispatched.arrays)
     args.update(out, expert_map=expert_map)
-    _core.layout(config, args, kind, block_size, threads)
+    _core.layout(config, args, kind, block_size, local, threads, _arrays.stream_of(like))
     max_rows = dict((n, s) for n, s, _ in specs)["row_token"][0]
     return Laid(out, kind, block_size, max_rows)
 
 
-def permute(x, laid: Laid, config: Config, *, threads: int = 0):
-    """Hidden states x [T, d] gathered into the expert buffer [max_rows, d] (padding rows 0)."""
-    out = _arrays.empty_like_framework(x, (laid.max_rows, int(x.shape[1])), _arrays.dtype_name(x))
+def permute(x, laid: Laid, config: Config, *, out=None, threads: int = 0):
+    """Hidden states x [T, d] gathered into the expert buffer [max_rows, d]: padding rows are
+    0. The stage writes the rows in use (laid.num_rows, read on the device); the rows past them
+    stay as the buffer had them: zero in the fresh buffer this returns, or what `out` (a
+    buffer reused across steps, zeroed once) held."""
+    if out is None:
+        out = _arrays.zeros_like_framework(x, (laid.max_rows, int(x.shape[1])),
+                                           _arrays.dtype_name(x))
     _core.permute(config, dict(x=x, row_token=laid.row_token, num_rows=laid.num_rows, out=out),
-                  threads)
+                  threads, _arrays.stream_of(x))
     return out
 
 
@@ -137,7 +149,8 @@ def combine(expert_out, laid: Laid, dispatched: Dispatched, config: Config, *, x
     y = _arrays.empty_like_framework(expert_out, (T, int(expert_out.shape[1])),
                                      _arrays.dtype_name(expert_out))
     _core.combine(config, dict(expert_out=expert_out, assignment_row=laid.assignment_row,
-                               weight=dispatched.weight, fate=dispatched.fate, x=x, y=y), threads)
+                               weight=dispatched.weight, fate=dispatched.fate, x=x, y=y), threads,
+                  _arrays.stream_of(expert_out))
     return y
 
 
@@ -150,7 +163,8 @@ def losses(gated: Gated, config: Config, *, tokens: Optional[int] = None,
            for n in ("aux_loss", "sequence_aux_loss", "z_loss")}
     args = dict(gated.arrays)
     args.update(out)
-    _core.losses(config, args, gated.tokens if tokens is None else int(tokens), threads)
+    _core.losses(config, args, gated.tokens if tokens is None else int(tokens), threads,
+                 _arrays.stream_of(like))
     return out
 
 
@@ -171,7 +185,8 @@ def gating_backward(logits, gated: Gated, dispatched: Optional[Dispatched], conf
         args["fate"] = dispatched.fate
     args.update(logits=logits, grad_weight=grad_weight, grad_logits=out,
                 valid=_arrays.as_mask(valid))
-    _core.gating_backward(config, args, routing, aux, sequence_aux, z, accumulate, threads)
+    _core.gating_backward(config, args, routing, aux, sequence_aux, z, accumulate, threads,
+                          _arrays.stream_of(logits))
     return out
 
 
@@ -190,7 +205,7 @@ def combine_backward(dy, expert_out, laid: Laid, dispatched: Dispatched, config:
                                         assignment_row=laid.assignment_row,
                                         weight=dispatched.weight, fate=dispatched.fate,
                                         grad_expert_out=g_out, grad_weight=g_w, grad_x=g_x),
-                           threads)
+                           threads, _arrays.stream_of(expert_out))
     return g_out, g_w, g_x
 
 
@@ -202,14 +217,15 @@ def permute_backward(grad_buf, laid: Laid, config: Config, *, out=None, threads:
         out = _arrays.empty_like_framework(grad_buf, (T, int(grad_buf.shape[1])),
                                            _arrays.dtype_name(grad_buf))
     _core.permute_backward(config, dict(grad_buf=grad_buf, assignment_row=laid.assignment_row,
-                                        grad_x=out), accumulate, threads)
+                                        grad_x=out), accumulate, threads,
+                           _arrays.stream_of(grad_buf))
     return out
 
 
 def expert_bias_update(bias, load, config: Config) -> None:
     """DeepSeek's aux-loss-free balancing: bias [E] float32 updated in place from the loads
     [E] int64 summed over a step (gating.bias_update.rate / recenter)."""
-    _core.expert_bias_update(config, dict(bias=bias, load=load))
+    _core.expert_bias_update(config, dict(bias=bias, load=load), _arrays.stream_of(bias))
 
 
 @dataclass

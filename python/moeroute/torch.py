@@ -495,7 +495,5 @@ class Router(torch.nn.Module):
         since the last update (gating.bias_update.rate), then clears that load."""
         if self.expert_bias is None:
             raise _core.Error("update_expert_bias: the config routes without gating.expert_bias")
-        bias = self.expert_bias.detach().cpu().contiguous()
-        _st.expert_bias_update(bias, self.load_since_update.cpu().contiguous(), self.config)
-        self.expert_bias.copy_(bias)
+        _st.expert_bias_update(self.expert_bias, self.load_since_update, self.config)
         self.load_since_update.zero_()

@@ -90,9 +90,10 @@ array_view call_arrays::look(const std::string& name, bool writable) {
     try {
       // Device arrays are handed over on the call's stream: the producer orders its pending
       // work before it there (a stream wait, never a host sync).
+      // (DLPack names the legacy default stream 1; 0 is reserved as ambiguous)
       cap = stream_ && py::hasattr(obj, "device") &&
                     !py::str(obj.attr("device")).cast<std::string>().starts_with("cpu")
-                ? obj.attr("__dlpack__")(py::arg("stream") = *stream_)
+                ? obj.attr("__dlpack__")(py::arg("stream") = *stream_ == 0 ? 1 : *stream_)
                 : obj.attr("__dlpack__")();
     } catch (py::error_already_set& e) {
       // numpy refuses read-only arrays (DLPack v0 cannot say read-only); read those through

@@ -73,7 +73,8 @@ layout_kind parse_layout_kind(const std::string& s) {
 }
 
 void bind_config(py::module_& m) {
-  py::class_<routing_config>(m, "Config", R"(A routing configuration: every field by its dotted
+  py::class_<routing_config>(m, "Config", py::module_local(),
+                             R"(A routing configuration: every field by its dotted
 name, as the C++ routing_config and docs/api.md spell it ("capacity.factor",
 "dispatch.dropped"). Config.preset() builds a peer's routing by name.)")
       .def(py::init([](const std::string& text) {
@@ -266,9 +267,10 @@ name, as the C++ routing_config and docs/api.md spell it ("capacity.factor",
       },
       py::arg("config"), py::arg("tokens"), py::arg("layout"), py::arg("block_size"),
       py::arg("local_experts") = 0);
-  m.def("gating_workspace_bytes", &gating_workspace_bytes, py::arg("config"), py::arg("tokens"));
-  m.def("dispatch_workspace_bytes", &dispatch_workspace_bytes, py::arg("config"),
-        py::arg("tokens"));
+  m.def("gating_workspace_bytes", &gating_workspace_bytes, py::arg("config"), py::arg("tokens"),
+        py::arg("cuda") = false);
+  m.def("dispatch_workspace_bytes", &dispatch_workspace_bytes, py::arg("config"), py::arg("tokens"),
+        py::arg("cuda") = false);
   m.attr("totals_fields") =
       py::cast(std::vector<std::string>(std::begin(totals_fields), std::end(totals_fields)));
 }

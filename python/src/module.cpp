@@ -9,6 +9,7 @@
 #include <moeroute/status.hpp>
 
 #include "arrays.hpp"
+#include "launch.hpp"
 #include "ops.hpp"
 
 namespace moeroute::python {
@@ -16,53 +17,58 @@ namespace moeroute::python {
 void bind_ops(py::module_& m) {
   const auto cfg = py::arg("config"), arrays = py::arg("arrays");
   const auto threads = py::arg("threads") = 0;
-  m.def("gating", &gating, cfg, arrays, threads);
-  m.def("dispatch", &dispatch, cfg, arrays, threads);
+  const auto stream = py::arg("stream") = py::none();
+  m.def("gating", &gating, cfg, arrays, threads, stream);
+  m.def("dispatch", &dispatch, cfg, arrays, threads, stream);
   m.def(
       "layout",
       [](const routing_config& c, py::dict a, const std::string& kind, std::int64_t block_size,
-         int t) { layout(c, std::move(a), parse_layout_kind(kind), block_size, t); },
-      cfg, arrays, py::arg("layout"), py::arg("block_size"), threads);
-  m.def("permute", &permute, cfg, arrays, threads);
-  m.def("combine", &combine, cfg, arrays, threads);
-  m.def("losses", &losses, cfg, arrays, py::arg("tokens"), threads);
+         std::int32_t local_experts, int t, stream_arg s) {
+        layout(c, std::move(a), parse_layout_kind(kind), block_size, local_experts, t, s);
+      },
+      cfg, arrays, py::arg("layout"), py::arg("block_size"), py::arg("local_experts") = 0, threads,
+      stream);
+  m.def("permute", &permute, cfg, arrays, threads, stream);
+  m.def("combine", &combine, cfg, arrays, threads, stream);
+  m.def("losses", &losses, cfg, arrays, py::arg("tokens"), threads, stream);
   m.def(
       "gating_backward",
       [](const routing_config& c, py::dict a, double routing, double aux, double sequence_aux,
-         double z, bool accumulate, int t) {
+         double z, bool accumulate, int t, stream_arg s) {
         gating_backward(c, std::move(a), gating_backward_weights{routing, aux, sequence_aux, z},
-                        accumulate, t);
+                        accumulate, t, s);
       },
       cfg, arrays, py::arg("routing"), py::arg("aux"), py::arg("sequence_aux"), py::arg("z"),
-      py::arg("accumulate"), threads);
-  m.def("combine_backward", &combine_backward, cfg, arrays, threads);
-  m.def("permute_backward", &permute_backward, cfg, arrays, py::arg("accumulate"), threads);
-  m.def("expert_bias_update", &expert_bias_update, cfg, arrays);
+      py::arg("accumulate"), threads, stream);
+  m.def("combine_backward", &combine_backward, cfg, arrays, threads, stream);
+  m.def("permute_backward", &permute_backward, cfg, arrays, py::arg("accumulate"), threads, stream);
+  m.def("expert_bias_update", &expert_bias_update, cfg, arrays, stream);
 }
 
-}  // namespace moeroute::python
-
-PYBIND11_MODULE(_core, m) {
-  namespace mp = moeroute::python;
+void init_module(py::module_& m) {
   m.doc() = "moeroute's C++ stages (used through the moeroute package)";
-  // moeroute.Error (a ValueError) for bad arguments and for every failed library status
+  // moeroute.Error (a ValueError) for bad arguments and for every failed library status. Local
+  // to the module, as Config is, so the test module _core_emulated can be loaded beside it.
   static PyObject* error = nullptr;
-  error = pybind11::register_exception<mp::binding_error>(m, "Error", PyExc_ValueError).ptr();
-  pybind11::register_exception_translator([](std::exception_ptr p) {
+  error = py::register_local_exception<binding_error>(m, "Error", PyExc_ValueError).ptr();
+  py::register_local_exception_translator([](std::exception_ptr p) {
     try {
       if (p) std::rethrow_exception(p);
     } catch (const moeroute::error& e) {
       PyErr_SetString(error, e.what());
     }
   });
-  mp::bind_config(m);
-  mp::bind_ops(m);
-  mp::bind_plan(m);
-  mp::bind_reference(m);
+  bind_config(m);
+  bind_ops(m);
+  bind_plan(m);
+  bind_reference(m);
 #if defined(_OPENMP)
   m.attr("openmp") = true;
 #else
   m.attr("openmp") = false;
 #endif
-  m.attr("cuda") = false;
+  m.attr("cuda") = has_cuda();
+  m.attr("emulated") = host_arrays_on_device();
 }
+
+}  // namespace moeroute::python

@@ -8,6 +8,7 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <optional>
 
 #include <moeroute/config.hpp>
 #include <moeroute/status.hpp>
@@ -19,20 +20,30 @@ namespace py = pybind11;
 
 /// validate(cfg) and validate_tokens(cfg, tokens).
 [[nodiscard]] status validate_extents_checked(const routing_config& cfg, std::int64_t tokens);
-[[nodiscard]] std::size_t gating_workspace_bytes(const routing_config& cfg, std::int64_t tokens);
-[[nodiscard]] std::size_t dispatch_workspace_bytes(const routing_config& cfg, std::int64_t tokens);
+/// The scratch of gating / dispatch on the CPU or (cuda) the CUDA backend.
+[[nodiscard]] std::size_t gating_workspace_bytes(const routing_config& cfg, std::int64_t tokens,
+                                                 bool cuda);
+[[nodiscard]] std::size_t dispatch_workspace_bytes(const routing_config& cfg, std::int64_t tokens,
+                                                   bool cuda);
 
-void gating(const routing_config& cfg, py::dict arrays, int threads);
-void dispatch(const routing_config& cfg, py::dict arrays, int threads);
+// Each runs where its arrays live; `threads` caps OpenMP on the CPU, `stream` is the CUDA
+// stream (cudaStream_t as an integer) for device arrays.
+using stream_arg = std::optional<std::intptr_t>;
+void gating(const routing_config& cfg, py::dict arrays, int threads, stream_arg stream);
+void dispatch(const routing_config& cfg, py::dict arrays, int threads, stream_arg stream);
+/// local_experts: the number of non-negative entries of arrays["expert_map"] (when given)
 void layout(const routing_config& cfg, py::dict arrays, layout_kind kind, std::int64_t block_size,
-            int threads);
-void permute(const routing_config& cfg, py::dict arrays, int threads);
-void combine(const routing_config& cfg, py::dict arrays, int threads);
-void losses(const routing_config& cfg, py::dict arrays, std::int64_t tokens, int threads);
+            std::int32_t local_experts, int threads, stream_arg stream);
+void permute(const routing_config& cfg, py::dict arrays, int threads, stream_arg stream);
+void combine(const routing_config& cfg, py::dict arrays, int threads, stream_arg stream);
+void losses(const routing_config& cfg, py::dict arrays, std::int64_t tokens, int threads,
+            stream_arg stream);
 void gating_backward(const routing_config& cfg, py::dict arrays,
-                     const gating_backward_weights& weights, bool accumulate, int threads);
-void combine_backward(const routing_config& cfg, py::dict arrays, int threads);
-void permute_backward(const routing_config& cfg, py::dict arrays, bool accumulate, int threads);
-void expert_bias_update(const routing_config& cfg, py::dict arrays);
+                     const gating_backward_weights& weights, bool accumulate, int threads,
+                     stream_arg stream);
+void combine_backward(const routing_config& cfg, py::dict arrays, int threads, stream_arg stream);
+void permute_backward(const routing_config& cfg, py::dict arrays, bool accumulate, int threads,
+                      stream_arg stream);
+void expert_bias_update(const routing_config& cfg, py::dict arrays, stream_arg stream);
 
 }  // namespace moeroute::python

@@ -310,3 +310,36 @@ def test_cuda_tensor_on_a_cpu_only_build_is_refused():
     cfg = Config.deepspeed_top2(8)
     with pytest.raises(Error, match="CPU backend only"):
         moeroute.gating(torch.zeros(4, 8, device="cuda"), cfg)
+
+
+@pytest.mark.skipif(not (torch.cuda.is_available() and _core.cuda),
+                    reason="no CUDA device, or moeroute built without CUDA")
+@pytest.mark.parametrize("name,cfg", CONFIGS[::3], ids=[n for n, _ in CONFIGS[::3]])
+def test_cuda_stages_match_the_cpu(name, cfg):
+    """Every stage on CUDA tensors (the CUDA launchers on torch's current stream) against the
+    same stage on the CPU: integers exactly, floats within the CUDA tolerances."""
+    x = logits_grid(256, cfg.num_experts, seed=len(name))
+    bias = bias_for(cfg)
+    tb = None if bias is None else torch.from_numpy(bias)
+    cpu = moeroute.route(torch.from_numpy(x), cfg, bias=tb)
+    gpu = moeroute.route(torch.from_numpy(x).cuda(), cfg, bias=None if tb is None else tb.cuda())
+    for a, b in ((cpu.gated, gpu.gated), (cpu.dispatched, gpu.dispatched), (cpu.laid, gpu.laid)):
+        for k, v in a.arrays.items():
+            w = b.arrays[k].cpu()
+            if v.dtype.is_floating_point:
+                torch.testing.assert_close(w, v, rtol=1e-5, atol=1e-6, msg=k)
+            else:
+                assert torch.equal(w, v), k
+    h = torch.randn(256, 32)
+    buf = moeroute.permute(h, cpu.laid, cfg)
+    gbuf = moeroute.permute(h.cuda(), gpu.laid, cfg)
+    torch.testing.assert_close(gbuf.cpu(), buf)
+    y = moeroute.combine(buf, cpu.laid, cpu.dispatched, cfg, x=h)
+    gy = moeroute.combine(gbuf, gpu.laid, gpu.dispatched, cfg, x=h.cuda())
+    torch.testing.assert_close(gy.cpu(), y, rtol=1e-5, atol=1e-5)
+    gw = torch.randn(256, cfg.top_k)
+    g = moeroute.gating_backward(torch.from_numpy(x), cpu.gated, cpu.dispatched, cfg,
+                                 grad_weight=gw)
+    gg = moeroute.gating_backward(torch.from_numpy(x).cuda(), gpu.gated, gpu.dispatched, cfg,
+                                  grad_weight=gw.cuda())
+    torch.testing.assert_close(gg.cpu(), g, rtol=1e-5, atol=1e-6)

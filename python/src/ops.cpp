@@ -1,7 +1,9 @@
 // SPDX-License-Identifier: Apache-2.0
-// The stages on host arrays: each binding reads its named arrays (checked against the specs),
-// fills the params struct the C++ API takes, releases the GIL and calls moeroute::cpu. A
-// failed status becomes moeroute.Error carrying the library's message.
+// The stages on the caller's arrays: each binding reads its named arrays (checked against the
+// specs), fills the params struct the C++ API takes, releases the GIL and launches the stage
+// where the arrays live: moeroute::cpu for host arrays, the CUDA launchers on the caller's
+// stream for device arrays (launch.hpp). A failed status becomes moeroute.Error carrying the
+// library's message.
 #include "ops.hpp"
 
 #include <moeroute/cpu.hpp>
@@ -10,6 +12,7 @@
 #include <cstddef>
 #include <utility>
 
+#include "launch.hpp"
 #include "specs.hpp"
 
 namespace moeroute::python {
@@ -91,20 +94,32 @@ const_gating_sums sums_of(call_arrays& a, const routing_config& cfg, std::int64_
   return s;
 }
 
-cpu::executor executor_of(int threads) {
-  return threads == 1 ? cpu::executor::serial() : cpu::executor::openmp(threads);
+cpu::executor executor_of(const run_on& r) {
+  return r.threads == 1 ? cpu::executor::serial() : cpu::executor::openmp(r.threads);
+}
+
+/// The call's arrays, accepting device arrays when this build has the CUDA launchers.
+call_arrays arrays_of(const char* op, py::dict arrays, std::optional<std::intptr_t> stream) {
+  return call_arrays(op, std::move(arrays), stream, has_cuda());
+}
+
+/// Where the call runs: on the device of its arrays (read after the first array).
+run_on where(const call_arrays& a, int threads, std::optional<std::intptr_t> stream) {
+  return {a.place().type != dl::cpu || host_arrays_on_device(), threads, stream.value_or(0)};
 }
 
 }  // namespace
 
-std::size_t gating_workspace_bytes(const routing_config& cfg, std::int64_t tokens) {
+std::size_t gating_workspace_bytes(const routing_config& cfg, std::int64_t tokens, bool cuda) {
   raise_if(validate_extents_checked(cfg, tokens), "gating_workspace_bytes");
-  return cpu::gating_workspace_bytes(cfg, tokens);
+  return cuda ? cuda_launch::gating_workspace_bytes(cfg, tokens)
+              : cpu::gating_workspace_bytes(cfg, tokens);
 }
 
-std::size_t dispatch_workspace_bytes(const routing_config& cfg, std::int64_t tokens) {
+std::size_t dispatch_workspace_bytes(const routing_config& cfg, std::int64_t tokens, bool cuda) {
   raise_if(validate_extents_checked(cfg, tokens), "dispatch_workspace_bytes");
-  return cpu::dispatch_workspace_bytes(cfg, tokens);
+  return cuda ? cuda_launch::dispatch_workspace_bytes(cfg, tokens)
+              : cpu::dispatch_workspace_bytes(cfg, tokens);
 }
 
 status validate_extents_checked(const routing_config& cfg, std::int64_t tokens) {
@@ -112,10 +127,12 @@ status validate_extents_checked(const routing_config& cfg, std::int64_t tokens) 
   return validate_tokens(cfg, tokens);
 }
 
-void gating(const routing_config& cfg, py::dict arrays, int threads) {
-  call_arrays a("gating", std::move(arrays));
+void gating(const routing_config& cfg, py::dict arrays, int threads,
+            std::optional<std::intptr_t> stream) {
+  call_arrays a = arrays_of("gating", std::move(arrays), stream);
   raise_if(validate(cfg), "gating");
   const array_view logits = a.view("logits", {any, cfg.num_experts}, element_types, false);
+  const run_on on = where(a, threads, stream);
   const std::int64_t T = logits.shape[0];
   raise_if(validate_tokens(cfg, T), "gating");
   const auto specs = gating_outputs(cfg, T, a.has("aux_scores") || a.has("aux_count_ids"));
@@ -145,9 +162,8 @@ void gating(const routing_config& cfg, py::dict arrays, int threads) {
   }
   const float* bias = a.in<float>({"bias", {cfg.num_experts}, elem::f32}, cfg.gating.expert_bias);
   const std::uint8_t* valid = valid_of(a, T);
-  const std::size_t ws_bytes = cpu::gating_workspace_bytes(cfg, T);
+  const std::size_t ws_bytes = gating_workspace_bytes(cfg, T, on.cuda);
   void* ws = workspace_of(a, ws_bytes);
-  const cpu::executor ex = executor_of(threads);
   with_element(logits.dtype, [&](auto e) {
     using Element = decltype(e);
     gating_params<Element> p;
@@ -156,14 +172,19 @@ void gating(const routing_config& cfg, py::dict arrays, int threads) {
     p.d_bias = bias;
     p.d_valid = valid;
     p.out = o;
-    run("gating", [&] { return cpu::gating(cfg, p, ws, ws_bytes, ex); });
+    run("gating", [&] {
+      return on.cuda ? cuda_launch::gating(cfg, p, ws, ws_bytes, on.stream)
+                     : cpu::gating(cfg, p, ws, ws_bytes, executor_of(on));
+    });
   });
 }
 
-void dispatch(const routing_config& cfg, py::dict arrays, int threads) {
-  call_arrays a("dispatch", std::move(arrays));
+void dispatch(const routing_config& cfg, py::dict arrays, int threads,
+              std::optional<std::intptr_t> stream) {
+  call_arrays a = arrays_of("dispatch", std::move(arrays), stream);
   raise_if(validate(cfg), "dispatch");
   const std::int64_t T = a.view("ids", {any, cfg.top_k}, {elem::i32}, false).shape[0];
+  const run_on on = where(a, threads, stream);
   raise_if(validate_tokens(cfg, T), "dispatch");
   const auto specs = dispatch_outputs(cfg, T);
   dispatch_params p;
@@ -181,27 +202,27 @@ void dispatch(const routing_config& cfg, py::dict arrays, int threads) {
   p.out.d_received = a.out<std::int64_t>(find_spec(specs, "received"), true);
   p.out.d_load = a.out<std::int64_t>(find_spec(specs, "load"), true);
   p.out.d_totals = a.out<dispatch_totals>(find_spec(specs, "totals"), true);
-  const std::size_t ws_bytes = cpu::dispatch_workspace_bytes(cfg, T);
+  const std::size_t ws_bytes = dispatch_workspace_bytes(cfg, T, on.cuda);
   void* ws = workspace_of(a, ws_bytes);
-  const cpu::executor ex = executor_of(threads);
-  run("dispatch", [&] { return cpu::dispatch(cfg, p, ws, ws_bytes, ex); });
+  run("dispatch", [&] {
+    return on.cuda ? cuda_launch::dispatch(cfg, p, ws, ws_bytes, on.stream)
+                   : cpu::dispatch(cfg, p, ws, ws_bytes, executor_of(on));
+  });
 }
 
 void layout(const routing_config& cfg, py::dict arrays, layout_kind kind, std::int64_t block_size,
-            int threads) {
-  call_arrays a("layout", std::move(arrays));
+            std::int32_t local_experts, int threads, std::optional<std::intptr_t> stream) {
+  call_arrays a = arrays_of("layout", std::move(arrays), stream);
   raise_if(validate(cfg), "layout");
   const std::int64_t T = a.view("expert", {any, cfg.top_k}, {elem::i32}, false).shape[0];
+  const run_on on = where(a, threads, stream);
   raise_if(validate_tokens(cfg, T), "layout");
+  // the map may live on the device: the caller counts its local experts (its entries >= 0);
+  // check_params checks local_experts against the config, the launcher the map against it
   const std::int32_t* map =
       a.in<std::int32_t>({"expert_map", {cfg.total_experts()}, elem::i32}, false);
-  std::int32_t local = 0;
-  if (map != nullptr) {
-    // the local experts are the map's non-negative entries (validate() checks each is once)
-    const auto* m = map;
-    for (std::int32_t e = 0; e < cfg.total_experts(); ++e) local += m[e] >= 0 ? 1 : 0;
-    if (local == 0) a.fail("expert_map: holds no local expert (every entry is -1)");
-  }
+  const std::int32_t local = map != nullptr ? local_experts : 0;
+  if (map != nullptr && local < 1) a.fail("expert_map: holds no local expert (every entry is -1)");
   const auto specs = layout_outputs(cfg, T, kind, block_size, local);
   const auto dspecs = dispatch_outputs(cfg, T);
   layout_params p;
@@ -224,18 +245,20 @@ void layout(const routing_config& cfg, py::dict arrays, layout_kind kind, std::i
     p.out.d_block_expert = a.out<std::int32_t>(find_spec(specs, "block_expert"), false);
   if (lists(specs, "nonlocal"))
     p.out.d_nonlocal = a.out<std::int64_t>(find_spec(specs, "nonlocal"), true);
-  const cpu::executor ex = executor_of(threads);
-  run("layout", [&] { return cpu::layout(cfg, p, ex); });
+  run("layout", [&] {
+    return on.cuda ? cuda_launch::layout(cfg, p, on.stream) : cpu::layout(cfg, p, executor_of(on));
+  });
 }
 
-void permute(const routing_config& cfg, py::dict arrays, int threads) {
-  call_arrays a("permute", std::move(arrays));
+void permute(const routing_config& cfg, py::dict arrays, int threads,
+             std::optional<std::intptr_t> stream) {
+  call_arrays a = arrays_of("permute", std::move(arrays), stream);
   const array_view x = a.view("x", {any, any}, element_types, false);
+  const run_on on = where(a, threads, stream);
   const array_view row_token = a.view("row_token", {any}, {elem::i32}, false);
   const std::int64_t T = x.shape[0], d = x.shape[1], rows = row_token.shape[0];
   const std::int64_t* num_rows = a.in<std::int64_t>({"num_rows", {1}, elem::i64}, false);
   const array_view out = a.view("out", {rows, d}, {x.dtype}, true);
-  const cpu::executor ex = executor_of(threads);
   with_element(x.dtype, [&](auto e) {
     using Element = decltype(e);
     permute_params<Element> p;
@@ -246,13 +269,18 @@ void permute(const routing_config& cfg, py::dict arrays, int threads) {
     p.layout.d_num_rows = num_rows;
     p.rows = rows;
     p.d_out = static_cast<Element*>(out.data);
-    run("permute", [&] { return cpu::permute(cfg, p, ex); });
+    run("permute", [&] {
+      return on.cuda ? cuda_launch::permute(cfg, p, on.stream)
+                     : cpu::permute(cfg, p, executor_of(on));
+    });
   });
 }
 
-void combine(const routing_config& cfg, py::dict arrays, int threads) {
-  call_arrays a("combine", std::move(arrays));
+void combine(const routing_config& cfg, py::dict arrays, int threads,
+             std::optional<std::intptr_t> stream) {
+  call_arrays a = arrays_of("combine", std::move(arrays), stream);
   const array_view expert_out = a.view("expert_out", {any, any}, element_types, false);
+  const run_on on = where(a, threads, stream);
   const std::int64_t rows = expert_out.shape[0], d = expert_out.shape[1];
   const array_view weight = a.view("weight", {any, cfg.top_k}, {elem::f32}, false);
   const std::int64_t T = weight.shape[0];
@@ -262,7 +290,6 @@ void combine(const routing_config& cfg, py::dict arrays, int threads) {
   const auto* fates = a.in<fate>({"fate", {T, cfg.top_k}, elem::u8}, residual);
   const array_view y = a.view("y", {T, d}, {expert_out.dtype}, true);
   const void* x = residual ? a.view("x", {T, d}, {expert_out.dtype}, false).data : nullptr;
-  const cpu::executor ex = executor_of(threads);
   with_element(expert_out.dtype, [&](auto e) {
     using Element = decltype(e);
     combine_params<Element> p;
@@ -275,12 +302,16 @@ void combine(const routing_config& cfg, py::dict arrays, int threads) {
     p.dispatched.d_fate = fates;
     p.d_x = static_cast<const Element*>(x);
     p.d_y = static_cast<Element*>(y.data);
-    run("combine", [&] { return cpu::combine(cfg, p, ex); });
+    run("combine", [&] {
+      return on.cuda ? cuda_launch::combine(cfg, p, on.stream)
+                     : cpu::combine(cfg, p, executor_of(on));
+    });
   });
 }
 
-void losses(const routing_config& cfg, py::dict arrays, std::int64_t tokens, int threads) {
-  call_arrays a("losses", std::move(arrays));
+void losses(const routing_config& cfg, py::dict arrays, std::int64_t tokens, int threads,
+            std::optional<std::intptr_t> stream) {
+  call_arrays a = arrays_of("losses", std::move(arrays), stream);
   raise_if(validate_extents_checked(cfg, tokens), "losses");
   loss_params p;
   p.tokens = tokens;
@@ -289,15 +320,19 @@ void losses(const routing_config& cfg, py::dict arrays, std::int64_t tokens, int
   p.d_z_loss = a.out<double>({"z_loss", {1}, elem::f64}, false);
   p.sums = sums_of(a, cfg, tokens, p.d_aux_loss != nullptr, p.d_z_loss != nullptr,
                    p.d_sequence_aux_loss != nullptr);
-  const cpu::executor ex = executor_of(threads);
-  run("losses", [&] { return cpu::losses(cfg, p, ex); });
+  const run_on on = where(a, threads, stream);
+  run("losses", [&] {
+    return on.cuda ? cuda_launch::losses(cfg, p, on.stream) : cpu::losses(cfg, p, executor_of(on));
+  });
 }
 
 void gating_backward(const routing_config& cfg, py::dict arrays,
-                     const gating_backward_weights& weights, bool accumulate, int threads) {
-  call_arrays a("gating_backward", std::move(arrays));
+                     const gating_backward_weights& weights, bool accumulate, int threads,
+                     std::optional<std::intptr_t> stream) {
+  call_arrays a = arrays_of("gating_backward", std::move(arrays), stream);
   raise_if(validate(cfg), "gating_backward");
   const array_view logits = a.view("logits", {any, cfg.num_experts}, element_types, false);
+  const run_on on = where(a, threads, stream);
   const std::int64_t T = logits.shape[0];
   raise_if(validate_tokens(cfg, T), "gating_backward");
   const std::int64_t E = cfg.num_experts, k = cfg.top_k;
@@ -317,7 +352,6 @@ void gating_backward(const routing_config& cfg, py::dict arrays,
   dres.d_fate = a.in<fate>({"fate", {T, k}, elem::u8}, routing);
   float* grad_logits = a.out<float>({"grad_logits", {T, E}, elem::f32}, true);
   const std::uint8_t* valid = valid_of(a, T);
-  const cpu::executor ex = executor_of(threads);
   with_element(logits.dtype, [&](auto e) {
     using Element = decltype(e);
     gating_backward_params<Element> p;
@@ -330,13 +364,18 @@ void gating_backward(const routing_config& cfg, py::dict arrays,
     p.weights = weights;
     p.accumulate = accumulate;
     p.d_grad_logits = grad_logits;
-    run("gating_backward", [&] { return cpu::gating_backward(cfg, p, ex); });
+    run("gating_backward", [&] {
+      return on.cuda ? cuda_launch::gating_backward(cfg, p, on.stream)
+                     : cpu::gating_backward(cfg, p, executor_of(on));
+    });
   });
 }
 
-void combine_backward(const routing_config& cfg, py::dict arrays, int threads) {
-  call_arrays a("combine_backward", std::move(arrays));
+void combine_backward(const routing_config& cfg, py::dict arrays, int threads,
+                      std::optional<std::intptr_t> stream) {
+  call_arrays a = arrays_of("combine_backward", std::move(arrays), stream);
   const array_view expert_out = a.view("expert_out", {any, any}, element_types, false);
+  const run_on on = where(a, threads, stream);
   const std::int64_t rows = expert_out.shape[0], d = expert_out.shape[1];
   const array_view dy = a.view("dy", {any, d}, {expert_out.dtype}, false);
   const std::int64_t T = dy.shape[0], k = cfg.top_k;
@@ -348,7 +387,6 @@ void combine_backward(const routing_config& cfg, py::dict arrays, int threads) {
   float* grad_weight = a.out<float>({"grad_weight", {T, k}, elem::f32}, true);
   void* grad_x =
       a.has("grad_x") ? a.view("grad_x", {T, d}, {expert_out.dtype}, true).data : nullptr;
-  const cpu::executor ex = executor_of(threads);
   with_element(expert_out.dtype, [&](auto e) {
     using Element = decltype(e);
     combine_backward_params<Element> p;
@@ -364,18 +402,22 @@ void combine_backward(const routing_config& cfg, py::dict arrays, int threads) {
     p.d_grad_expert_out = static_cast<Element*>(grad_expert_out.data);
     p.d_grad_weight = grad_weight;
     p.d_grad_x = static_cast<Element*>(grad_x);
-    run("combine_backward", [&] { return cpu::combine_backward(cfg, p, ex); });
+    run("combine_backward", [&] {
+      return on.cuda ? cuda_launch::combine_backward(cfg, p, on.stream)
+                     : cpu::combine_backward(cfg, p, executor_of(on));
+    });
   });
 }
 
-void permute_backward(const routing_config& cfg, py::dict arrays, bool accumulate, int threads) {
-  call_arrays a("permute_backward", std::move(arrays));
+void permute_backward(const routing_config& cfg, py::dict arrays, bool accumulate, int threads,
+                      std::optional<std::intptr_t> stream) {
+  call_arrays a = arrays_of("permute_backward", std::move(arrays), stream);
   const array_view grad_buf = a.view("grad_buf", {any, any}, element_types, false);
+  const run_on on = where(a, threads, stream);
   const std::int64_t rows = grad_buf.shape[0], d = grad_buf.shape[1];
   const array_view assignment_row = a.view("assignment_row", {any, cfg.top_k}, {elem::i64}, false);
   const std::int64_t T = assignment_row.shape[0];
   const array_view grad_x = a.view("grad_x", {T, d}, {grad_buf.dtype}, true);
-  const cpu::executor ex = executor_of(threads);
   with_element(grad_buf.dtype, [&](auto e) {
     using Element = decltype(e);
     permute_backward_params<Element> p;
@@ -386,16 +428,24 @@ void permute_backward(const routing_config& cfg, py::dict arrays, bool accumulat
     p.layout.d_assignment_row = static_cast<const std::int64_t*>(assignment_row.data);
     p.accumulate = accumulate;
     p.d_grad_x = static_cast<Element*>(grad_x.data);
-    run("permute_backward", [&] { return cpu::permute_backward(cfg, p, ex); });
+    run("permute_backward", [&] {
+      return on.cuda ? cuda_launch::permute_backward(cfg, p, on.stream)
+                     : cpu::permute_backward(cfg, p, executor_of(on));
+    });
   });
 }
 
-void expert_bias_update(const routing_config& cfg, py::dict arrays) {
-  call_arrays a("expert_bias_update", std::move(arrays));
+void expert_bias_update(const routing_config& cfg, py::dict arrays,
+                        std::optional<std::intptr_t> stream) {
+  call_arrays a = arrays_of("expert_bias_update", std::move(arrays), stream);
   expert_bias_update_params p;
   p.d_bias = a.out<float>({"bias", {cfg.num_experts}, elem::f32}, true);
+  const run_on on = where(a, 0, stream);
   p.d_load = a.in<std::int64_t>({"load", {cfg.num_experts}, elem::i64}, true);
-  run("expert_bias_update", [&] { return cpu::expert_bias_update(cfg, p); });
+  run("expert_bias_update", [&] {
+    return on.cuda ? cuda_launch::expert_bias_update(cfg, p, on.stream)
+                   : cpu::expert_bias_update(cfg, p);
+  });
 }
 
 }  // namespace moeroute::python
