@@ -14,8 +14,6 @@ moeroute::permute, moeroute::combine) with fake implementations, so torch.compil
 them; on older torch they are plain autograd functions. float64 tensors are computed in
 float32 (the library's widest element type) and their results cast back."""
 
-from __future__ import annotations
-
 from typing import NamedTuple, Optional, Union
 
 import torch
@@ -63,7 +61,9 @@ def _route_impl(logits, bias, valid, config: str, kind: str, block_size: int):
                   valid=valid, kind=kind, block_size=block_size, threads=_threads())
     g, d, lay = r.gated.arrays, r.dispatched.arrays, r.laid.arrays
     loss_dtype = logits.dtype if logits.dtype in (torch.float32, torch.float64) else torch.float32
-    empty = x.new_zeros((0,), dtype=torch.int64)
+    def empty():  # a fresh one each time: a custom operator's outputs may not alias
+        return x.new_zeros((0,), dtype=torch.int64)
+
     return (d["weight"],
             r.losses["aux_loss"].to(loss_dtype).reshape(()),
             r.losses["sequence_aux_loss"].to(loss_dtype).reshape(()),
@@ -71,7 +71,8 @@ def _route_impl(logits, bias, valid, config: str, kind: str, block_size: int):
             g["ids"], g["gates"], d["expert"], d["slot"], d["fate"], lay["row_token"],
             lay["assignment_row"], lay["num_rows"], lay["offsets"], d["load"], d["requested"],
             g["aux_count"],
-            g["valid_tokens"], g.get("seq_count", empty), g.get("seq_tokens", empty),
+            g["valid_tokens"], g["seq_count"] if "seq_count" in g else empty(),
+            g["seq_tokens"] if "seq_tokens" in g else empty(),
             d["totals"])
 
 
@@ -207,11 +208,13 @@ if custom_ops:
 
     from torch import Tensor
 
+    # the schema needs a fixed-length tuple: route's 20 outputs (RouterOutput's tensor fields)
+    _RouteOutputs = Tuple[(Tensor,) * 20]
+
     @torch.library.custom_op("moeroute::route", mutates_args=())
     def _route_op(logits: Tensor, bias: Optional[Tensor], valid: Optional[Tensor], config: str,
-                  kind: str, block_size: int) -> Tuple[Tensor, ...]:
-        return tuple(t.clone() if t is logits else t
-                     for t in _route_impl(logits, bias, valid, config, kind, block_size))
+                  kind: str, block_size: int) -> _RouteOutputs:
+        return _route_impl(logits, bias, valid, config, kind, block_size)
 
     @_route_op.register_fake
     def _(logits, bias, valid, config, kind, block_size):
@@ -366,7 +369,12 @@ class RouterOutput(NamedTuple):
     seq_count: torch.Tensor           #: [S, E] int64 (empty without sequences)
     seq_tokens: torch.Tensor          #: [S] int64 (empty without sequences)
     totals: torch.Tensor              #: [8] int64 capacity, fallback_capacity, kept, ...
-    config: Config
+    config_text: str                  #: the routing's config as name=value text
+
+    @property
+    def config(self) -> Config:
+        """The routing's Config."""
+        return _config_of(self.config_text)
 
     def totals_dict(self):
         """The batch totals by name (a host read)."""
@@ -379,37 +387,61 @@ class RouterOutput(NamedTuple):
 
 
 def _as_config(config: Union[Config, str], num_experts: int = 0, top_k: int = 0) -> Config:
+    """A Config as given, from its name=value text (str(config)), or a preset by name."""
     if isinstance(config, Config):
         return config
+    if "=" in config or config == "":
+        return _config_of(config)
     return Config.preset(config, num_experts, top_k)
+
+
+def _constant_result(fn):
+    """Under torch.compile, fn runs at trace time and its result is a constant: what it
+    computes depends on the config only, never on tensor data."""
+    mark = getattr(getattr(torch, "compiler", None), "assume_constant_result", None)
+    return mark(fn) if mark is not None else fn
+
+
+@_constant_result
+def _prepared(config, num_experts: int, layout: str):
+    """(config text, layout kind) of a routing call."""
+    cfg = _as_config(config, num_experts)
+    return _text_of(cfg), _st.layout_kind_for(cfg, layout)
+
+
+@_constant_result
+def _residual(text: str) -> bool:
+    return _config_of(text)["dispatch.dropped"] == "residual"
 
 
 def route(logits: torch.Tensor, config: Union[Config, str], *, bias=None, valid=None,
           layout: str = "auto", block_size: int = 1) -> RouterOutput:
     """Routes router logits [..., E] (float32 / float16 / bfloat16 / float64) under `config`
-    (a Config or a preset name): gating, capacity dispatch, the expert-buffer layout and the
-    losses, differentiable through weight and the losses. layout: "padded", "compact" or
-    "auto" (padded when the capacity is bounded)."""
-    cfg = _as_config(config, int(logits.shape[-1]))
+    (a Config, its text str(config), or a preset name): gating, capacity dispatch, the
+    expert-buffer layout and the losses, differentiable through weight and the losses.
+    layout: "padded", "compact" or "auto" (padded when the capacity is bounded). Under
+    torch.compile pass the config as text or a name (a Config object is not a constant there);
+    Router does."""
+    text, kind = _prepared(config, int(logits.shape[-1]), layout)
     flat = logits.reshape(-1, logits.shape[-1])
     if valid is not None:
         valid = valid.reshape(-1)
         valid = valid.view(torch.uint8) if valid.dtype == torch.bool else valid
-    kind = _st.layout_kind_for(cfg, layout)
-    text = _text_of(cfg)
     if custom_ops:
         outs = _route_op(flat, bias, valid, text, kind, int(block_size))
     else:
         outs = _RouteFn.apply(flat, bias, valid, text, kind, int(block_size))
-    return RouterOutput(*outs, cfg)
+    # Only weight and the losses carry gradients: the pre-drop gates are routing data here
+    # (a custom operator cannot mark an output non-differentiable, so detach it explicitly).
+    return RouterOutput(*outs[:4], *(t.detach() for t in outs[4:]), text)
 
 
 def permute(x: torch.Tensor, routing: RouterOutput) -> torch.Tensor:
     """Hidden states x [..., d] (T tokens) into the expert buffer [max_rows, d]: the rows of
     expert e start at routing.offsets[e]; padding rows are 0. Differentiable in x."""
     flat = x.reshape(-1, x.shape[-1])
-    text = _text_of(routing.config)
-    args = (flat, routing.row_token, routing.num_rows, routing.assignment_row, text)
+    args = (flat, routing.row_token, routing.num_rows, routing.assignment_row,
+            routing.config_text)
     return _permute_op(*args) if custom_ops else _PermuteFn.apply(*args)
 
 
@@ -418,12 +450,10 @@ def combine(expert_out: torch.Tensor, routing: RouterOutput, *, x: Optional[torc
     """y [T, d] = sum of each token's expert rows times its weight (+ x for the dropped
     assignments under drop_policy residual, which needs x). Differentiable in expert_out,
     routing.weight (so the router learns) and x."""
-    text = _text_of(routing.config)
-    xf = None if x is None else x.reshape(-1, x.shape[-1])
-    if routing.config["dispatch.dropped"] != "residual":
-        xf = None
+    xf = None if x is None or not _residual(routing.config_text) else \
+        x.reshape(-1, x.shape[-1])
     args = (expert_out, routing.weight, xf, routing.row_token, routing.assignment_row,
-            routing.fate, text)
+            routing.fate, routing.config_text)
     y = _combine_op(*args) if custom_ops else _CombineFn.apply(*args)
     return y if x is None else y.reshape(x.shape)
 
@@ -456,6 +486,7 @@ class Router(torch.nn.Module):
             cfg["loss.z_coefficient"] = float(z_loss_coeff)
         cfg.validate()
         self.config = cfg
+        self._config_text = str(cfg)  # what forward routes with: a constant for torch.compile
         self.layout = layout
         self.block_size = int(block_size)
         E = cfg.num_experts
@@ -477,7 +508,8 @@ class Router(torch.nn.Module):
         return self.config.top_k
 
     def route_logits(self, logits: torch.Tensor, valid=None) -> RouterOutput:
-        out = route(logits, self.config, bias=self.expert_bias, valid=valid, layout=self.layout,
+        out = route(logits, self._config_text, bias=self.expert_bias, valid=valid,
+                    layout=self.layout,
                     block_size=self.block_size)
         if self.training and self.expert_bias is not None:
             with torch.no_grad():

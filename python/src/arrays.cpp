@@ -113,7 +113,9 @@ array_view call_arrays::look(const std::string& name, bool writable) {
     if (!e) fail(name + ": unsupported dtype (DLPack " + dl_type_text(t.dtype) + ")");
     v.dtype = *e;
     v.shape.assign(t.shape, t.shape + t.ndim);
-    if (t.strides != nullptr) {
+    bool empty = false;  // an array without elements is contiguous whatever its strides
+    for (std::int32_t d = 0; d < t.ndim; ++d) empty = empty || t.shape[d] == 0;
+    if (t.strides != nullptr && !empty) {
       std::int64_t expect = 1;
       for (std::int32_t d = t.ndim - 1; d >= 0; --d) {
         if (t.shape[d] != 1 && t.strides[d] != expect)
@@ -133,7 +135,9 @@ array_view call_arrays::look(const std::string& name, bool writable) {
     v.dtype = *e;
     v.shape.assign(b.shape.begin(), b.shape.end());
     std::int64_t expect = b.itemsize;
-    for (auto d = static_cast<std::int64_t>(b.ndim) - 1; d >= 0; --d) {
+    bool empty = false;
+    for (auto n : b.shape) empty = empty || n == 0;
+    for (auto d = static_cast<std::int64_t>(b.ndim) - 1; d >= 0 && !empty; --d) {
       const auto i = static_cast<std::size_t>(d);
       if (b.shape[i] != 1 && b.strides[i] != expect)
         fail(name + ": must be contiguous (row-major); call numpy.ascontiguousarray() first");

@@ -74,4 +74,18 @@ template <class Element>
                                         const expert_bias_update_params& p, std::intptr_t stream);
 }  // namespace cuda_launch
 
+/// The element-typed launches a launch file defines, instantiated for one element type (used
+/// inside namespace cuda_launch of launch_cuda.cu and launch_cpu_only.cpp).
+#define MOEROUTE_PYTHON_LAUNCH_INSTANTIATE(E)                                                   \
+  template status gating<E>(const routing_config&, const gating_params<E>&, void*, std::size_t, \
+                            std::intptr_t);                                                     \
+  template status permute<E>(const routing_config&, const permute_params<E>&, std::intptr_t);   \
+  template status combine<E>(const routing_config&, const combine_params<E>&, std::intptr_t);   \
+  template status gating_backward<E>(const routing_config&, const gating_backward_params<E>&,   \
+                                     std::intptr_t);                                            \
+  template status combine_backward<E>(const routing_config&, const combine_backward_params<E>&, \
+                                      std::intptr_t);                                           \
+  template status permute_backward<E>(const routing_config&, const permute_backward_params<E>&, \
+                                      std::intptr_t);
+
 }  // namespace moeroute::python

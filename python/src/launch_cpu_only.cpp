@@ -53,20 +53,8 @@ status expert_bias_update(const routing_config&, const expert_bias_update_params
   return none();
 }
 
-#define MOEROUTE_PYTHON_INSTANTIATE(E)                                                          \
-  template status gating<E>(const routing_config&, const gating_params<E>&, void*, std::size_t, \
-                            std::intptr_t);                                                     \
-  template status permute<E>(const routing_config&, const permute_params<E>&, std::intptr_t);   \
-  template status combine<E>(const routing_config&, const combine_params<E>&, std::intptr_t);   \
-  template status gating_backward<E>(const routing_config&, const gating_backward_params<E>&,   \
-                                     std::intptr_t);                                            \
-  template status combine_backward<E>(const routing_config&, const combine_backward_params<E>&, \
-                                      std::intptr_t);                                           \
-  template status permute_backward<E>(const routing_config&, const permute_backward_params<E>&, \
-                                      std::intptr_t);
-MOEROUTE_PYTHON_INSTANTIATE(float)
-MOEROUTE_PYTHON_INSTANTIATE(half_bits)
-MOEROUTE_PYTHON_INSTANTIATE(bf16_bits)
-#undef MOEROUTE_PYTHON_INSTANTIATE
+MOEROUTE_PYTHON_LAUNCH_INSTANTIATE(float)
+MOEROUTE_PYTHON_LAUNCH_INSTANTIATE(half_bits)
+MOEROUTE_PYTHON_LAUNCH_INSTANTIATE(bf16_bits)
 
 }  // namespace moeroute::python::cuda_launch

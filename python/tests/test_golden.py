@@ -68,15 +68,13 @@ def close(got, want, rel, abs_):
     return abs(got - want) <= max(rel * abs(want), abs_)
 
 
-def hf_cases():
-    out = []
-    for fname, doc in load(HF_DIR):
-        for cs in doc["cases"]:
-            out.append(pytest.param(doc, cs, id=f"{fname[:-5]}/{cs['name']}"))
-    return out
+def cases_of(folder):
+    """Every case of every file in `folder`, as (doc, case) parameters named file/case."""
+    return [pytest.param(doc, cs, id=f"{fname[:-5]}/{cs['name']}")
+            for fname, doc in load(folder) for cs in doc["cases"]]
 
 
-@pytest.mark.parametrize("doc,cs", hf_cases())
+@pytest.mark.parametrize("doc,cs", cases_of(HF_DIR))
 def test_hf_router(doc, cs):
     T, E = doc["tokens"], doc["experts"]
     logits = np.asarray(doc["logits"], dtype=np.float32)
@@ -149,14 +147,6 @@ def grad_config(cs, E):
     return c
 
 
-def grad_cases():
-    out = []
-    for fname, doc in load(GRAD_DIR):
-        for cs in doc["cases"]:
-            out.append(pytest.param(doc, cs, id=f"{fname[:-5]}/{cs['name']}"))
-    return out
-
-
 def assert_grad(got, want, what):
     want = np.asarray(want, np.float64)
     tol = np.maximum(1e-5 * np.abs(want), 1e-7)
@@ -165,7 +155,7 @@ def assert_grad(got, want, what):
                           f"{np.argwhere(bad)[0].tolist()}"
 
 
-@pytest.mark.parametrize("doc,cs", grad_cases())
+@pytest.mark.parametrize("doc,cs", cases_of(GRAD_DIR))
 def test_peer_gradients_through_autograd(doc, cs):
     T, E = doc["tokens"], doc["experts"]
     cfg = grad_config(cs, E)

@@ -169,16 +169,29 @@ def test_router_errors():
 @pytest.mark.skipif(not mt.custom_ops, reason="torch.library.custom_op needs torch >= 2.4 "
                     f"(installed: {torch.__version__})")
 def test_custom_ops_under_torch_compile():
-    cfg = Config.mixtral(8, 2)
+    cfg = Config.deepspeed_top2(8, 1.0, 2)
+    cfg["dispatch.dropped"] = "residual"
+    text = str(cfg)  # a Config object is not a constant to dynamo; its text is
     logits = torch.randn(32, 8, requires_grad=True)
+    x = torch.randn(32, 4, requires_grad=True)
 
-    def step(x):
-        out = mt.route(x, cfg)
-        return (out.weight.sum() + out.aux_loss)
+    def step(lg, h):
+        out = mt.route(lg, text)
+        y = mt.combine(mt.permute(h, out) * 2.0, out, x=h)
+        return y.square().sum() + out.aux_loss + out.z_loss
 
-    eager = step(logits)
-    compiled = torch.compile(step, fullgraph=True)(logits)
+    eager = step(logits, x)
+    eager.backward()
+    grads = (logits.grad.clone(), x.grad.clone())
+    logits.grad = x.grad = None
+    compiled = torch.compile(step, fullgraph=True)(logits, x)
+    compiled.backward()
     torch.testing.assert_close(eager, compiled)
+    torch.testing.assert_close(grads[0], logits.grad)
+    torch.testing.assert_close(grads[1], x.grad)
+    router = mt.Router(8, "mixtral", num_experts=8, top_k=2)
+    h = torch.randn(16, 8)
+    torch.testing.assert_close(torch.compile(router, fullgraph=True)(h).weight, router(h).weight)
     torch.library.opcheck(torch.ops.moeroute.permute.default,
                           (torch.randn(4, 3), torch.tensor([0, 1, -1, 2, 3], dtype=torch.int32),
                            torch.tensor([4]), torch.tensor([[0, -1]] * 4), cfg.__getstate__()))
