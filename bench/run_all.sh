@@ -104,6 +104,10 @@ fi
 if [ -n "$PY" ] && "$PY" -c "import torch" 2>/dev/null; then
   log "CPU backend vs the PyTorch baseline of Megatron-Core's router (same logits, same run)"
   "$PY" "$ROOT/bench/compare_torch.py" "$BUILD" --json "$OUT/cpu_vs_torch.json"
+  if [ -d "$BUILD/python/moeroute" ]; then
+    log "the Python package (moeroute.torch) vs torch ops, one thread"
+    PYTHONPATH="$BUILD/python" "$PY" "$ROOT/bench/bench_python.py" --json "$OUT/python_vs_torch.json"
+  fi
 else
   echo "no python3 with torch: the PyTorch comparison is skipped (apt-get install python3-torch)" >&2
 fi

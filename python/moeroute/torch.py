@@ -429,11 +429,14 @@ def route(logits: torch.Tensor, config: Union[Config, str], *, bias=None, valid=
         valid = valid.view(torch.uint8) if valid.dtype == torch.bool else valid
     if custom_ops:
         outs = _route_op(flat, bias, valid, text, kind, int(block_size))
-    else:
-        outs = _RouteFn.apply(flat, bias, valid, text, kind, int(block_size))
-    # Only weight and the losses carry gradients: the pre-drop gates are routing data here
-    # (a custom operator cannot mark an output non-differentiable, so detach it explicitly).
-    return RouterOutput(*outs[:4], *(t.detach() for t in outs[4:]), text)
+        # Only weight and the losses carry gradients: the pre-drop gates are routing data
+        # here (a custom operator cannot mark an output non-differentiable, so detach them).
+        return RouterOutput(*outs[:4], *(t.detach() for t in outs[4:]), text)
+    if torch.is_grad_enabled() and flat.requires_grad:
+        return RouterOutput(*_RouteFn.apply(flat, bias, valid, text, kind, int(block_size)),
+                            text)
+    # inference: no graph to record, so no autograd.Function around the call
+    return RouterOutput(*_route_impl(flat, bias, valid, text, kind, int(block_size)), text)
 
 
 def permute(x: torch.Tensor, routing: RouterOutput) -> torch.Tensor:
