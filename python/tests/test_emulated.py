@@ -14,7 +14,8 @@ from moeroute import _core, stages
 from conftest import logits_grid
 
 emu = pytest.importorskip("moeroute._core_emulated",
-                          reason="built without the CUDA toolkit (no emulated module)")
+                          reason="the emulated test module is built in the CMake build tree "
+                                 "when the CUDA toolkit is found, never by pip")
 
 
 @pytest.fixture

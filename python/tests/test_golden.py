@@ -1,6 +1,7 @@
 # SPDX-License-Identifier: Apache-2.0
 """The peers' own outputs through the Python API: HuggingFace transformers' MoE routers
-(tests/data/golden-hf, 284 cases) through moeroute.route, and Megatron-Core's / DeepSpeed's
+(tests/data/golden-hf, 284 cases) and DeepSpeed's, Megatron-Core's and the seed's routing
+(tests/data/golden, 416 cases) through moeroute.route, and Megatron-Core's / DeepSpeed's
 gradients (tests/data/golden-grad) through moeroute.torch's autograd. The rules of
 comparison are the READMEs' of those folders, as the C++ golden tests apply them."""
 
@@ -127,12 +128,18 @@ def test_hf_case_count():
     assert n == 284  # the public set (README): none goes missing
 
 
-def grad_config(cs, E):
+def peer_config(cs, E):
     """The peer's preset with the knobs a user passes (tests/common/golden.hpp, preset_for)."""
     sem = cs["semantics"]
     cap = sem.get("capacity")
     if "DeepSpeed" in cs["source"]:
-        c = Config.deepspeed_top2(E, cap["factor"], cap["min_capacity"])
+        if sem.get("priority") == "choice_major":
+            c = Config.deepspeed_top2(E, cap["factor"], cap["min_capacity"])
+        else:
+            c = Config.deepspeed_topk(E, sem["k"], cap["factor"], cap["min_capacity"])
+    elif "seed" in cs["source"]:
+        c = Config.preset("seed_reference", E, sem["k"])
+        c["capacity.factor"] = cap["factor"] if cap else 1.0
     else:
         g = sem.get("group_limited")
         c = Config.megatron(
@@ -155,10 +162,67 @@ def assert_grad(got, want, what):
                           f"{np.argwhere(bad)[0].tolist()}"
 
 
+@pytest.mark.parametrize("doc,cs", cases_of(DATA / "golden"))
+def test_peer_routing(doc, cs):
+    """DeepSpeed's, Megatron-Core's and the seed's routing decisions (tests/data/golden, the
+    rules of tests/golden/golden_test.cpp): capacity, losses, counts and every kept set."""
+    T, E = doc["tokens"], doc["experts"]
+    cfg = peer_config(cs, E)
+    sem, ex = cs["semantics"], cs["expected"]
+    bias = None if sem.get("expert_bias") is None else np.asarray(sem["expert_bias"], np.float32)
+    logits = np.asarray(doc["logits"], dtype=np.float32)
+    r = moeroute.route(logits, cfg, bias=bias)
+    g, d = r.gated, r.dispatched
+    k = cfg.top_k
+    cap = d.totals_dict()["capacity"]
+    assert cap == (ex["capacity"] if ex.get("capacity") is not None else -1)
+    for name in ("aux_loss", "z_loss"):
+        if name in ex:
+            assert close(float(r.losses[name][0]), ex[name], 1e-5, 0.0), name
+    if "requested_per_expert" in ex:
+        # Megatron counts a fresh top-k on the unbiased scores: our aux counts
+        ours = g.aux_count if "Megatron" in cs["source"] else d.requested
+        assert ours.tolist() == ex["requested_per_expert"]
+    ids, gates, fate = g.ids, g.gates, d.fate
+    assert not (fate == 1).any()  # no reroutes in these routings
+    assert "kept" in ex or "topk_idx" in ex
+    if "kept" in ex:
+        ours_kept = fate == 0
+        peer_kept = np.zeros_like(ours_kept)
+        for t in range(T):
+            for w in ex["kept"][t]:
+                peer_kept[t, ids[t].tolist().index(w[0])] = True
+        if not (ours_kept == peer_kept).all():
+            # only an exact tie at an expert's cut-off, decided by torch.topk's order (score
+            # priority): each expert keeps the same number of assignments with the same gates
+            assert cfg["dispatch.prio"] == "score_per_expert"
+            for e in range(E):
+                assert sorted(gates[(ids == e) & ours_kept]) == \
+                    sorted(gates[(ids == e) & peer_kept]), f"expert {e}: beyond a tie"
+        for t in range(T):
+            for w in ex["kept"][t]:
+                j = ids[t].tolist().index(w[0])
+                if not ours_kept[t, j]:
+                    continue  # a tie the peer decided the other way
+                if len(w) == 3:
+                    assert d.slot[t, j] == w[1], f"token {t}: slot"
+                assert close(d.weight[t, j], w[-1], 1e-6, 0.0), f"token {t}: weight"
+    if "topk_idx" in ex:
+        assert ids.tolist() == ex["topk_idx"]
+        np.testing.assert_allclose(gates, np.asarray(ex["topk_gate"]), rtol=1e-6)
+        assert d.kept.tolist() == ex["kept_per_expert"]
+        assert (fate == 0).any(axis=1).tolist() == ex["token_dispatched"]
+
+
+def test_peer_case_counts():
+    assert sum(len(doc["cases"]) for _, doc in load(DATA / "golden")) == 416
+    assert sum(len(doc["cases"]) for _, doc in load(GRAD_DIR)) >= 40
+
+
 @pytest.mark.parametrize("doc,cs", cases_of(GRAD_DIR))
 def test_peer_gradients_through_autograd(doc, cs):
     T, E = doc["tokens"], doc["experts"]
-    cfg = grad_config(cs, E)
+    cfg = peer_config(cs, E)
     sem = cs["semantics"]
     bias = None if sem.get("expert_bias") is None else torch.tensor(sem["expert_bias"])
     logits = torch.tensor(doc["logits"], dtype=torch.float32, requires_grad=True)
