@@ -501,6 +501,7 @@ class Router(torch.nn.Module):
             self.expert_bias = None
         self.register_buffer("load_since_update", torch.zeros(E, dtype=torch.int64,
                                                               device=device))
+        self._seen_micro_batches: set = set()
 
     @property
     def num_experts(self) -> int:
@@ -510,19 +511,28 @@ class Router(torch.nn.Module):
     def top_k(self) -> int:
         return self.config.top_k
 
-    def route_logits(self, logits: torch.Tensor, valid=None) -> RouterOutput:
+    def route_logits(self, logits: torch.Tensor, valid=None,
+                     micro_batch: Optional[int] = None) -> RouterOutput:
+        """Routes logits the engine computed. In training with an expert bias, the batch's
+        loads join those of the step; a `micro_batch` id already seen since the last
+        update_expert_bias (the forward activation checkpointing recomputes) is not counted
+        again, as reference::expert_load_accumulator does."""
         out = route(logits, self._config_text, bias=self.expert_bias, valid=valid,
-                    layout=self.layout,
-                    block_size=self.block_size)
+                    layout=self.layout, block_size=self.block_size)
+        if micro_batch is not None:
+            if micro_batch in self._seen_micro_batches:
+                return out
+            self._seen_micro_batches.add(micro_batch)
         if self.training and self.expert_bias is not None:
             with torch.no_grad():
                 self.load_since_update += out.requested
         return out
 
-    def forward(self, hidden_states: torch.Tensor, valid=None) -> RouterOutput:
+    def forward(self, hidden_states: torch.Tensor, valid=None,
+                micro_batch: Optional[int] = None) -> RouterOutput:
         logits = torch.nn.functional.linear(hidden_states.reshape(-1, hidden_states.shape[-1]),
                                             self.weight)
-        return self.route_logits(logits, valid)
+        return self.route_logits(logits, valid, micro_batch)
 
     @torch.no_grad()
     def update_expert_bias(self) -> None:
@@ -532,3 +542,4 @@ class Router(torch.nn.Module):
             raise _core.Error("update_expert_bias: the config routes without gating.expert_bias")
         _st.expert_bias_update(self.expert_bias, self.load_since_update, self.config)
         self.load_since_update.zero_()
+        self._seen_micro_batches.clear()

@@ -153,10 +153,15 @@ def test_router_expert_bias_update():
         router.weight.zero_()
         router.weight[0, 0] = 5.0
     x = torch.ones(64, 8)
-    out = router(x)
-    assert int(out.requested[0]) == 64
+    out = router(x, micro_batch=0)
+    router(x, micro_batch=0)  # the recomputed forward of activation checkpointing
+    assert int(out.requested[0]) == 64 and int(router.load_since_update[0]) == 64
+    router(x, micro_batch=1)
+    assert int(router.load_since_update[0]) == 128
     router.update_expert_bias()
     assert router.expert_bias[0] < 0 and int(router.load_since_update.sum()) == 0
+    router(x, micro_batch=0)  # a new step: micro-batch 0 counts again
+    assert int(router.load_since_update[0]) == 64
 
 
 def test_router_errors():
