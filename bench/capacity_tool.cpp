@@ -384,16 +384,11 @@ int run_planning(const plan_args& pa, const mapped_logits& dump, const sweep_opt
     throw usage_error("--quantile must be in [0, 1]");
   if (!(pa.cold_share >= 0.0 && pa.cold_share <= 1.0))
     throw usage_error("--cold-share must be in [0, 1]");
-  batching how;
-  if (pa.batching == "consecutive")
-    how = batching::consecutive;
-  else if (pa.batching == "shuffled")
-    how = batching::shuffled;
-  else if (pa.batching == "grouped")
-    how = batching::grouped;
-  else
+  const std::optional<batching> how_given = parse_batching(pa.batching);
+  if (!how_given)
     throw usage_error("--batching: '" + pa.batching +
                       "' is not one of consecutive, shuffled, grouped");
+  const batching how = *how_given;
   io::npy_numeric ids;
   if (!pa.group_ids.empty()) {
     if (auto s = io::read_npy_numeric(pa.group_ids, ids); !s) throw usage_error(s.message);
@@ -675,15 +670,8 @@ int run(int argc, char** argv) {
                       ")");
   if (format != "table" && format != "csv" && format != "json")
     throw usage_error("--format: '" + format + "' is not one of table, csv, json");
-  dtype bdt;
-  if (dtype_name == "f32" || dtype_name == "float32")
-    bdt = dtype::f32;
-  else if (dtype_name == "f16" || dtype_name == "float16")
-    bdt = dtype::f16;
-  else if (dtype_name == "bf16" || dtype_name == "bfloat16")
-    bdt = dtype::bf16;
-  else
-    throw usage_error("--dtype: '" + dtype_name + "' is not one of f32, f16, bf16");
+  const std::optional<dtype> bdt = parse_dtype(dtype_name);
+  if (!bdt) throw usage_error("--dtype: '" + dtype_name + "' is not one of f32, f16, bf16");
   layout_choice lay;
   if (layout_name == "auto")
     lay = layout_choice::automatic;
@@ -721,7 +709,7 @@ int run(int argc, char** argv) {
   so.layout = lay;
   so.block_size = block_size;
   so.hidden = hidden > 0 ? hidden : preset->default_hidden;
-  so.buffer_dtype = bdt;
+  so.buffer_dtype = *bdt;
   so.repeats = repeats;
   so.reference_backend = backend == "reference";
   so.check = check;
@@ -877,7 +865,7 @@ int run(int argc, char** argv) {
   // ---- output
   const std::string setup =
       fmt::format("preset {} | d={} {} | backend {}{} | layout {}", preset->name, so.hidden,
-                  to_string(bdt), backend, check ? " (checked against the reference)" : "",
+                  to_string(*bdt), backend, check ? " (checked against the reference)" : "",
                   layout_name == "auto"
                       ? "padded (factors) / compact/" + std::to_string(block_size) + " (dropless)"
                       : layout_name);
@@ -888,7 +876,7 @@ int run(int argc, char** argv) {
   meta["experts"] = E;
   meta["top_k"] = k;
   meta["hidden"] = so.hidden;
-  meta["dtype"] = to_string(bdt);
+  meta["dtype"] = to_string(*bdt);
   meta["input"] = npy.empty() ? "synthetic" : npy;
   meta["gpu"] = "not measured (CPU only)";
   meta["backend"] = backend;

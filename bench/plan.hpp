@@ -20,6 +20,7 @@
 #include <random>
 #include <span>
 #include <string>
+#include <string_view>
 #include <vector>
 
 #include <moeroute/capacity.hpp>
@@ -39,6 +40,14 @@ enum class batching {
   shuffled,     ///< a seeded random permutation first (the training-mix view)
   grouped,      ///< sorted by a request / document id first (homogeneous batches)
 };
+
+/// The batching named `s` (consecutive, shuffled, grouped), or nothing.
+[[nodiscard]] inline std::optional<batching> parse_batching(std::string_view s) {
+  if (s == "consecutive") return batching::consecutive;
+  if (s == "shuffled") return batching::shuffled;
+  if (s == "grouped") return batching::grouped;
+  return std::nullopt;
+}
 
 /// @brief The token order the batches cut: batch b is order[b*B, (b+1)*B). Tokens past the last
 ///        whole batch are left out (N mod B of them). Portable: the shuffle draws from

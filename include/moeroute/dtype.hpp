@@ -6,6 +6,8 @@
 #include <cmath>
 #include <cstdint>
 #include <cstring>
+#include <optional>
+#include <string_view>
 #include <type_traits>
 
 #include <moeroute/macros.hpp>
@@ -27,6 +29,13 @@ enum class dtype : std::uint8_t { f32, f16, bf16 };
 [[nodiscard]] constexpr std::size_t size_of(dtype t) noexcept { return t == dtype::f32 ? 4 : 2; }
 [[nodiscard]] constexpr const char* to_string(dtype t) noexcept {
   return t == dtype::f32 ? "f32" : (t == dtype::f16 ? "f16" : "bf16");
+}
+/// The dtype named `s`: f32 / float32, f16 / float16, bf16 / bfloat16; nothing otherwise.
+[[nodiscard]] constexpr std::optional<dtype> parse_dtype(std::string_view s) noexcept {
+  if (s == "f32" || s == "float32") return dtype::f32;
+  if (s == "f16" || s == "float16") return dtype::f16;
+  if (s == "bf16" || s == "bfloat16") return dtype::bf16;
+  return std::nullopt;
 }
 
 [[nodiscard]] inline float to_float(float x) noexcept { return x; }

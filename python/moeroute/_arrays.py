@@ -69,13 +69,6 @@ def as_mask(valid):
     return valid.view(np.uint8) if valid.dtype == np.bool_ else valid
 
 
-def scalar(x) -> float:
-    """The value of a [1] or 0-d array (a host read: a device sync for CUDA tensors)."""
-    if is_torch(x):
-        return float(x.reshape(()).item())
-    return float(np.asarray(x).reshape(()))
-
-
 def on_cuda(x) -> bool:
     """True for a torch tensor on a CUDA device."""
     return is_torch(x) and x.device.type == "cuda"

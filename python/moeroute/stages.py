@@ -43,15 +43,19 @@ class Gated(_Arrays):
         self.tokens = tokens
 
 
+def totals_dict(totals) -> Dict[str, int]:
+    """A dispatch's totals array [8] int64 by field name (a host read of a device array)."""
+    values = totals.cpu().tolist() if _arrays.is_torch(totals) else totals.tolist()
+    return dict(zip(_core.totals_fields, (int(v) for v in values)))
+
+
 class Dispatched(_Arrays):
     """dispatch's outputs: expert, slot, weight, fate [T, k]; requested, kept, rerouted,
     dropped [E]; received, load [total_experts]; totals [8] (see totals_dict)."""
 
     def totals_dict(self) -> Dict[str, int]:
         """The batch totals by name (capacity, kept, rerouted, dropped, ...): a host read."""
-        t = self.arrays["totals"]
-        values = t.tolist() if not _arrays.is_torch(t) else t.cpu().tolist()
-        return dict(zip(_core.totals_fields, (int(v) for v in values)))
+        return totals_dict(self.arrays["totals"])
 
 
 class Laid(_Arrays):

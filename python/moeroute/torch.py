@@ -94,11 +94,18 @@ def _route_backward_impl(logits, valid, ids, fate, aux_count, valid_tokens, seq_
                                    z=float(grad_z), valid=valid, threads=_threads())
     else:
         # A device backward reads the loss gradients on the device (no host sync): the
-        # routing term, then each loss term with weight 1 scaled by its gradient tensor.
+        # routing term, then each loss term with weight 1 scaled by its gradient tensor —
+        # only the terms the config has (a zero coefficient: the library skips the term).
         grad = _st.gating_backward(x, gated, dispatched, cfg, grad_weight=gw,
                                    routing=1.0 if gw is not None else 0.0, aux=0.0,
                                    sequence_aux=0.0, z=0.0, valid=valid)
-        for term, g in (("aux", grad_aux), ("sequence_aux", grad_seq), ("z", grad_z)):
+        aux_on = cfg["loss.aux_coefficient"] != 0.0
+        terms = (("aux", grad_aux, aux_on),
+                 ("sequence_aux", grad_seq, aux_on and cfg["loss.sequence_length"] > 0),
+                 ("z", grad_z, cfg["loss.z_coefficient"] != 0.0))
+        for term, g, present in terms:
+            if not present:
+                continue
             unit = {"aux": 0.0, "sequence_aux": 0.0, "z": 0.0, term: 1.0}
             grad += g * _st.gating_backward(x, gated, dispatched, cfg, routing=0.0, valid=valid,
                                             **unit)
@@ -378,7 +385,7 @@ class RouterOutput(NamedTuple):
 
     def totals_dict(self):
         """The batch totals by name (a host read)."""
-        return dict(zip(_core.totals_fields, (int(v) for v in self.totals.cpu().tolist())))
+        return _st.totals_dict(self.totals)
 
     @property
     def tokens_per_expert(self) -> torch.Tensor:
@@ -489,7 +496,7 @@ class Router(torch.nn.Module):
             cfg["loss.z_coefficient"] = float(z_loss_coeff)
         cfg.validate()
         self.config = cfg
-        self._config_text = str(cfg)  # what forward routes with: a constant for torch.compile
+        self._config_text = _text_of(cfg)  # what forward routes with: a constant for torch.compile
         self.layout = layout
         self.block_size = int(block_size)
         E = cfg.num_experts

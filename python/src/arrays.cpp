@@ -43,6 +43,22 @@ std::optional<elem> from_buffer_format(const std::string& f, py::ssize_t itemsiz
   return std::nullopt;
 }
 
+/// True when strides (in `unit`s; null: row-major by definition) lay `shape` out row-major.
+/// An extent of 1 may have any stride, and an array without elements is row-major whatever
+/// its strides say (numpy 2 hands out odd ones for empty arrays).
+template <class Extent, class Stride>
+bool row_major(const Extent* shape, const Stride* strides, std::size_t ndim, std::int64_t unit) {
+  if (strides == nullptr) return true;
+  for (std::size_t d = 0; d < ndim; ++d)
+    if (shape[d] == 0) return true;
+  std::int64_t expect = unit;
+  for (std::size_t d = ndim; d-- > 0;) {
+    if (shape[d] != 1 && static_cast<std::int64_t>(strides[d]) != expect) return false;
+    expect *= static_cast<std::int64_t>(shape[d]);
+  }
+  return true;
+}
+
 std::string dl_type_text(dl::data_type t) {
   return "code " + std::to_string(t.code) + " bits " + std::to_string(t.bits) +
          (t.lanes != 1 ? " lanes " + std::to_string(t.lanes) : "");
@@ -64,8 +80,13 @@ std::optional<elem> elem_from_name(const std::string& s) noexcept {
 
 std::string shape_text(const std::vector<std::int64_t>& s) {
   std::string t = "[";
-  for (std::size_t i = 0; i < s.size(); ++i) t += (i ? ", " : "") + std::to_string(s[i]);
+  for (std::size_t i = 0; i < s.size(); ++i)
+    t += (i ? ", " : "") + (s[i] < 0 ? std::string("*") : std::to_string(s[i]));
   return t + "]";
+}
+
+void raise_if(const status& s, const std::string& op) {
+  if (!s) throw binding_error((op.empty() ? "" : op + ": ") + to_string(s.code) + ": " + s.message);
 }
 
 call_arrays::call_arrays(std::string op, py::dict arrays, std::optional<std::intptr_t> stream,
@@ -91,10 +112,11 @@ array_view call_arrays::look(const std::string& name, bool writable) {
       // Device arrays are handed over on the call's stream: the producer orders its pending
       // work before it there (a stream wait, never a host sync).
       // (DLPack names the legacy default stream 1; 0 is reserved as ambiguous)
-      cap = stream_ && py::hasattr(obj, "device") &&
-                    !py::str(obj.attr("device")).cast<std::string>().starts_with("cpu")
-                ? obj.attr("__dlpack__")(py::arg("stream") = *stream_ == 0 ? 1 : *stream_)
-                : obj.attr("__dlpack__")();
+      const bool on_device =
+          stream_ && py::hasattr(obj, "__dlpack_device__") &&
+          obj.attr("__dlpack_device__")()[py::int_(0)].cast<std::int32_t>() != dl::cpu;
+      cap = on_device ? obj.attr("__dlpack__")(py::arg("stream") = *stream_ == 0 ? 1 : *stream_)
+                      : obj.attr("__dlpack__")();
     } catch (py::error_already_set& e) {
       // numpy refuses read-only arrays (DLPack v0 cannot say read-only); read those through
       // the buffer protocol below, and only as inputs.
@@ -113,18 +135,10 @@ array_view call_arrays::look(const std::string& name, bool writable) {
     if (!e) fail(name + ": unsupported dtype (DLPack " + dl_type_text(t.dtype) + ")");
     v.dtype = *e;
     v.shape.assign(t.shape, t.shape + t.ndim);
-    bool empty = false;  // an array without elements is contiguous whatever its strides
-    for (std::int32_t d = 0; d < t.ndim; ++d) empty = empty || t.shape[d] == 0;
-    if (t.strides != nullptr && !empty) {
-      std::int64_t expect = 1;
-      for (std::int32_t d = t.ndim - 1; d >= 0; --d) {
-        if (t.shape[d] != 1 && t.strides[d] != expect)
-          fail(name +
-               ": must be contiguous (row-major); call .contiguous() or "
-               "numpy.ascontiguousarray() first");
-        expect *= t.shape[d];
-      }
-    }
+    if (!row_major(t.shape, t.strides, static_cast<std::size_t>(t.ndim), 1))
+      fail(name +
+           ": must be contiguous (row-major); call .contiguous() or "
+           "numpy.ascontiguousarray() first");
     v.data = static_cast<char*>(t.data) + t.byte_offset;
     v.place = {t.dev.device_type == dl::cuda_host ? dl::cpu : t.dev.device_type,
                t.dev.device_type == dl::cuda_host ? 0 : t.dev.device_id};
@@ -134,15 +148,8 @@ array_view call_arrays::look(const std::string& name, bool writable) {
     if (!e) fail(name + ": unsupported dtype (buffer format '" + b.format + "')");
     v.dtype = *e;
     v.shape.assign(b.shape.begin(), b.shape.end());
-    std::int64_t expect = b.itemsize;
-    bool empty = false;
-    for (auto n : b.shape) empty = empty || n == 0;
-    for (auto d = static_cast<std::int64_t>(b.ndim) - 1; d >= 0 && !empty; --d) {
-      const auto i = static_cast<std::size_t>(d);
-      if (b.shape[i] != 1 && b.strides[i] != expect)
-        fail(name + ": must be contiguous (row-major); call numpy.ascontiguousarray() first");
-      expect *= b.shape[i];
-    }
+    if (!row_major(b.shape.data(), b.strides.data(), b.shape.size(), b.itemsize))
+      fail(name + ": must be contiguous (row-major); call numpy.ascontiguousarray() first");
     v.data = b.ptr;
     v.place = {dl::cpu, 0};
     keep_.push_back(obj);
@@ -175,12 +182,7 @@ void* call_arrays::get(const spec& s, bool required, bool writable) {
     if (required) fail(s.name + ": required here, but not given");
     return nullptr;
   }
-  array_view v = look(s.name, writable);
-  if (v.dtype != s.dtype)
-    fail(s.name + ": dtype " + elem_name(v.dtype) + ", expected " + elem_name(s.dtype));
-  if (v.shape != s.shape)
-    fail(s.name + ": shape " + shape_text(v.shape) + ", expected " + shape_text(s.shape));
-  return v.data;
+  return view(s.name, s.shape, {s.dtype}, writable).data;
 }
 
 array_view call_arrays::view(const std::string& name, const std::vector<std::int64_t>& shape,
@@ -193,17 +195,13 @@ array_view call_arrays::view(const std::string& name, const std::vector<std::int
     ok = ok || e == v.dtype;
     names += (names.empty() ? "" : ", ") + std::string(elem_name(e));
   }
-  if (!ok) fail(name + ": dtype " + elem_name(v.dtype) + ", expected one of " + names);
+  if (!ok)
+    fail(name + ": dtype " + elem_name(v.dtype) + ", expected " +
+         (allowed.size() > 1 ? "one of " : "") + names);
   bool shape_ok = v.shape.size() == shape.size();
   for (std::size_t i = 0; shape_ok && i < shape.size(); ++i)
     shape_ok = shape[i] < 0 || shape[i] == v.shape[i];
-  if (!shape_ok) {
-    std::vector<std::int64_t> want = shape;
-    std::string t = "[";
-    for (std::size_t i = 0; i < want.size(); ++i)
-      t += (i ? ", " : "") + (want[i] < 0 ? std::string("*") : std::to_string(want[i]));
-    fail(name + ": shape " + shape_text(v.shape) + ", expected " + t + "]");
-  }
+  if (!shape_ok) fail(name + ": shape " + shape_text(v.shape) + ", expected " + shape_text(shape));
   return v;
 }
 

@@ -14,6 +14,8 @@
 #include <string>
 #include <vector>
 
+#include <moeroute/status.hpp>
+
 #include "dlpack.hpp"
 
 namespace moeroute::python {
@@ -24,6 +26,9 @@ namespace py = pybind11;
 struct binding_error : std::runtime_error {
   using std::runtime_error::runtime_error;
 };
+
+/// Raises binding_error "<op>: <code>: <message>" for a failed status (no prefix without op).
+void raise_if(const status& s, const std::string& op = {});
 
 /// The element types arrays of the binding hold.
 enum class elem : std::uint8_t { f32, f16, bf16, f64, i32, i64, u8 };
@@ -104,7 +109,7 @@ class call_arrays {
   bool device_arrays_ = false;
 };
 
-/// "[2, 3]"
+/// "[2, 3]"; a negative extent (any, in an expected shape) prints as *.
 [[nodiscard]] std::string shape_text(const std::vector<std::int64_t>& s);
 
 }  // namespace moeroute::python

@@ -14,6 +14,7 @@
 #include <moeroute/config_fields.hpp>
 #include <moeroute/layout_rows.hpp>
 #include <moeroute/names.hpp>
+#include <moeroute/params/checks.hpp>
 #include <moeroute/presets.hpp>
 
 #include "arrays.hpp"
@@ -23,10 +24,6 @@
 namespace moeroute::python {
 
 namespace {
-
-void raise_if(const status& s) {
-  if (!s) throw binding_error(std::string(to_string(s.code)) + ": " + s.message);
-}
 
 /// A Python value as the text set_field reads: true / false, repr() of a float (which reads
 /// back to the same double), the decimal of an int, an enum's name.
@@ -200,7 +197,7 @@ name, as the C++ routing_config and docs/api.md spell it ("capacity.factor",
       .def(
           "capacity",
           [](const routing_config& c, std::int64_t tokens) {
-            raise_if(validate_extents_checked(c, tokens));
+            raise_if(param_checks::validate_extents(c, tokens));
             return expert_capacity(c, tokens, c.capacity_group_tokens(tokens));
           },
           py::arg("tokens"), "C of each routed expert for a batch of `tokens` (-1: unbounded)")
@@ -208,7 +205,7 @@ name, as the C++ routing_config and docs/api.md spell it ("capacity.factor",
           "max_rows",
           [](const routing_config& c, std::int64_t tokens, const std::string& kind,
              std::int64_t block_size) {
-            raise_if(validate_extents_checked(c, tokens));
+            raise_if(param_checks::validate_extents(c, tokens));
             return max_rows_of(c, tokens, parse_layout_kind(kind), block_size, 0);
           },
           py::arg("tokens"), py::arg("layout") = "padded", py::arg("block_size") = 1,
@@ -246,14 +243,14 @@ name, as the C++ routing_config and docs/api.md spell it ("capacity.factor",
   m.def(
       "gating_outputs",
       [](const routing_config& c, std::int64_t tokens, bool per_token_aux) {
-        raise_if(validate_extents_checked(c, tokens));
+        raise_if(param_checks::validate_extents(c, tokens));
         return specs_list(gating_outputs(c, tokens, per_token_aux));
       },
       py::arg("config"), py::arg("tokens"), py::arg("per_token_aux") = false);
   m.def(
       "dispatch_outputs",
       [](const routing_config& c, std::int64_t tokens) {
-        raise_if(validate_extents_checked(c, tokens));
+        raise_if(param_checks::validate_extents(c, tokens));
         return specs_list(dispatch_outputs(c, tokens));
       },
       py::arg("config"), py::arg("tokens"));
@@ -261,7 +258,7 @@ name, as the C++ routing_config and docs/api.md spell it ("capacity.factor",
       "layout_outputs",
       [](const routing_config& c, std::int64_t tokens, const std::string& kind,
          std::int64_t block_size, std::int32_t local_experts) {
-        raise_if(validate_extents_checked(c, tokens));
+        raise_if(param_checks::validate_extents(c, tokens));
         return specs_list(
             layout_outputs(c, tokens, parse_layout_kind(kind), block_size, local_experts));
       },

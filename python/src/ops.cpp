@@ -7,6 +7,7 @@
 #include "ops.hpp"
 
 #include <moeroute/cpu.hpp>
+#include <moeroute/params/checks.hpp>
 #include <moeroute/status.hpp>
 
 #include <cstddef>
@@ -21,10 +22,6 @@ namespace {
 
 constexpr std::int64_t any = -1;
 const std::vector<elem> element_types = {elem::f32, elem::f16, elem::bf16};
-
-void raise_if(const status& s, const char* op) {
-  if (!s) throw binding_error(std::string(op) + ": " + to_string(s.code) + ": " + s.message);
-}
 
 /// Calls f(Element{}) for the C++ element type of `e` (f32, f16, bf16).
 template <class F>
@@ -62,12 +59,11 @@ void* workspace_of(call_arrays& a, std::size_t bytes) {
 }
 
 /// Reads the gating outputs a later stage takes (only those its config lists).
-const_gating_result gated_of(call_arrays& a, const routing_config& cfg, std::int64_t T,
-                             bool needs_gates = true) {
+const_gating_result gated_of(call_arrays& a, const routing_config& cfg, std::int64_t T) {
   const auto specs = gating_outputs(cfg, T, false);
   const_gating_result g;
   g.d_ids = a.in<std::int32_t>(find_spec(specs, "ids"), true);
-  if (needs_gates) g.d_gates = a.in<float>(find_spec(specs, "gates"), true);
+  g.d_gates = a.in<float>(find_spec(specs, "gates"), true);
   if (lists(specs, "reroute_ids"))
     g.d_reroute_ids = a.in<std::int32_t>(find_spec(specs, "reroute_ids"), true);
   if (lists(specs, "token_priority"))
@@ -111,20 +107,15 @@ run_on where(const call_arrays& a, int threads, std::optional<std::intptr_t> str
 }  // namespace
 
 std::size_t gating_workspace_bytes(const routing_config& cfg, std::int64_t tokens, bool cuda) {
-  raise_if(validate_extents_checked(cfg, tokens), "gating_workspace_bytes");
+  raise_if(param_checks::validate_extents(cfg, tokens), "gating_workspace_bytes");
   return cuda ? cuda_launch::gating_workspace_bytes(cfg, tokens)
               : cpu::gating_workspace_bytes(cfg, tokens);
 }
 
 std::size_t dispatch_workspace_bytes(const routing_config& cfg, std::int64_t tokens, bool cuda) {
-  raise_if(validate_extents_checked(cfg, tokens), "dispatch_workspace_bytes");
+  raise_if(param_checks::validate_extents(cfg, tokens), "dispatch_workspace_bytes");
   return cuda ? cuda_launch::dispatch_workspace_bytes(cfg, tokens)
               : cpu::dispatch_workspace_bytes(cfg, tokens);
-}
-
-status validate_extents_checked(const routing_config& cfg, std::int64_t tokens) {
-  if (auto s = validate(cfg); !s) return s;
-  return validate_tokens(cfg, tokens);
 }
 
 void gating(const routing_config& cfg, py::dict arrays, int threads,
@@ -312,7 +303,7 @@ void combine(const routing_config& cfg, py::dict arrays, int threads,
 void losses(const routing_config& cfg, py::dict arrays, std::int64_t tokens, int threads,
             std::optional<std::intptr_t> stream) {
   call_arrays a = arrays_of("losses", std::move(arrays), stream);
-  raise_if(validate_extents_checked(cfg, tokens), "losses");
+  raise_if(param_checks::validate_extents(cfg, tokens), "losses");
   loss_params p;
   p.tokens = tokens;
   p.d_aux_loss = a.out<double>({"aux_loss", {1}, elem::f64}, false);

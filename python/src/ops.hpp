@@ -18,8 +18,6 @@ namespace moeroute::python {
 
 namespace py = pybind11;
 
-/// validate(cfg) and validate_tokens(cfg, tokens).
-[[nodiscard]] status validate_extents_checked(const routing_config& cfg, std::int64_t tokens);
 /// The scratch of gating / dispatch on the CPU or (cuda) the CUDA backend.
 [[nodiscard]] std::size_t gating_workspace_bytes(const routing_config& cfg, std::int64_t tokens,
                                                  bool cuda);

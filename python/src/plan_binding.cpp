@@ -127,19 +127,12 @@ void bind_plan(py::module_& m) {
         if (!(cold_share >= 0.0 && cold_share <= 1.0)) a.fail("cold_share: must be in [0, 1]");
         if (hidden < 1) a.fail("hidden: must be >= 1");
         if (block_size < 1) a.fail("block_size: must be >= 1");
-        std::optional<dtype> dt;
-        for (dtype t : {dtype::f32, dtype::f16, dtype::bf16})
-          if (buffer_dtype == to_string(t)) dt = t;
+        const std::optional<dtype> dt = parse_dtype(buffer_dtype);
         if (!dt) a.fail("buffer_dtype: '" + buffer_dtype + "' is not one of f32, f16, bf16");
-        bench::batching how;
-        if (batching == "consecutive")
-          how = bench::batching::consecutive;
-        else if (batching == "shuffled")
-          how = bench::batching::shuffled;
-        else if (batching == "grouped")
-          how = bench::batching::grouped;
-        else
+        const std::optional<bench::batching> how_given = bench::parse_batching(batching);
+        if (!how_given)
           a.fail("batching: '" + batching + "' is not one of consecutive, shuffled, grouped");
+        const bench::batching how = *how_given;
         const double* ids =
             a.in<double>({"group_ids", {N}, elem::f64}, how == bench::batching::grouped);
         std::vector<double> group_ids;
