@@ -1,6 +1,7 @@
 // SPDX-License-Identifier: Apache-2.0
 // The CPU backend's building blocks against plain definitions: math::exp within its documented
-// bound (2 ulp) and monotonic over every 61st float of [-104, 89]; the selection (top_n, with
+// bound (2 ulp) and monotonic over every 61st float of [-104, 89]; math::log within 1e-15 of
+// libm's over every binade; the selection (top_n, with
 // and without a mask, every n up to 16 and the index-sort path) equal to a stable sort by
 // (value desc, index asc) on rows full of ties, -inf, -FLT_MAX and +-FLT_MAX.
 #include <catch2/catch.hpp>
@@ -64,6 +65,31 @@ TEST_CASE("cpu math::exp is within 2 ulp of exp and monotonic", "[cpu][math]") {
   REQUIRE(math::exp(0.0f) == 1.0f);
 }
 
+TEST_CASE("cpu math::log is within 1e-15 of log over every binade", "[cpu][math]") {
+  std::mt19937_64 rng(3);
+  double worst = 0.0, worst_at = 0.0;
+  std::int64_t lse_differs = 0;
+  for (int i = 0; i < 2000000; ++i) {
+    // every binade of the normal doubles, and the softmax sums [1, 8192] the gating takes
+    const double x = i % 2 == 0 ? std::ldexp(1.0 + static_cast<double>(rng() >> 12) * 0x1p-52,
+                                             static_cast<int>(rng() % 2046) - 1022)
+                                : 1.0 + static_cast<double>(rng() >> 11) * 0x1p-53 * 8191.0;
+    const double got = math::log(x), want = std::log(x);
+    const double err = want == 0.0 ? std::abs(got) : std::abs(got - want) / std::abs(want);
+    if (err > worst) {
+      worst = err;
+      worst_at = x;
+    }
+    const auto m = static_cast<float>(static_cast<int>(rng() % 4000) - 2000) * 0.01f;
+    lse_differs += static_cast<float>(m + got) != static_cast<float>(m + want) ? 1 : 0;
+  }
+  INFO("worst " << worst << " at " << worst_at);
+  REQUIRE(worst <= 1e-15);
+  CHECK(lse_differs == 0);  // the logsumexp rounds to the reference's float
+  REQUIRE(math::log(1.0) == 0.0);
+  REQUIRE(math::log(2.0) == std::log(2.0));
+}
+
 namespace {
 /// The n best of v (allowed only), larger value first, ties to the lower index.
 std::vector<std::int32_t> plain_top(const std::vector<float>& v, const std::uint8_t* allowed,
@@ -114,4 +140,47 @@ TEST_CASE("cpu selection equals a stable sort, ties and infinities included", "[
       }
     }
   CHECK(cases > 10000);
+}
+
+TEST_CASE("cpu selection by threshold equals a stable sort on distinct and near-tied values",
+          "[cpu][math]") {
+  // Continuous values (few ties) take the threshold path's ranking by counting; rows with a
+  // few exact ties, all-equal runs and masks that leave fewer than 16 lanes of a chunk take
+  // its fallbacks. Sizes cross the 16-lane chunks and tails.
+  std::mt19937 rng(11);
+  std::normal_distribution<float> normal;
+  std::int64_t cases = 0;
+  for (const std::int32_t size : {32, 33, 47, 64, 100, 128, 160, 256, 300, 1030})
+    for (int rep = 0; rep < 40; ++rep) {
+      std::vector<float> v(static_cast<std::size_t>(size));
+      for (auto& x : v) x = normal(rng);
+      if (rep % 4 == 1)  // a few exact ties among the largest
+        for (int j = 0; j < 3; ++j) v[rng() % v.size()] = *std::max_element(v.begin(), v.end());
+      if (rep % 4 == 2)  // -0 and +0 on top
+        for (std::size_t j = 0; j < v.size(); ++j)
+          v[j] = j % 7 == 0 ? (j % 2 ? -0.0f : 0.0f) : -std::abs(v[j]) - 1.0f;
+      std::vector<std::uint8_t> allowed(v.size());
+      for (std::size_t j = 0; j < allowed.size(); ++j)  // whole groups of 8 out, or scattered
+        allowed[j] = rep % 2 == 0 ? (j / 8) % 3 != 0 : rng() % 3 != 0;
+      const auto allowed_count =
+          static_cast<std::int32_t>(std::count(allowed.begin(), allowed.end(), 1));
+      std::vector<float> vals(16);
+      std::vector<std::int32_t> ids(16);
+      std::vector<std::int64_t> keys(static_cast<std::size_t>(detail::key_capacity(size)));
+      for (std::int32_t n = 1; n <= 16; ++n) {
+        INFO("size " << size << " n " << n << " rep " << rep);
+        detail::top_n(v.data(), size, nullptr, n, vals.data(), ids.data(), keys.data());
+        REQUIRE(std::vector<std::int32_t>(ids.begin(), ids.begin() + n) ==
+                plain_top(v, nullptr, n));
+        for (std::int32_t j = 0; j < n; ++j)
+          REQUIRE(std::memcmp(&vals[j], &v[ids[j]], sizeof(float)) == 0);
+        if (n <= allowed_count) {
+          detail::top_n(v.data(), size, allowed.data(), n, nullptr, ids.data(), keys.data());
+          REQUIRE(std::vector<std::int32_t>(ids.begin(), ids.begin() + n) ==
+                  plain_top(v, allowed.data(), n));
+        }
+        ++cases;
+      }
+    }
+  CHECK(cases == 10 * 40 * 16);
 }

@@ -200,7 +200,7 @@ struct gating_agent {
     // 1. sanitise, exp(x - max), logsumexp
     const float m = math::load_row(p.d_logits + t * E, E, x, *s.bad);
     const double sum = math::exp_row(x, E, m, s.ex);
-    o.d_logsumexp[t] = static_cast<float>(static_cast<double>(m) + std::log(sum));
+    o.d_logsumexp[t] = static_cast<float>(static_cast<double>(m) + math::log(sum));
     // aux P (softmax of the clean logits) is the gate score too when the gates are clean
     if (softmax_score) math::normalize_row(s.ex, E, sum, s.p);
 

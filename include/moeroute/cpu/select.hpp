@@ -7,6 +7,13 @@
 // selection is integer max / min in native vectors with no tie logic and no data-dependent
 // branch: n passes of "the largest key below the last one" (one pass of per-lane max / min for
 // n = 2), or a partial sort of keys for large n.
+//
+// Where a vector compare yields a bit mask (AVX2, AVX-512), n of 3 to 16 first take a
+// threshold: the n-th largest of 16 lane maxima bounds the n-th best from below, so only the
+// entries at or above it (about 10 of 64 .. 256 for n = 8) are ranked — by counting, in
+// registers, with AVX-512. Rows with more than 16 such entries, or equal values among them,
+// fall back to the keys: every path returns the same ids (tests/cpu/math_test.cpp, built for
+// the default ISA, AVX2 and the machine's).
 #pragma once
 
 #include <algorithm>
@@ -18,6 +25,10 @@
 
 #include <moeroute/config.hpp>
 #include <moeroute/cpu/math.hpp>
+
+#if defined(__AVX512F__) || defined(__AVX2__)
+#include <immintrin.h>
+#endif
 
 namespace moeroute::cpu::detail {
 
@@ -170,19 +181,184 @@ inline void top2_of_values(const float* v, std::int32_t size, std::int32_t* ids)
   ids[1] = index_of(best[1]);
 }
 
-/// @brief The n best of v[0, size) among allowed[i] != 0 (allowed null: all), best first: ids
-///        into ids[0, n), their values into vals[0, n) when vals is not null. `keys` is scratch
-///        of key_capacity(size). The caller guarantees at least n allowed entries. Any values
-///        but NaN (-inf included, and -0 ties with +0).
-inline void top_n(const float* v, std::int32_t size, const std::uint8_t* allowed, std::int32_t n,
-                  float* vals, std::int32_t* ids, std::int64_t* keys) {
-  if (n == 2 && allowed == nullptr && size >= 2) {
-    top2_of_values(v, size, ids);
-    if (vals != nullptr)
-      for (std::int32_t j = 0; j < 2; ++j) vals[j] = v[ids[j]];
-    return;
+/// @brief The n best of keys[0, count) (count <= 16, keys distinct, keys[count, 16) writable)
+///        as indices, best first.
+///        Each key's rank is the number of larger keys, counted in two 8-lane vectors against
+///        every key: no serial chain of reductions, unlike n passes.
+[[gnu::always_inline]] inline void order_by_rank(std::int64_t* keys, std::int32_t count,
+                                                 std::int32_t n, std::int32_t* ids) noexcept {
+  for (std::int32_t i = count; i < 16; ++i) keys[i] = no_key;
+  key_x8 a, b, ra = {}, rb = {};
+  std::memcpy(&a, keys, sizeof a);
+  std::memcpy(&b, keys + 8, sizeof b);
+  // all 16 lanes, whatever count is, so that no branch depends on it: padding keys rank
+  // count (below every real key, equal to each other) and add nothing to the real ranks
+  for (std::int32_t j = 0; j < 16; ++j) {
+    const key_x8 kj = key_x8{} + keys[j];
+    ra -= a < kj;  // a true lane is -1
+    rb -= b < kj;
   }
-  make_keys(v, size, allowed, keys);
+  std::int32_t slot[17];  // real keys rank 0 .. count-1, the padding count
+  for (std::int32_t i = 0; i < 8; ++i) slot[ra[i]] = index_of(a[i]);
+  for (std::int32_t i = 0; i < 8; ++i) slot[rb[i]] = index_of(b[i]);
+  for (std::int32_t j = 0; j < n; ++j) ids[j] = slot[j];
+}
+
+#if defined(__AVX512F__) || defined(__AVX2__)
+// Selection by a threshold, where a vector compare yields a bit mask (AVX2, AVX-512).
+
+/// @brief A lower bound on the n-th best of v among allowed entries (n <= 16): the n-th
+///        largest of 16 lane maxima, lane l holding the entries i with i % 16 == l (excluded
+///        entries count as -inf). The n lanes whose maxima are at or above it hold n distinct
+///        entries at or above it; usually few others are (about 10 of 64 .. 256 for n = 8).
+///        A lane without an allowed entry may make it -inf: then every allowed entry passes.
+[[nodiscard]] inline float threshold_of(const float* v, std::int32_t size,
+                                        const std::uint8_t* allowed, std::int32_t n) noexcept {
+  constexpr float inf = std::numeric_limits<float>::infinity();
+  alignas(64) float m[16];
+#if defined(__AVX512F__)
+  __m512 lane = _mm512_set1_ps(-inf);
+  std::int32_t i = 0;
+  for (; i + 16 <= size; i += 16) {
+    const __m512 x = _mm512_loadu_ps(v + i);
+    __mmask16 keep = 0xffff;
+    if (allowed != nullptr)
+      keep = _mm512_test_epi32_mask(
+          _mm512_maskz_cvtepu8_epi32(
+              0xffff, _mm_loadu_si128(reinterpret_cast<const __m128i*>(allowed + i))),
+          _mm512_set1_epi32(0xff));
+    lane = _mm512_mask_max_ps(lane, keep, lane, x);
+  }
+  _mm512_store_ps(m, lane);
+#else
+  for (std::int32_t l = 0; l < 16; ++l) m[l] = -inf;
+  std::int32_t i = 0;
+  for (; i + 16 <= size; i += 16)
+    for (std::int32_t l = 0; l < 16; ++l)
+      if (allowed == nullptr || allowed[i + l] != 0) m[l] = std::max(m[l], v[i + l]);
+#endif
+  for (std::int32_t l = 0; i + l < size; ++l)
+    if (allowed == nullptr || allowed[i + l] != 0) m[l] = std::max(m[l], v[i + l]);
+  // each lane's count of larger maxima, one broadcast per lane; the n-th largest is the
+  // least maximum with fewer than n above it
+  using i32x16 = std::int32_t __attribute__((vector_size(64)));
+  math::f32x16 lane16;
+  std::memcpy(&lane16, m, sizeof lane16);
+  i32x16 above = {};
+  for (std::int32_t l = 0; l < 16; ++l) above -= lane16 < (math::f32x16{} + m[l]);
+  const math::f32x16 e16 = above < n ? lane16 : math::f32x16{} + inf;
+  const math::f32x8 a8 = __builtin_shufflevector(e16, e16, 0, 1, 2, 3, 4, 5, 6, 7);
+  const math::f32x8 b8 = __builtin_shufflevector(e16, e16, 8, 9, 10, 11, 12, 13, 14, 15);
+  const math::f32x8 e8 = a8 < b8 ? a8 : b8;
+  const math::f32x4 a4 = __builtin_shufflevector(e8, e8, 0, 1, 2, 3);
+  const math::f32x4 b4 = __builtin_shufflevector(e8, e8, 4, 5, 6, 7);
+  const math::f32x4 e4 = a4 < b4 ? a4 : b4;
+  return std::min(std::min(e4[0], e4[1]), std::min(e4[2], e4[3]));
+}
+
+#if defined(__AVX512F__) && defined(__AVX512BW__) && defined(__AVX512VL__)
+#define MOEROUTE_CPU_SELECT_AVX512 1
+/// @brief The n best (3 <= n <= 16) of v[0, size) among allowed entries, best first, by a
+///        threshold: the entries at or above threshold_of() (usually under 2n) are compressed
+///        as (ordered float bits, index) pairs in index order and ranked by counting the larger
+///        values, 16 lanes of int32 per compare. Returns false, having written nothing, when
+///        more than 16 entries pass or two passing values are equal (the caller then selects
+///        by 64-bit keys, which break ties by index).
+[[nodiscard]] inline bool top_n_by_threshold(const float* v, std::int32_t size,
+                                             const std::uint8_t* allowed, std::int32_t n,
+                                             std::int32_t* ids) noexcept {
+  if (size > 1024) return false;  // the masks below live on the stack
+  const __m512 t = _mm512_set1_ps(threshold_of(v, size, allowed, n));
+  // 1. which entries pass, chunk by chunk: independent compares, then one count
+  const std::int32_t chunks = (size + 15) / 16;
+  std::uint32_t pass[64];
+  std::int32_t c = 0;
+  for (std::int32_t q = 0; q < chunks; ++q) {
+    const std::int32_t i = q * 16;
+    const auto live = static_cast<__mmask16>(size - i >= 16 ? 0xffffu : (1u << (size - i)) - 1u);
+    auto m = static_cast<std::uint32_t>(
+        _mm512_mask_cmp_ps_mask(live, _mm512_maskz_loadu_ps(live, v + i), t, _CMP_GE_OQ));
+    if (allowed != nullptr)
+      m &= static_cast<std::uint32_t>(_mm512_mask_test_epi32_mask(
+          live, _mm512_maskz_cvtepu8_epi32(0xffff, _mm_maskz_loadu_epi8(live, allowed + i)),
+          _mm512_set1_epi32(0xff)));
+    pass[q] = m;
+    c += std::popcount(m);
+  }
+  if (c > 16) return false;
+  // 2. the passing entries as (ordered float bits, index) in registers, in index order: each
+  //    chunk's compressed, rotated up to its offset and blended in (offsets known, so the
+  //    chunks do not wait on each other); padding ranks below every real value (the ordered
+  //    bits of -inf are above INT32_MIN)
+  const __m512i sign_off = _mm512_set1_epi32(0x7fffffff);
+  const __m512i lanes = _mm512_set_epi32(15, 14, 13, 12, 11, 10, 9, 8, 7, 6, 5, 4, 3, 2, 1, 0);
+  __m512i h = _mm512_set1_epi32(std::numeric_limits<std::int32_t>::min());
+  __m512i idx = _mm512_setzero_si512();
+  std::int32_t at = 0;
+  for (std::int32_t q = 0; q < chunks; ++q) {
+    const std::uint32_t m = pass[q];
+    const std::int32_t got = std::popcount(m);
+    const auto mk = static_cast<__mmask16>(m);
+    const __m512i b = _mm512_castps_si512(
+        _mm512_add_ps(_mm512_maskz_loadu_ps(mk, v + q * 16), _mm512_setzero_ps()));
+    const __m512i ordered =
+        _mm512_xor_si512(b, _mm512_and_si512(_mm512_maskz_srai_epi32(0xffff, b, 31), sign_off));
+    const __m512i up =
+        _mm512_and_si512(_mm512_sub_epi32(lanes, _mm512_set1_epi32(at)), _mm512_set1_epi32(15));
+    const auto into = static_cast<__mmask16>(((1u << got) - 1u) << at);
+    h = _mm512_mask_permutexvar_epi32(h, into, up, _mm512_maskz_compress_epi32(mk, ordered));
+    idx = _mm512_mask_permutexvar_epi32(
+        idx, into, up,
+        _mm512_maskz_compress_epi32(mk, _mm512_add_epi32(lanes, _mm512_set1_epi32(q * 16))));
+    at += got;
+  }
+  // 3. each candidate's rank: how many values are larger (lane j broadcast by a permute)
+  __m512i rank = _mm512_setzero_si512();
+  const __m512i one = _mm512_set1_epi32(1);
+  for (std::int32_t j = 0; j < 16; ++j) {
+    const __m512i hj = _mm512_maskz_permutexvar_epi32(0xffff, _mm512_set1_epi32(j), h);
+    rank = _mm512_mask_add_epi32(rank, _mm512_cmplt_epi32_mask(h, hj), rank, one);
+  }
+  // distinct values rank 0 .. c-1; equal ones share a rank and the sum falls short
+  alignas(64) std::int32_t r[16], where[16];
+  _mm512_store_si512(r, rank);
+  _mm512_store_si512(where, idx);
+  std::int32_t rank_sum = 0;
+  for (std::int32_t l = 0; l < 16; ++l) rank_sum += l < c ? r[l] : 0;
+  if (rank_sum != c * (c - 1) / 2) return false;
+  std::int32_t slot[17];  // the padding ranks c
+  for (std::int32_t l = 0; l < 16; ++l) slot[r[l]] = where[l];
+  for (std::int32_t j = 0; j < n; ++j) ids[j] = slot[j];
+  return true;
+}
+#endif
+
+/// @brief The keys of the allowed entries of v at or above `bound`, in index order, into
+///        keys[0, count); returns count. Writes stay within keys[0, size).
+inline std::int32_t keys_at_least(const float* v, std::int32_t size, const std::uint8_t* allowed,
+                                  float bound, std::int64_t* keys) noexcept {
+  std::int32_t c = 0, i = 0;
+  const __m256 t = _mm256_set1_ps(bound);
+  for (; i + 8 <= size; i += 8) {
+    auto m = static_cast<std::uint32_t>(
+        _mm256_movemask_ps(_mm256_cmp_ps(_mm256_loadu_ps(v + i), t, _CMP_GE_OQ)));
+    if (allowed != nullptr)
+      for (std::int32_t l = 0; l < 8; ++l) m &= ~(allowed[i + l] == 0 ? 1u << l : 0u);
+    for (; m != 0; m &= m - 1) {
+      const std::int32_t j = i + std::countr_zero(m);
+      keys[c++] = key_of(v[j], j);
+    }
+  }
+  for (; i < size; ++i)
+    if (v[i] >= bound && (allowed == nullptr || allowed[i] != 0)) keys[c++] = key_of(v[i], i);
+  return c;
+}
+#endif
+
+/// @brief The n best of keys[0, size) (distinct, keys[size, key_capacity(size)) writable),
+///        best first, as indices.
+inline void select_keys(std::int64_t* keys, std::int32_t size, std::int32_t n, std::int32_t* ids) {
+  for (std::int32_t i = size; i < key_capacity(size); ++i) keys[i] = no_key;
   const std::int32_t padded = key_capacity(size);
   if (n <= select_small_max) {
     // two per pass while two are wanted: half the passes' reductions
@@ -199,6 +375,43 @@ inline void top_n(const float* v, std::int32_t size, const std::uint8_t* allowed
     std::partial_sort(keys, keys + n, keys + padded, std::greater<>());
     for (std::int32_t j = 0; j < n; ++j) ids[j] = index_of(keys[j]);
   }
+}
+
+/// @brief The n best of v[0, size) among allowed[i] != 0 (allowed null: all), best first: ids
+///        into ids[0, n), their values into vals[0, n) when vals is not null. `keys` is scratch
+///        of key_capacity(size). The caller guarantees at least n allowed entries. Any values
+///        but NaN (-inf included, and -0 ties with +0).
+inline void top_n(const float* v, std::int32_t size, const std::uint8_t* allowed, std::int32_t n,
+                  float* vals, std::int32_t* ids, std::int64_t* keys) {
+  if (n == 2 && allowed == nullptr && size >= 2) {
+    top2_of_values(v, size, ids);
+    if (vals != nullptr)
+      for (std::int32_t j = 0; j < 2; ++j) vals[j] = v[ids[j]];
+    return;
+  }
+#if defined(MOEROUTE_CPU_SELECT_AVX512)
+  if (n >= 3 && n <= 16 && size >= 32 && top_n_by_threshold(v, size, allowed, n, ids)) {
+    if (vals != nullptr)
+      for (std::int32_t j = 0; j < n; ++j) vals[j] = v[ids[j]];
+    return;
+  }
+#elif defined(__AVX2__)
+  // n of 3 .. 16 from 32 or more: the entries at or above a cheap lower bound of the n-th
+  // best (usually under 2n of them), ranked by counting; many ties leave more, taken below
+  if (n >= 3 && n <= 16 && size >= 32) {
+    const std::int32_t c = keys_at_least(v, size, allowed, threshold_of(v, size, allowed, n), keys);
+    if (c <= 16) {
+      order_by_rank(keys, c, n, ids);
+    } else {
+      select_keys(keys, c, n, ids);
+    }
+    if (vals != nullptr)
+      for (std::int32_t j = 0; j < n; ++j) vals[j] = v[ids[j]];
+    return;
+  }
+#endif
+  make_keys(v, size, allowed, keys);
+  select_keys(keys, size, n, ids);
   if (vals != nullptr)
     for (std::int32_t j = 0; j < n; ++j) vals[j] = v[ids[j]];
 }
