@@ -76,10 +76,11 @@ struct dispatch_space {
   std::int64_t* base = nullptr;          // [Q * ET] first slot of (group, expert)
   std::uint8_t* owns = nullptr;          // [n] 1 = the assignment owns its slot (not shared)
   std::int32_t* next = nullptr;          // [T] next reroute candidate per token
-  std::int64_t* histogram = nullptr;     // [max(65536, Q, k) + 1]
+  std::int64_t* histogram = nullptr;     // [max(radix_passes * (radix_digits + 1), Q + 1, k + 1)]
 };
 
 inline constexpr int radix_bits = 11;  // three passes of 11 bits cover a 32-bit key
+inline constexpr int radix_passes = 3;
 inline constexpr std::int64_t radix_digits = std::int64_t{1} << radix_bits;
 
 inline dispatch_space carve_dispatch_space(workspace_carver& w, const routing_config& cfg,
@@ -87,8 +88,8 @@ inline dispatch_space carve_dispatch_space(workspace_carver& w, const routing_co
   const std::size_t n = static_cast<std::size_t>(tokens * cfg.top_k);
   const std::size_t cells =
       static_cast<std::size_t>(cfg.capacity_groups(tokens) * cfg.total_experts());
-  const std::size_t hist = static_cast<std::size_t>(
-      std::max<std::int64_t>({radix_digits, cfg.capacity_groups(tokens), cfg.top_k}) + 1);
+  const std::size_t hist = static_cast<std::size_t>(std::max<std::int64_t>(
+      {radix_passes * (radix_digits + 1), cfg.capacity_groups(tokens) + 1, cfg.top_k + 1}));
   dispatch_space s;
   s.order = w.take<std::int32_t>(n);
   s.scratch = w.take<std::int32_t>(n);
@@ -262,17 +263,27 @@ void counting_pass(std::int64_t m, std::int64_t digits, std::int64_t* count, Dig
       }
       w.key[i] = detail::descending_key(v);
     }
+    // the three digit histograms in one read of the keys; a pass whose digit is the same for
+    // every key would move nothing (the sort is stable), so it is skipped
+    constexpr std::int64_t D = detail::radix_digits;
+    constexpr std::uint32_t mask = D - 1;
+    std::int64_t* hist = w.histogram;  // [radix_passes][D + 1], counts at digit + 1
+    std::fill(hist, hist + detail::radix_passes * (D + 1), std::int64_t{0});
+    for (std::int64_t i = 0; i < m; ++i)
+      for (int pass = 0; pass < detail::radix_passes; ++pass)
+        ++hist[pass * (D + 1) + ((w.key[i] >> (pass * detail::radix_bits)) & mask) + 1];
     std::uint32_t* key = w.key;
     std::uint32_t* key_spare = w.key_scratch;
-    for (int shift = 0; shift < 32; shift += detail::radix_bits) {
-      constexpr std::uint32_t mask = detail::radix_digits - 1;
-      detail::counting_pass(
-          m, detail::radix_digits, w.histogram,
-          [&](std::int64_t i) { return static_cast<std::int64_t>((key[i] >> shift) & mask); },
-          [&](std::int64_t i, std::int64_t to) {
-            spare[to] = order[i];
-            key_spare[to] = key[i];
-          });
+    for (int pass = 0; pass < detail::radix_passes && m > 0; ++pass) {
+      const int shift = pass * detail::radix_bits;
+      std::int64_t* count = hist + pass * (D + 1);
+      if (count[((key[0] >> shift) & mask) + 1] == m) continue;
+      for (std::int64_t dg = 0; dg < D; ++dg) count[dg + 1] += count[dg];
+      for (std::int64_t i = 0; i < m; ++i) {
+        const std::int64_t to = count[(key[i] >> shift) & mask]++;
+        spare[to] = order[i];
+        key_spare[to] = key[i];
+      }
       std::swap(order, spare);
       std::swap(key, key_spare);
     }
@@ -315,12 +326,20 @@ void counting_pass(std::int64_t m, std::int64_t digits, std::int64_t* count, Dig
     w.owns[a] = 1;
     ++o.d_load[e];
   };
+  // (branch-free: under skew, which of an expert's requests still find room is a coin toss
+  // to the branch predictor; every store below rewrites what step 1 wrote when there is none)
   for (std::int64_t i = 0; i < m; ++i) {
     const std::int64_t a = order[i];
-    if (skipped(a) || !room(group_of(a), ids[a])) continue;
-    o.d_fate[a] = fate::kept;
-    take(a, ids[a]);
-    ++o.d_kept[ids[a]];
+    const std::int32_t e = ids[a];  // < E: capacity C
+    std::int64_t& h = w.held[group_of(a) * ET + e];
+    const bool ok = !skipped(a) && (C < 0 || h < C);
+    o.d_fate[a] = ok ? fate::kept : fate::dropped;
+    o.d_expert[a] = ok ? e : -1;
+    o.d_slot[a] = ok ? static_cast<std::int32_t>(h) : -1;  // local slot for now
+    w.owns[a] = ok ? 1 : 0;
+    h += ok ? 1 : 0;
+    o.d_load[e] += ok ? 1 : 0;
+    o.d_kept[e] += ok ? 1 : 0;
   }
 
   // 4. reroutes of the dropped ones, in the same order (group by group)
@@ -385,13 +404,15 @@ void counting_pass(std::int64_t m, std::int64_t digits, std::int64_t* count, Dig
     // owners get base + their rank by assignment index; a shared slot then takes the final
     // slot of its token's owner at that expert (a token owns at most one slot per expert)
     std::fill(w.held, w.held + cells, std::int64_t{0});
-    for (std::int64_t a = 0; a < n; ++a) {
-      if (!w.owns[a]) continue;
-      const std::int64_t cell = group_of(a) * ET + o.d_expert[a];
-      o.d_slot[a] = static_cast<std::int32_t>(w.base[cell] + w.held[cell]++);
+    for (std::int64_t a = 0; a < n; ++a) {  // (branch-free, as the grants)
+      const bool own = w.owns[a] != 0;
+      const std::int64_t cell = group_of(a) * ET + (own ? o.d_expert[a] : 0);
+      const std::int64_t h = w.held[cell];
+      o.d_slot[a] = own ? static_cast<std::int32_t>(w.base[cell] + h) : o.d_slot[a];
+      w.held[cell] = h + (own ? 1 : 0);
     }
     for (std::int64_t a = 0; a < n; ++a) {
-      if (w.owns[a] || o.d_expert[a] < 0) continue;
+      if (!((w.owns[a] == 0) & (o.d_expert[a] >= 0))) continue;  // one branch, rarely taken
       const std::int64_t t0 = a / k * k;
       for (std::int64_t b = t0; b < t0 + k; ++b)
         if (w.owns[b] && o.d_expert[b] == o.d_expert[a]) o.d_slot[a] = o.d_slot[b];
@@ -404,20 +425,20 @@ void counting_pass(std::int64_t m, std::int64_t digits, std::int64_t* count, Dig
   }
 
   // 6. combine weights (the reference's arithmetic, in rank order)
-  for (std::int64_t t = 0; t < T; ++t) {
-    float sum = 0.0f;
-    for (std::int32_t j = 0; j < k; ++j)
-      if (holds_row(o.d_fate[t * k + j])) sum += gates[t * k + j];
-    for (std::int32_t j = 0; j < k; ++j) {
-      const std::int64_t a = t * k + j;
-      if (!holds_row(o.d_fate[a])) {
-        o.d_weight[a] = 0.0f;
-      } else if (cfg.gating.renorm == renormalize::after_drop) {
-        o.d_weight[a] = gates[a] / std::max(sum, FLT_EPSILON) * cfg.gating.scaling_factor;
-      } else {
-        o.d_weight[a] = gates[a];
+  if (cfg.gating.renorm == renormalize::after_drop) {
+    for (std::int64_t t = 0; t < T; ++t) {
+      float sum = 0.0f;
+      for (std::int32_t j = 0; j < k; ++j)
+        if (holds_row(o.d_fate[t * k + j])) sum += gates[t * k + j];
+      for (std::int32_t j = 0; j < k; ++j) {
+        const std::int64_t a = t * k + j;
+        o.d_weight[a] = holds_row(o.d_fate[a])
+                            ? gates[a] / std::max(sum, FLT_EPSILON) * cfg.gating.scaling_factor
+                            : 0.0f;
       }
     }
+  } else {
+    for (std::int64_t a = 0; a < n; ++a) o.d_weight[a] = holds_row(o.d_fate[a]) ? gates[a] : 0.0f;
   }
   *o.d_totals = totals;
   return status::success();

@@ -131,6 +131,7 @@ struct gating_agent {
   const gating_params<Element>& p;
   std::int32_t E, k, R, G, per_group;
   bool softmax_score, softmax_after, noise, noisy_gates, wants_priority, random_second;
+  bool defer_p;  // P is made in the aux pass: nothing reads it, or overwrites s.ex, before
 
   gating_agent(const routing_config& c, const gating_params<Element>& params) : cfg(c), p(params) {
     const auto& g = cfg.gating;
@@ -145,6 +146,8 @@ struct gating_agent {
     noisy_gates = noise && g.noise.target == noise_target::selection_and_gates;
     wants_priority = cfg.dispatch.prio == priority::batch_prioritized;
     random_second = g.second_expert.policy == second_expert_policy::random;
+    // (the group limit takes s.ex as scratch, and so do scores of noisy logits)
+    defer_p = softmax_after && G == 1 && !(noise && g.select == select_from::scores);
   }
 
   /// scores of n values under the configured (per-expert or softmax) score function
@@ -201,8 +204,10 @@ struct gating_agent {
     const float m = math::load_row(p.d_logits + t * E, E, x, *s.bad);
     const double sum = math::exp_row(x, E, m, s.ex);
     o.d_logsumexp[t] = static_cast<float>(static_cast<double>(m) + math::log(sum));
-    // aux P (softmax of the clean logits) is the gate score too when the gates are clean
-    if (softmax_score) math::normalize_row(s.ex, E, sum, s.p);
+    // aux P (softmax of the clean logits) is the gate score too when the gates are clean and
+    // taken before the top-k; else it waits for the aux pass (step 7), which makes it there
+    const bool p_early = softmax_score && !defer_p;
+    if (p_early) math::normalize_row(s.ex, E, sum, s.p);
 
     // 2. noise (Philox per (token, expert)), re-sanitised
     const float* gate_logits = x;
@@ -325,7 +330,28 @@ struct gating_agent {
         std::fill(o.d_aux_count_ids + t * counted, o.d_aux_count_ids + (t + 1) * counted, -1);
       return;
     }
-    if (!softmax_score) {
+    std::int32_t fresh[select_small_max];
+    const std::int32_t* count_ids = o.d_ids + t * k;
+    // a fresh top-k of P is usually the routed ids (top-k on logits, softmax after): when the
+    // routed ids' P are the only values at or above their smallest, they are its set, and
+    // counts need only the set — a compare in the aux pass instead of a selection
+    const bool fresh_topk = cfg.loss.count_source == aux_count_source::fresh_topk;
+    bool routed_set = false;
+    if (softmax_score) {
+      // P made (unless made early), added to the task's sums and compared in one sweep; the
+      // routed ids' P first, by the same expression, for the compare
+      const double inv = 1.0 / sum;
+      float least = FLT_MAX;
+      if (fresh_topk)
+        for (std::int32_t j = 0; j < counted; ++j)
+          least = std::min(
+              least, p_early ? s.p[count_ids[j]]
+                             : static_cast<float>(static_cast<double>(s.ex[count_ids[j]]) * inv));
+      const std::int32_t at_least = p_early
+                                        ? math::aux_row<false>(s.ex, E, inv, s.p, s.scores, least)
+                                        : math::aux_row<true>(s.ex, E, inv, s.p, s.scores, least);
+      routed_set = fresh_topk && at_least == counted;
+    } else {
       // the per-expert scores of the clean logits: the gate scores already, unless noisy
       if (!noisy_gates && !softmax_after) {
         std::copy(gate_scores, gate_scores + E, s.p);
@@ -334,17 +360,11 @@ struct gating_agent {
       }
       const float denom = math::sum_row_f32(s.p, E) + 1e-20f;
       for (std::int32_t e = 0; e < E; ++e) s.p[e] = s.p[e] / denom;
+      math::accumulate_row(s.p, E, s.scores);
+      routed_set = fresh_topk && fresh_is_routed(s.p, count_ids, counted);
     }
-    math::accumulate_row(s.p, E, s.scores);
     if (seq_scores != nullptr) math::accumulate_row(s.p, E, seq_scores + seq * E);
     if (o.d_aux_scores != nullptr) std::copy(s.p, s.p + E, o.d_aux_scores + t * E);
-    std::int32_t fresh[select_small_max];
-    const std::int32_t* count_ids = o.d_ids + t * k;
-    // a fresh top-k of P is usually the routed ids (top-k on logits, softmax after): when the
-    // routed ids' P are the only values at or above their smallest, they are its set, and
-    // counts need only the set — one compare pass instead of a selection
-    const bool fresh_topk = cfg.loss.count_source == aux_count_source::fresh_topk;
-    const bool routed_set = fresh_topk && fresh_is_routed(s.p, count_ids, counted);
     if (fresh_topk && !routed_set) {
       std::int32_t* f = counted <= select_small_max ? fresh : s.order;
       top_n(s.p, E, nullptr, counted, nullptr, f, s.keys);

@@ -233,6 +233,28 @@ inline void normalize_row(const float* __restrict ex, std::int32_t n, double sum
   for (std::int32_t i = 0; i < n; ++i) p[i] = static_cast<float>(static_cast<double>(ex[i]) * inv);
 }
 
+/// @brief The aux pass of a softmax row in one sweep: with Normalize, p[i] = float(ex[i] * inv)
+///        (normalize_row's bits, inv = 1 / sum), else p is read; acc[i] += p[i] in double;
+///        returns how many p[i] are at or above `least`.
+template <bool Normalize>
+[[nodiscard]] inline std::int32_t aux_row(const float* __restrict ex, std::int32_t n, double inv,
+                                          float* __restrict p, double* __restrict acc,
+                                          float least) noexcept {
+  std::int32_t at_least = 0;
+  for (std::int32_t i = 0; i < n; ++i) {
+    float v;
+    if constexpr (Normalize) {
+      v = static_cast<float>(static_cast<double>(ex[i]) * inv);
+      p[i] = v;
+    } else {
+      v = p[i];
+    }
+    acc[i] += static_cast<double>(v);
+    at_least += v >= least ? 1 : 0;
+  }
+  return at_least;
+}
+
 /// @brief acc[i] += v[i] in double (a partial sum a task owns).
 inline void accumulate_row(const float* __restrict v, std::int32_t n,
                            double* __restrict acc) noexcept {
