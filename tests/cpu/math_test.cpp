@@ -184,3 +184,55 @@ TEST_CASE("cpu selection by threshold equals a stable sort on distinct and near-
     }
   CHECK(cases == 10 * 40 * 16);
 }
+
+TEST_CASE("cpu group mask of top-1 / top-2 group scores equals the plain definition",
+          "[cpu][math]") {
+  // group_mask's register path (groups 16 or 32 wide, scored by their best one or two values)
+  // against sort-and-add: ties between groups (to the lower group), equal values within a
+  // group (the top two may be one value twice), -0 / +0, -FLT_MAX.
+  std::mt19937 rng(21);
+  std::normal_distribution<float> normal;
+  std::int64_t cases = 0;
+  for (const std::int32_t per : {16, 32, 48})
+    for (const std::int32_t G : {2, 4, 8, 16})
+      for (const moeroute::group_score score :
+           {moeroute::group_score::sum_top_n, moeroute::group_score::max})
+        for (int rep = 0; rep < 30; ++rep) {
+          const std::int32_t E = per * G;
+          moeroute::routing_config cfg;
+          cfg.num_experts = E;
+          cfg.gating.group_limit.groups = G;
+          cfg.gating.group_limit.group_topk = 1 + static_cast<std::int32_t>(rng() % G);
+          cfg.gating.group_limit.score = score;
+          cfg.gating.group_limit.top_n = score == moeroute::group_score::sum_top_n ? 2 : 0;
+          std::vector<float> v(static_cast<std::size_t>(E));
+          for (auto& x : v)
+            x = rep % 3 == 0   ? static_cast<float>(rng() % 4) * 0.5f  // many ties
+                : rep % 3 == 1 ? (rng() % 5 == 0 ? (rng() % 2 ? -0.0f : 0.0f) : -FLT_MAX)
+                               : normal(rng);
+          std::vector<float> scratch(static_cast<std::size_t>(E));
+          std::vector<std::int32_t> ids(static_cast<std::size_t>(E));
+          std::vector<std::int64_t> keys(static_cast<std::size_t>(detail::key_capacity(E)));
+          std::vector<std::uint8_t> allowed(static_cast<std::size_t>(E), 7);
+          detail::group_mask(cfg, v.data(), E, G, scratch.data(), ids.data(), keys.data(),
+                             allowed.data());
+          std::vector<float> gs(static_cast<std::size_t>(G));
+          for (std::int32_t g = 0; g < G; ++g) {
+            std::vector<float> w(v.begin() + g * per, v.begin() + (g + 1) * per);
+            std::sort(w.begin(), w.end(), std::greater<>());
+            double s = w[0];
+            if (score == moeroute::group_score::sum_top_n) s += w[1];
+            gs[static_cast<std::size_t>(g)] = static_cast<float>(s);
+          }
+          for (std::int32_t g = 0; g < G; ++g) {
+            std::int32_t better = 0;
+            for (std::int32_t h = 0; h < G; ++h)
+              better += gs[h] > gs[g] || (gs[h] == gs[g] && h < g) ? 1 : 0;
+            const std::uint8_t want = better < cfg.gating.group_limit.group_topk ? 1 : 0;
+            INFO("per " << per << " G " << G << " rep " << rep << " group " << g);
+            for (std::int32_t e = g * per; e < (g + 1) * per; ++e) REQUIRE(allowed[e] == want);
+          }
+          ++cases;
+        }
+  CHECK(cases == 3 * 4 * 2 * 30);
+}

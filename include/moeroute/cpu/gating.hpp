@@ -352,15 +352,19 @@ struct gating_agent {
                                         : math::aux_row<true>(s.ex, E, inv, s.p, s.scores, least);
       routed_set = fresh_topk && at_least == counted;
     } else {
-      // the per-expert scores of the clean logits: the gate scores already, unless noisy
-      if (!noisy_gates && !softmax_after) {
-        std::copy(gate_scores, gate_scores + E, s.p);
-      } else {
+      // the per-expert scores of the clean logits: the gate scores already, unless noisy;
+      // normalised and added to the task's sums in one pass
+      const float* clean = gate_scores;
+      if (noisy_gates || softmax_after) {
         scores(x, m, s.ex, s.p);
+        clean = s.p;
       }
-      const float denom = math::sum_row_f32(s.p, E) + 1e-20f;
-      for (std::int32_t e = 0; e < E; ++e) s.p[e] = s.p[e] / denom;
-      math::accumulate_row(s.p, E, s.scores);
+      const float denom = math::sum_row_f32(clean, E) + 1e-20f;
+      for (std::int32_t e = 0; e < E; ++e) {
+        const float v = clean[e] / denom;
+        s.p[e] = v;
+        s.scores[e] += static_cast<double>(v);
+      }
       routed_set = fresh_topk && fresh_is_routed(s.p, count_ids, counted);
     }
     if (seq_scores != nullptr) math::accumulate_row(s.p, E, seq_scores + seq * E);

@@ -159,8 +159,7 @@ using i32n = std::int32_t __attribute__((vector_size(4 * native_lanes)));
   for (; i + native_lanes <= n; i += native_lanes) {
     f32n x;
     std::memcpy(&x, v + i, sizeof x);
-    const i32n keep = lane > x;
-    lane = (f32n)((keep & (i32n)lane) | (~keep & (i32n)x));
+    lane = lane > x ? lane : x;  // one maxps
   }
   float m = max_of_lanes(lane);
   for (; i < n; ++i) m = m > v[i] ? m : v[i];

@@ -416,6 +416,54 @@ inline void top_n(const float* v, std::int32_t size, const std::uint8_t* allowed
     for (std::int32_t j = 0; j < n; ++j) vals[j] = v[ids[j]];
 }
 
+/// @brief group_mask for groups scored by their best one or two values (DeepSeek-V3: the sum
+///        of the top 2 of 32), groups a multiple of 16 wide, G <= 16: the score needs the values,
+///        not which entries hold them, so each group keeps a per-lane largest and second largest
+///        and folds its lanes, with no keys and no selection; the allowed groups are those with
+///        fewer than group_topk better groups (larger score, or equal and a lower index).
+///        The same scores (sum in double, best first) and groups as the general path.
+inline void group_mask_top2(const routing_config& cfg, const float* sel, std::int32_t G,
+                            std::int32_t per_group, std::int32_t take,
+                            std::uint8_t* allowed) noexcept {
+  using math::f32x16;
+  float score[16];
+  for (std::int32_t grp = 0; grp < G; ++grp) {
+    const float* v = sel + grp * per_group;
+    f32x16 v1, v2 = f32x16{} - std::numeric_limits<float>::infinity();
+    std::memcpy(&v1, v, sizeof v1);
+    for (std::int32_t i = 16; i < per_group; i += 16) {
+      f32x16 x;
+      std::memcpy(&x, v + i, sizeof x);
+      const f32x16 lo = v1 < x ? v1 : x;
+      v1 = v1 > x ? v1 : x;
+      v2 = v2 > lo ? v2 : lo;
+    }
+    // fold the lanes: the two largest of two (largest, second) pairs
+    float a1[16], a2[16];
+    std::memcpy(a1, &v1, sizeof a1);
+    std::memcpy(a2, &v2, sizeof a2);
+    for (std::int32_t w = 8; w >= 1; w /= 2)
+      for (std::int32_t l = 0; l < w; ++l) {
+        const float b1 = a1[l + w], b2 = a2[l + w];
+        const float hi = a1[l] > b1 ? a1[l] : b1, lo = a1[l] > b1 ? b1 : a1[l];
+        const float second = a2[l] > b2 ? a2[l] : b2;
+        a1[l] = hi;
+        a2[l] = lo > second ? lo : second;
+      }
+    double s = static_cast<double>(a1[0]);
+    if (take == 2) s += static_cast<double>(a2[0]);
+    score[grp] = static_cast<float>(s);
+  }
+  const std::int32_t keep = cfg.gating.group_limit.group_topk;
+  for (std::int32_t grp = 0; grp < G; ++grp) {
+    std::int32_t better = 0;
+    for (std::int32_t h = 0; h < G; ++h)
+      better += (score[h] > score[grp] || (score[h] == score[grp] && h < grp)) ? 1 : 0;
+    std::memset(allowed + grp * per_group, better < keep ? 1 : 0,
+                static_cast<std::size_t>(per_group));
+  }
+}
+
 /// @brief The group limit: each of G groups of E / G experts scores the sum (in double, best
 ///        first) of its group_score_take(cfg) best selection values; the group_topk best groups
 ///        (ties to the lower group) are allowed. `group_scores` [G], `ids` [E] and `keys`
@@ -424,6 +472,10 @@ inline void group_mask(const routing_config& cfg, const float* sel, std::int32_t
                        float* group_scores, std::int32_t* ids, std::int64_t* keys,
                        std::uint8_t* allowed) {
   const std::int32_t per_group = E / G, take = group_score_take(cfg);
+  if (take <= 2 && per_group % 16 == 0 && G <= 16) {
+    group_mask_top2(cfg, sel, G, per_group, take, allowed);
+    return;
+  }
   for (std::int32_t grp = 0; grp < G; ++grp) {
     const float* v = sel + grp * per_group;
     top_n(v, per_group, nullptr, take, nullptr, ids, keys);
