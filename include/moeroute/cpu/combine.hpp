@@ -73,19 +73,15 @@ template <class Element>
               row_ptr[live] = p.d_expert_out + row * d;
               wt[live++] = p.dispatched.d_weight[t * k + j];
             }
-          // the next token's rows are elsewhere in a large buffer: ask for each of them (into
-          // L2) at the column this token is at, one cache line per row as the loop reaches it.
-          // Spread out so, the requests keep k streams in flight without flooding the fill
-          // buffers or evicting this token's lines from L1 (a whole row up front did both: k = 8
-          // combine ran at 17 GB/s that way, 30 GB/s this way, on the EPYC of performance.md).
+          // the next token's rows are elsewhere in a large buffer: each asked for a line at a
+          // time as this token's walk reaches it (whole rows up front: k = 8 combine ran at
+          // 17 GB/s, 30 GB/s this way, on the EPYC of performance.md)
           if (t + 1 < end)
             for (std::int32_t j = 0; j < k; ++j)
               if (const std::int64_t row = rows_of[(t + 1) * k + j]; row >= 0)
                 next_ptr[next++] = p.d_expert_out + row * d;
-          constexpr std::int64_t per_line = 64 / static_cast<std::int64_t>(sizeof(Element));
           for (; c0 + 16 <= d; c0 += 16) {
-            if (c0 % per_line == 0)
-              for (std::int32_t j = 0; j < next; ++j) __builtin_prefetch(next_ptr[j] + c0, 0, 2);
+            for (std::int32_t j = 0; j < next; ++j) rows::prefetch_along(next_ptr[j], c0);
             rows::f32x16 a = {}, x;
             for (std::int32_t j = 0; j < live; ++j) {
               rows::load16(row_ptr[j] + c0, x);

@@ -91,8 +91,12 @@ template <class Element>
             for (std::int32_t j = 0; j < k; ++j)
               if (p.layout.d_assignment_row[t * k + j] == r)
                 wt[live++] = p.dispatched.d_weight[t * k + j];
+          // the next row's token's dy, a line at a time (rows::prefetch_along)
+          const std::int32_t t_next = r + 1 < end ? p.layout.d_row_token[r + 1] : -1;
+          const Element* dy_next = p.d_dy + (t_next >= 0 ? t_next : 0) * d;
           if (t < 0 || k <= 32)
             for (; c0 + 16 <= d; c0 += 16) {
+              if (t_next >= 0) rows::prefetch_along(dy_next, c0);
               rows::f32x16 a = {}, x;
               if (live > 0) rows::load16(p.d_dy + t * d + c0, x);
               for (std::int32_t j = 0; j < live; ++j) a += wt[j] * x;
@@ -133,8 +137,14 @@ template <class Element>
           any = true;
           std::int64_t c0 = 0;
           if constexpr (rows::has_vec16<Element>) {  // 16 lanes over the row, folded by halves
+            // the next assignment's row (this token's next, or the next token's first), a line
+            // at a time (rows::prefetch_along)
+            const std::int64_t next_a = a + 1 < end * k ? a + 1 : a;
+            const std::int64_t next_row = p.layout.d_assignment_row[next_a];
+            const Element* ahead = p.d_expert_out + (next_row >= 0 ? next_row : row) * d;
             rows::f32x16 lanes = {}, g, x;
             for (; c0 + 16 <= d; c0 += 16) {
+              rows::prefetch_along(ahead, c0);
               rows::load16(p.d_dy + t * d + c0, g);
               rows::load16(p.d_expert_out + row * d + c0, x);
               lanes += g * x;
@@ -198,8 +208,16 @@ template <class Element>
             for (std::int32_t i2 = 0; i2 < j && !seen; ++i2) seen = rows_of[i2] == row;
             if (!seen) distinct[live++] = p.d_grad_buf + row * d;
           }
+        // the next token's rows, a line at a time (rows::prefetch_along)
+        const Element* ahead[32];
+        std::int32_t next = 0;
+        if (k <= 32 && t + 1 < end)
+          for (std::int32_t j = 0; j < k; ++j)
+            if (const std::int64_t row = rows_of[k + j]; row >= 0)
+              ahead[next++] = p.d_grad_buf + row * d;
         if (k <= 32)
           for (; c0 + 16 <= d; c0 += 16) {
+            for (std::int32_t j = 0; j < next; ++j) rows::prefetch_along(ahead[j], c0);
             rows::f32x16 a = {}, x;
             if (p.accumulate) rows::load16(p.d_grad_x + t * d + c0, a);
             for (std::int32_t j = 0; j < live; ++j) {

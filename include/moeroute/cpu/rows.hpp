@@ -55,6 +55,16 @@ inline void prefetch(const Element* src, std::int64_t n) noexcept {
   for (std::int64_t c = 0; c < n; c += per_line) __builtin_prefetch(src + c);
 }
 
+/// @brief In a 16-column walk over rows: asks (into L2) for the cache line of another row
+///        that holds column c, when c starts one. Walking the next rows a row op will read at
+///        the pace of the current ones keeps their streams in flight without flooding the fill
+///        buffers or evicting the current rows from L1, as requesting whole rows up front does.
+template <class Element>
+inline void prefetch_along(const Element* next_row, std::int64_t c) noexcept {
+  constexpr std::int64_t per_line = 64 / static_cast<std::int64_t>(sizeof(Element));
+  if (c % per_line == 0) __builtin_prefetch(next_row + c, 0, 2);
+}
+
 /// dst[c] = float(src[c]) for c < n
 template <class Element>
 inline void load(const Element* __restrict src, std::int64_t n, float* __restrict dst) noexcept {
