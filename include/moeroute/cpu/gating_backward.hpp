@@ -51,6 +51,9 @@ inline double score_deriv(score_function f, double x, double s) {
 }  // namespace bwd
 
 /// The gradient of one token's row (see the file comment); `out` is its row of d logits.
+/// Rows up to this wide keep their exps, softmaxes and choice map on the stack.
+inline constexpr std::int32_t gating_backward_cache_max = 512;
+
 template <class Element>
 struct gating_backward_agent {
   const routing_config& cfg;
@@ -89,7 +92,7 @@ struct gating_backward_agent {
     valid_tokens = p.gated.sums.d_valid_tokens ? *p.gated.sums.d_valid_tokens : p.tokens;
   }
 
-  void token(std::int64_t t) const {
+  void token(std::int64_t t, std::int8_t* choice_of) const {
     float* out = p.d_grad_logits + t * E;
     const bool valid = p.d_valid == nullptr || p.d_valid[t] != 0;
     if (!valid || valid_tokens == 0) {
@@ -117,9 +120,16 @@ struct gating_backward_agent {
     const bool routing = p.d_grad_weight != nullptr && routing_weight != 0.0;
     double gm = -static_cast<double>(FLT_MAX), gsum = 0.0;
     double denom = 1.0, S = 0.0, dot_w = 0.0, dot2 = 0.0;
+    // exp(xg(e) - gm) and exp(clean(e) - cm), each made once per element and kept (rows up to
+    // cache_max wide): the formulas read them up to six times, and the same double expression
+    // gives the same bits, so the result is unchanged
+    constexpr std::int32_t cache_max = gating_backward_cache_max;
+    const bool cached = E <= cache_max;
+    double gex[cache_max], cex[cache_max];
+    bool g_ready = false;  // gex holds exp(xg - gm) / gsum
     const auto s_of = [&](std::int32_t e) {
-      return score == score_function::softmax ? std::exp(xg(e) - gm) / gsum
-                                              : bwd::score(score, xg(e));
+      if (score != score_function::softmax) return bwd::score(score, xg(e));
+      return g_ready ? gex[e] : std::exp(xg(e) - gm) / gsum;
     };
     const auto h_of = [&](std::int32_t j) {
       return softmax_after ? std::exp(xg(ids[j]) - gm) / gsum : s_of(ids[j]);
@@ -146,7 +156,15 @@ struct gating_backward_agent {
         for (std::int32_t j = 0; j < k; ++j) gsum += std::exp(xg(ids[j]) - gm);
       } else if (score == score_function::softmax) {
         for (std::int32_t e = 0; e < E; ++e) gm = std::fmax(gm, xg(e));
-        for (std::int32_t e = 0; e < E; ++e) gsum += std::exp(xg(e) - gm);
+        for (std::int32_t e = 0; e < E; ++e) {
+          const double ex = std::exp(xg(e) - gm);
+          if (cached) gex[e] = ex;
+          gsum += ex;
+        }
+        if (cached) {
+          for (std::int32_t e = 0; e < E; ++e) gex[e] /= gsum;
+          g_ready = true;
+        }
       }
       if (before_drop) {
         double sum = 0.0;
@@ -201,14 +219,33 @@ struct gating_backward_agent {
     double cm = -static_cast<double>(FLT_MAX), cse = 0.0, ssum = 0.0, dot_aux = 0.0, dot_seq = 0.0;
     const double Tn = static_cast<double>(valid_tokens);
     const double c_aux = aux_weight / (Tn * Tn), c_z = z_weight * 2.0 / Tn;
-    if (aux || seq || zl) {
+    bool c_ready = false;  // cex holds exp(clean - cm) / cse
+    if ((aux || seq || zl) && g_ready && !noisy_gates) {
+      // the routing softmax above is this one: the same logits, max and sum, in the same order
+      cm = gm;
+      cse = gsum;
+      std::copy(gex, gex + E, cex);
+      c_ready = true;
+    } else if (aux || seq || zl) {
       for (std::int32_t e = 0; e < E; ++e) cm = std::fmax(cm, clean(e));
-      for (std::int32_t e = 0; e < E; ++e) cse += std::exp(clean(e) - cm);
+      for (std::int32_t e = 0; e < E; ++e) {
+        const double ex = std::exp(clean(e) - cm);
+        if (cached) cex[e] = ex;
+        cse += ex;
+      }
+      if (cached) {
+        for (std::int32_t e = 0; e < E; ++e) cex[e] /= cse;
+        c_ready = true;
+      }
     }
     if ((aux || seq) && score != score_function::softmax)
       for (std::int32_t e = 0; e < E; ++e) ssum += bwd::score(score, clean(e));
+    // the softmax of the clean logits
+    const auto soft = [&](std::int32_t e) {
+      return c_ready ? cex[e] : std::exp(clean(e) - cm) / cse;
+    };
     const auto P_of = [&](std::int32_t e) {
-      return score == score_function::softmax ? std::exp(clean(e) - cm) / cse
+      return score == score_function::softmax ? soft(e)
                                               : bwd::score(score, clean(e)) / (ssum + 1e-20);
     };
     if (aux)
@@ -217,24 +254,40 @@ struct gating_backward_agent {
     if (seq)
       for (std::int32_t e = 0; e < E; ++e) dot_seq += gp_seq(e) * P_of(e);
     const auto p_backward = [&](std::int32_t e, double gp, double dot) {
+      if (score == score_function::softmax) return soft(e) * (gp - dot);
       const double x = clean(e);
-      if (score == score_function::softmax) return (std::exp(x - cm) / cse) * (gp - dot);
       const double sc = bwd::score(score, x);
       return bwd::score_deriv(score, x, sc) * (gp - dot) / (ssum + 1e-20);
     };
     const double lse = cm + std::log(cse);
+    // which choice j names expert e (cached rows, distinct ids): the element loop then looks
+    // up its one match instead of scanning the k ids; reset for the next token below
+    std::int8_t* jof = choice_of;
+    bool mapped = any && cached && k <= 127;
+    if (mapped)
+      for (std::int32_t j = 0; j < k; ++j) {
+        if (jof[ids[j]] >= 0) {  // a repeated id (an engine's own ids): scan instead
+          for (std::int32_t i = 0; i < j; ++i) jof[ids[i]] = -1;
+          mapped = false;
+          break;
+        }
+        jof[ids[j]] = static_cast<std::int8_t>(j);
+      }
     // ---- one pass over the row: routing, aux, sequence-aux, z, each rounded and added
     for (std::int32_t e = 0; e < E; ++e) {
       float v = p.accumulate ? out[e] : 0.0f;
       if (std::isfinite(raw(e))) {
         if (any) {
           double r = 0.0;
+          // the choices naming e, in j order: the mapped one, or all k scanned
+          const std::int32_t j_lo = mapped ? (jof[e] >= 0 ? jof[e] : k) : 0;
+          const std::int32_t j_hi = mapped ? (jof[e] >= 0 ? jof[e] + 1 : k) : k;
           if (softmax_after) {
-            for (std::int32_t j = 0; j < k; ++j)
+            for (std::int32_t j = j_lo; j < j_hi; ++j)
               if (ids[j] == e) r += h_of(j) * (dgpre_of(j) - dot3);
           } else {
             if (score == score_function::softmax) r = -s_of(e) * dot3;
-            for (std::int32_t j = 0; j < k; ++j) {
+            for (std::int32_t j = j_lo; j < j_hi; ++j) {
               if (ids[j] != e) continue;
               if (score == score_function::softmax) {
                 r += s_of(e) * dh_of(j);
@@ -250,10 +303,12 @@ struct gating_backward_agent {
           v +=
               static_cast<float>(p_backward(e, c_aux * static_cast<double>(aux_count[e]), dot_aux));
         if (seq) v += static_cast<float>(p_backward(e, gp_seq(e), dot_seq));
-        if (zl) v += static_cast<float>(c_z * lse * (std::exp(clean(e) - cm) / cse));
+        if (zl) v += static_cast<float>(c_z * lse * soft(e));
       }
       out[e] = v;
     }
+    if (mapped)
+      for (std::int32_t j = 0; j < k; ++j) jof[ids[j]] = -1;
   }
 };
 
@@ -279,7 +334,10 @@ template <class Element>
   parallel_for(ex, tasks, [&](std::int64_t i) {
     std::int64_t begin, end;
     task_range(p.tokens, tasks, i, begin, end);
-    for (std::int64_t t = begin; t < end; ++t) agent.token(t);
+    // which choice names each expert, -1 between tokens (rows up to cache_max wide)
+    std::int8_t choice_of[detail::gating_backward_cache_max];
+    std::fill(choice_of, choice_of + detail::gating_backward_cache_max, std::int8_t{-1});
+    for (std::int64_t t = begin; t < end; ++t) agent.token(t, choice_of);
   });
   return status::success();
 }
