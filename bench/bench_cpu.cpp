@@ -139,6 +139,51 @@ void register_dispatch() {
   }
 }
 
+/// The logit gradient (routing, aux and z terms) of each model's routing with capacity 1.25, on
+/// the batch gating and dispatch made; the same inputs for every run.
+void register_gating_backward() {
+  const std::int64_t T = 16384;
+  for (const model_shape& m : model_shapes)
+    for (const int threads : {1, 0}) {
+      const std::string name = "cpu_gating_backward/" + std::string(m.name) +
+                               "/T=" + std::to_string(T) + threads_name(threads);
+      benchmark::RegisterBenchmark(
+          name.c_str(),
+          [m, T, threads](benchmark::State& st) {
+            routing_config cfg = m.capacity_config(1.25);
+            if (cfg.loss.aux_coefficient == 0.0f) cfg.loss.aux_coefficient = 0.01f;
+            if (cfg.loss.z_coefficient == 0.0f) cfg.loss.z_coefficient = 0.001f;
+            const auto logits =
+                make_logits(scenario_kind::uniform, T, m.experts, scenario_params{});
+            const std::vector<float> bias(cfg.gating.expert_bias ? m.experts : 0, 0.0f);
+            const cpu_gated g = cpu_gate(cfg, logits, T, bias, 1, cpu::executor::serial());
+            const cpu_routed r = cpu_route_rest(cfg, g, true, 1, 1, cpu::executor::serial());
+            std::vector<float> dw(static_cast<std::size_t>(T * m.top_k));
+            for (std::size_t i = 0; i < dw.size(); ++i)
+              dw[i] = static_cast<float>(static_cast<int>(i % 7) - 3) * 0.125f;
+            std::vector<float> out(static_cast<std::size_t>(T * m.experts));
+            gating_backward_params<float> p;
+            p.d_logits = logits.data();
+            p.tokens = T;
+            p.gated = g.view();
+            p.dispatched.d_fate = r.dispatch.fates.data();
+            p.d_grad_weight = dw.data();
+            p.accumulate = false;
+            p.d_grad_logits = out.data();
+            const cpu::executor ex = executor_for(threads);
+            for (auto _ : st) {
+              if (auto s = cpu::gating_backward(cfg, p, ex); !s)
+                st.SkipWithError(s.message.c_str());
+              benchmark::DoNotOptimize(out.data());
+            }
+            set_ns_per_logit(st, T, m.experts);
+          })
+          ->Unit(benchmark::kMicrosecond)
+          ->MinTime(0.2)
+          ->UseRealTime();
+    }
+}
+
 /// A routed batch and its layout, for the row operations.
 struct routed_rows {
   routing_config cfg;
@@ -278,6 +323,7 @@ void register_rows() {
 int main(int argc, char** argv) {
   register_gating();
   register_dispatch();
+  register_gating_backward();
   register_rows();
   benchmark::Initialize(&argc, argv);
   if (benchmark::ReportUnrecognizedArguments(argc, argv)) return 1;

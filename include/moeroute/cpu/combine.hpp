@@ -76,7 +76,7 @@ template <class Element>
           // the next token's rows are elsewhere in a large buffer: each asked for a line at a
           // time as this token's walk reaches it (whole rows up front: k = 8 combine ran at
           // 17 GB/s, 30 GB/s this way, on the EPYC of performance.md)
-          if (t + 1 < end)
+          if (t + 1 < p.tokens)  // across the task's end too: tasks are a few tokens
             for (std::int32_t j = 0; j < k; ++j)
               if (const std::int64_t row = rows_of[(t + 1) * k + j]; row >= 0)
                 next_ptr[next++] = p.d_expert_out + row * d;

@@ -92,7 +92,7 @@ template <class Element>
               if (p.layout.d_assignment_row[t * k + j] == r)
                 wt[live++] = p.dispatched.d_weight[t * k + j];
           // the next row's token's dy, a line at a time (rows::prefetch_along)
-          const std::int32_t t_next = r + 1 < end ? p.layout.d_row_token[r + 1] : -1;
+          const std::int32_t t_next = r + 1 < p.rows ? p.layout.d_row_token[r + 1] : -1;
           const Element* dy_next = p.d_dy + (t_next >= 0 ? t_next : 0) * d;
           if (t < 0 || k <= 32)
             for (; c0 + 16 <= d; c0 += 16) {
@@ -139,7 +139,7 @@ template <class Element>
           if constexpr (rows::has_vec16<Element>) {  // 16 lanes over the row, folded by halves
             // the next assignment's row (this token's next, or the next token's first), a line
             // at a time (rows::prefetch_along)
-            const std::int64_t next_a = a + 1 < end * k ? a + 1 : a;
+            const std::int64_t next_a = a + 1 < p.tokens * k ? a + 1 : a;
             const std::int64_t next_row = p.layout.d_assignment_row[next_a];
             const Element* ahead = p.d_expert_out + (next_row >= 0 ? next_row : row) * d;
             rows::f32x16 lanes = {}, g, x;
@@ -211,7 +211,7 @@ template <class Element>
         // the next token's rows, a line at a time (rows::prefetch_along)
         const Element* ahead[32];
         std::int32_t next = 0;
-        if (k <= 32 && t + 1 < end)
+        if (k <= 32 && t + 1 < p.tokens)
           for (std::int32_t j = 0; j < k; ++j)
             if (const std::int64_t row = rows_of[k + j]; row >= 0)
               ahead[next++] = p.d_grad_buf + row * d;
