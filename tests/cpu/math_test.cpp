@@ -102,6 +102,25 @@ std::vector<std::int32_t> plain_top(const std::vector<float>& v, const std::uint
   idx.resize(static_cast<std::size_t>(n));
   return idx;
 }
+
+/// top_n's n best of v (and their values) and, when enough are allowed, the masked n best,
+/// against plain_top.
+void check_top_n(const std::vector<float>& v, const std::vector<std::uint8_t>& allowed,
+                 std::int32_t allowed_count, std::int32_t n) {
+  const auto size = static_cast<std::int32_t>(v.size());
+  std::vector<float> vals(v.size());
+  std::vector<std::int32_t> ids(v.size());
+  std::vector<std::int64_t> keys(static_cast<std::size_t>(detail::key_capacity(size)));
+  detail::top_n(v.data(), size, nullptr, n, vals.data(), ids.data(), keys.data());
+  REQUIRE(std::vector<std::int32_t>(ids.begin(), ids.begin() + n) == plain_top(v, nullptr, n));
+  for (std::int32_t j = 0; j < n; ++j)  // the values themselves, -0 stays -0
+    REQUIRE(std::memcmp(&vals[j], &v[ids[j]], sizeof(float)) == 0);
+  if (n <= allowed_count) {
+    detail::top_n(v.data(), size, allowed.data(), n, nullptr, ids.data(), keys.data());
+    REQUIRE(std::vector<std::int32_t>(ids.begin(), ids.begin() + n) ==
+            plain_top(v, allowed.data(), n));
+  }
+}
 }  // namespace
 
 TEST_CASE("cpu selection equals a stable sort, ties and infinities included", "[cpu][math]") {
@@ -121,21 +140,9 @@ TEST_CASE("cpu selection equals a stable sort, ties and infinities included", "[
       for (auto& a : allowed) a = rng() % 4 != 0;
       const std::int32_t allowed_count =
           static_cast<std::int32_t>(std::count(allowed.begin(), allowed.end(), 1));
-      std::vector<float> vals(static_cast<std::size_t>(size));
-      std::vector<std::int32_t> ids(static_cast<std::size_t>(size));
-      std::vector<std::int64_t> keys(static_cast<std::size_t>(detail::key_capacity(size)));
       for (std::int32_t n = 1; n <= std::min(size, 20); ++n) {
         INFO("size " << size << " n " << n << " rep " << rep);
-        detail::top_n(v.data(), size, nullptr, n, vals.data(), ids.data(), keys.data());
-        REQUIRE(std::vector<std::int32_t>(ids.begin(), ids.begin() + n) ==
-                plain_top(v, nullptr, n));
-        for (std::int32_t j = 0; j < n; ++j)  // the values themselves, -0 stays -0
-          REQUIRE(std::memcmp(&vals[j], &v[ids[j]], sizeof(float)) == 0);
-        if (n <= allowed_count) {
-          detail::top_n(v.data(), size, allowed.data(), n, nullptr, ids.data(), keys.data());
-          REQUIRE(std::vector<std::int32_t>(ids.begin(), ids.begin() + n) ==
-                  plain_top(v, allowed.data(), n));
-        }
+        check_top_n(v, allowed, allowed_count, n);
         ++cases;
       }
     }
@@ -164,21 +171,9 @@ TEST_CASE("cpu selection by threshold equals a stable sort on distinct and near-
         allowed[j] = rep % 2 == 0 ? (j / 8) % 3 != 0 : rng() % 3 != 0;
       const auto allowed_count =
           static_cast<std::int32_t>(std::count(allowed.begin(), allowed.end(), 1));
-      std::vector<float> vals(16);
-      std::vector<std::int32_t> ids(16);
-      std::vector<std::int64_t> keys(static_cast<std::size_t>(detail::key_capacity(size)));
       for (std::int32_t n = 1; n <= 16; ++n) {
         INFO("size " << size << " n " << n << " rep " << rep);
-        detail::top_n(v.data(), size, nullptr, n, vals.data(), ids.data(), keys.data());
-        REQUIRE(std::vector<std::int32_t>(ids.begin(), ids.begin() + n) ==
-                plain_top(v, nullptr, n));
-        for (std::int32_t j = 0; j < n; ++j)
-          REQUIRE(std::memcmp(&vals[j], &v[ids[j]], sizeof(float)) == 0);
-        if (n <= allowed_count) {
-          detail::top_n(v.data(), size, allowed.data(), n, nullptr, ids.data(), keys.data());
-          REQUIRE(std::vector<std::int32_t>(ids.begin(), ids.begin() + n) ==
-                  plain_top(v, allowed.data(), n));
-        }
+        check_top_n(v, allowed, allowed_count, n);
         ++cases;
       }
     }

@@ -92,6 +92,21 @@ struct gating_backward_agent {
     valid_tokens = p.gated.sums.d_valid_tokens ? *p.gated.sums.d_valid_tokens : p.tokens;
   }
 
+  /// max (from its start value) and sum of exp(x(e) - max) over the row, in e order, as the
+  /// reference makes them; with `keep`, keep[e] = exp(x(e) - max) / sum. Returns keep != null.
+  template <class X>
+  bool softmax_row(const X& x, double& max, double& sum, double* keep) const {
+    for (std::int32_t e = 0; e < E; ++e) max = std::fmax(max, x(e));
+    for (std::int32_t e = 0; e < E; ++e) {
+      const double ex = std::exp(x(e) - max);
+      if (keep != nullptr) keep[e] = ex;
+      sum += ex;
+    }
+    if (keep != nullptr)
+      for (std::int32_t e = 0; e < E; ++e) keep[e] /= sum;
+    return keep != nullptr;
+  }
+
   void token(std::int64_t t, std::int8_t* choice_of) const {
     float* out = p.d_grad_logits + t * E;
     const bool valid = p.d_valid == nullptr || p.d_valid[t] != 0;
@@ -155,16 +170,7 @@ struct gating_backward_agent {
         for (std::int32_t j = 0; j < k; ++j) gm = std::fmax(gm, xg(ids[j]));
         for (std::int32_t j = 0; j < k; ++j) gsum += std::exp(xg(ids[j]) - gm);
       } else if (score == score_function::softmax) {
-        for (std::int32_t e = 0; e < E; ++e) gm = std::fmax(gm, xg(e));
-        for (std::int32_t e = 0; e < E; ++e) {
-          const double ex = std::exp(xg(e) - gm);
-          if (cached) gex[e] = ex;
-          gsum += ex;
-        }
-        if (cached) {
-          for (std::int32_t e = 0; e < E; ++e) gex[e] /= gsum;
-          g_ready = true;
-        }
+        g_ready = softmax_row(xg, gm, gsum, cached ? gex : nullptr);
       }
       if (before_drop) {
         double sum = 0.0;
@@ -227,16 +233,7 @@ struct gating_backward_agent {
       std::copy(gex, gex + E, cex);
       c_ready = true;
     } else if (aux || seq || zl) {
-      for (std::int32_t e = 0; e < E; ++e) cm = std::fmax(cm, clean(e));
-      for (std::int32_t e = 0; e < E; ++e) {
-        const double ex = std::exp(clean(e) - cm);
-        if (cached) cex[e] = ex;
-        cse += ex;
-      }
-      if (cached) {
-        for (std::int32_t e = 0; e < E; ++e) cex[e] /= cse;
-        c_ready = true;
-      }
+      c_ready = softmax_row(clean, cm, cse, cached ? cex : nullptr);
     }
     if ((aux || seq) && score != score_function::softmax)
       for (std::int32_t e = 0; e < E; ++e) ssum += bwd::score(score, clean(e));
