@@ -330,9 +330,9 @@ void counting_pass(std::int64_t m, std::int64_t digits, std::int64_t* count, Dig
   // to the branch predictor; every store below rewrites what step 1 wrote when there is none)
   for (std::int64_t i = 0; i < m; ++i) {
     const std::int64_t a = order[i];
-    const std::int32_t e = ids[a];  // < E: capacity C
+    const std::int32_t e = ids[a];
     std::int64_t& h = w.held[group_of(a) * ET + e];
-    const bool ok = !skipped(a) && (C < 0 || h < C);
+    const bool ok = !skipped(a) && room(group_of(a), e);
     o.d_fate[a] = ok ? fate::kept : fate::dropped;
     o.d_expert[a] = ok ? e : -1;
     o.d_slot[a] = ok ? static_cast<std::int32_t>(h) : -1;  // local slot for now

@@ -93,9 +93,9 @@ struct gating_backward_agent {
   }
 
   /// max (from its start value) and sum of exp(x(e) - max) over the row, in e order, as the
-  /// reference makes them; with `keep`, keep[e] = exp(x(e) - max) / sum. Returns keep != null.
+  /// reference makes them; with `keep`, keep[e] = exp(x(e) - max) / sum. Returns keep.
   template <class X>
-  bool softmax_row(const X& x, double& max, double& sum, double* keep) const {
+  const double* softmax_row(const X& x, double& max, double& sum, double* keep) const {
     for (std::int32_t e = 0; e < E; ++e) max = std::fmax(max, x(e));
     for (std::int32_t e = 0; e < E; ++e) {
       const double ex = std::exp(x(e) - max);
@@ -104,7 +104,7 @@ struct gating_backward_agent {
     }
     if (keep != nullptr)
       for (std::int32_t e = 0; e < E; ++e) keep[e] /= sum;
-    return keep != nullptr;
+    return keep;
   }
 
   void token(std::int64_t t, std::int8_t* choice_of) const {
@@ -141,10 +141,10 @@ struct gating_backward_agent {
     constexpr std::int32_t cache_max = gating_backward_cache_max;
     const bool cached = E <= cache_max;
     double gex[cache_max], cex[cache_max];
-    bool g_ready = false;  // gex holds exp(xg - gm) / gsum
+    const double* g_soft = nullptr;  // exp(xg - gm) / gsum per element, once made
     const auto s_of = [&](std::int32_t e) {
       if (score != score_function::softmax) return bwd::score(score, xg(e));
-      return g_ready ? gex[e] : std::exp(xg(e) - gm) / gsum;
+      return g_soft != nullptr ? g_soft[e] : std::exp(xg(e) - gm) / gsum;
     };
     const auto h_of = [&](std::int32_t j) {
       return softmax_after ? std::exp(xg(ids[j]) - gm) / gsum : s_of(ids[j]);
@@ -170,7 +170,7 @@ struct gating_backward_agent {
         for (std::int32_t j = 0; j < k; ++j) gm = std::fmax(gm, xg(ids[j]));
         for (std::int32_t j = 0; j < k; ++j) gsum += std::exp(xg(ids[j]) - gm);
       } else if (score == score_function::softmax) {
-        g_ready = softmax_row(xg, gm, gsum, cached ? gex : nullptr);
+        g_soft = softmax_row(xg, gm, gsum, cached ? gex : nullptr);
       }
       if (before_drop) {
         double sum = 0.0;
@@ -225,21 +225,20 @@ struct gating_backward_agent {
     double cm = -static_cast<double>(FLT_MAX), cse = 0.0, ssum = 0.0, dot_aux = 0.0, dot_seq = 0.0;
     const double Tn = static_cast<double>(valid_tokens);
     const double c_aux = aux_weight / (Tn * Tn), c_z = z_weight * 2.0 / Tn;
-    bool c_ready = false;  // cex holds exp(clean - cm) / cse
-    if ((aux || seq || zl) && g_ready && !noisy_gates) {
+    const double* c_soft = nullptr;  // exp(clean - cm) / cse per element, once made
+    if ((aux || seq || zl) && g_soft != nullptr && !noisy_gates) {
       // the routing softmax above is this one: the same logits, max and sum, in the same order
       cm = gm;
       cse = gsum;
-      std::copy(gex, gex + E, cex);
-      c_ready = true;
+      c_soft = g_soft;
     } else if (aux || seq || zl) {
-      c_ready = softmax_row(clean, cm, cse, cached ? cex : nullptr);
+      c_soft = softmax_row(clean, cm, cse, cached ? cex : nullptr);
     }
     if ((aux || seq) && score != score_function::softmax)
       for (std::int32_t e = 0; e < E; ++e) ssum += bwd::score(score, clean(e));
     // the softmax of the clean logits
     const auto soft = [&](std::int32_t e) {
-      return c_ready ? cex[e] : std::exp(clean(e) - cm) / cse;
+      return c_soft != nullptr ? c_soft[e] : std::exp(clean(e) - cm) / cse;
     };
     const auto P_of = [&](std::int32_t e) {
       return score == score_function::softmax ? soft(e)
