@@ -19,14 +19,15 @@ if(MODE STREQUAL "find_package")
   # install moeroute alone (no tests) into a private prefix, then build the consumer against it
   run(${CMAKE_COMMAND} -S ${SOURCE_DIR} -B ${WORK_DIR}/moeroute-build -G ${GENERATOR}
       -DMOEROUTE_BUILD_TESTS=OFF -DMOEROUTE_BUILD_BENCHMARKS=OFF -DMOEROUTE_BUILD_EXAMPLES=OFF
-      ${cuda_flag} -DCMAKE_INSTALL_PREFIX=${WORK_DIR}/prefix)
+      -DMOEROUTE_BUILD_PYTHON=OFF ${cuda_flag} -DCMAKE_INSTALL_PREFIX=${WORK_DIR}/prefix)
   run(${CMAKE_COMMAND} --build ${WORK_DIR}/moeroute-build)
   run(${CMAKE_COMMAND} --install ${WORK_DIR}/moeroute-build)
   run(${CMAKE_COMMAND} -S ${SOURCE_DIR}/examples/consumer -B ${WORK_DIR}/consumer-build -G ${GENERATOR}
       -DCMAKE_PREFIX_PATH=${WORK_DIR}/prefix ${cuda_flag})
 else()
+  set(HAS_CUDA OFF)
   run(${CMAKE_COMMAND} -S ${SOURCE_DIR}/examples/consumer -B ${WORK_DIR}/consumer-build -G ${GENERATOR}
-      -DMOEROUTE_SOURCE_DIR=${SOURCE_DIR} ${cuda_flag})
+      -DMOEROUTE_SOURCE_DIR=${SOURCE_DIR} -DMOEROUTE_ENABLE_CUDA=OFF)
 endif()
 run(${CMAKE_COMMAND} --build ${WORK_DIR}/consumer-build)
 run(${WORK_DIR}/consumer-build/moeroute_consumer)
