@@ -1,4 +1,5 @@
 // SPDX-License-Identifier: Apache-2.0
-// The one Catch2 main for the CPU test binaries.
-#define CATCH_CONFIG_MAIN
-#include <catch2/catch.hpp>
+// The main of the CPU test binaries.
+#include "catch_runner.hpp"
+
+int main(int argc, char** argv) { return moeroute::test::run_catch(argc, argv); }

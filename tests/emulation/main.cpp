@@ -2,14 +2,14 @@
 // Catch2 main of cuda_tests_emulated: the GPU test files on the CPU lock-step emulation
 // (README.md). Every test case runs unless a tag expression leaves it out; CTest passes
 // "~[device]~[scale]~[soak]~[slow]" and runs the binary twice, the second time with
-// EMU_REVERSE=1 (threads and blocks in reverse order).
-#define CATCH_CONFIG_RUNNER
-#include <catch2/catch.hpp>
+// EMU_REVERSE=1 (threads and blocks in reverse order). Catch2 runs from
+// catch_runner.cpp.
+#include "../catch_runner.hpp"
 
 #include <cstdio>
 
 int main(int argc, char** argv) {
   std::printf("moeroute GPU tests on the CPU lock-step emulation, %s thread order\n",
               emu::ls::reverse ? "reverse" : "forward");
-  return Catch::Session().run(argc, argv);
+  return moeroute::test::run_catch(argc, argv);
 }

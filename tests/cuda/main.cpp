@@ -1,8 +1,8 @@
 // SPDX-License-Identifier: Apache-2.0
 // Catch2 main for the GPU tests: with no usable CUDA device the binary exits 77, which CTest
-// reports as "skipped" (SKIP_RETURN_CODE 77) — never as a pass.
-#define CATCH_CONFIG_RUNNER
-#include <catch2/catch.hpp>
+// reports as "skipped" (SKIP_RETURN_CODE 77) — never as a pass. Host code only (the runtime
+// API), so the host compiler builds it; Catch2 runs from catch_runner.cpp.
+#include "../catch_runner.hpp"
 
 #include <cstdio>
 
@@ -19,5 +19,5 @@ int main(int argc, char** argv) {
   cudaDeviceProp prop{};
   cudaGetDeviceProperties(&prop, 0);
   std::printf("moeroute GPU tests on %s (sm_%d%d)\n", prop.name, prop.major, prop.minor);
-  return Catch::Session().run(argc, argv);
+  return moeroute::test::run_catch(argc, argv);
 }
