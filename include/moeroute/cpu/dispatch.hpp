@@ -9,6 +9,12 @@
 // (batch_prioritized) and by capacity group — O(T k) with a fixed number of passes. Walking
 // that order grants slots (each expert's queue is its sub-sequence, already in order); the
 // dropped ones, in the same order, are the reroute order. No comparison sort anywhere.
+//
+// When nothing else reads that order — a value-keyed priority (score_per_expert, random), one
+// capacity group, no reroutes, slots by token index (Megatron's "probs" dropping) — only
+// *which* C requests each expert keeps matters: the C first in priority order of an
+// over-subscribed expert — its C smallest (key, assignment) pairs, found by nth_element — and
+// every request of an expert with room. No sort at all.
 #pragma once
 
 #include <algorithm>
@@ -76,8 +82,21 @@ struct dispatch_space {
   std::int64_t* base = nullptr;          // [Q * ET] first slot of (group, expert)
   std::uint8_t* owns = nullptr;          // [n] 1 = the assignment owns its slot (not shared)
   std::int32_t* next = nullptr;          // [T] next reroute candidate per token
-  std::int64_t* histogram = nullptr;     // [max(radix_passes * (radix_digits + 1), Q + 1, k + 1)]
+  std::int64_t* histogram = nullptr;  // [max(radix_passes * (radix_digits + 1), Q + 1, k + 1, E)]
+  std::uint64_t* pairs = nullptr;     // [n] (key << 32 | assignment), keeps_by_selection only
+  std::int64_t* bucket = nullptr;     // [E + 1] first pair per expert, keeps_by_selection only
 };
+
+/// True when the kept set alone decides every output (see the file comment): an expert's
+/// kept requests are then its C first in priority order, found by selection, not by sorting.
+[[nodiscard]] inline bool keeps_by_selection(const routing_config& cfg, std::int64_t tokens) {
+  const auto& d = cfg.dispatch;
+  const bool random_second = cfg.gating.second_expert.policy == second_expert_policy::random;
+  return (d.prio == priority::score_per_expert || d.prio == priority::random) &&
+         cfg.capacity_groups(tokens) == 1 && !random_second &&
+         (d.dropped == drop_policy::zero_weight || d.dropped == drop_policy::residual) &&
+         d.slots == slot_order::token_index;
+}
 
 inline constexpr int radix_bits = 11;  // three passes of 11 bits cover a 32-bit key
 inline constexpr int radix_passes = 3;
@@ -88,8 +107,9 @@ inline dispatch_space carve_dispatch_space(workspace_carver& w, const routing_co
   const std::size_t n = static_cast<std::size_t>(tokens * cfg.top_k);
   const std::size_t cells =
       static_cast<std::size_t>(cfg.capacity_groups(tokens) * cfg.total_experts());
-  const std::size_t hist = static_cast<std::size_t>(std::max<std::int64_t>(
-      {radix_passes * (radix_digits + 1), cfg.capacity_groups(tokens) + 1, cfg.top_k + 1}));
+  const std::size_t hist = static_cast<std::size_t>(
+      std::max<std::int64_t>({radix_passes * (radix_digits + 1), cfg.capacity_groups(tokens) + 1,
+                              cfg.top_k + 1, cfg.num_experts}));
   dispatch_space s;
   s.order = w.take<std::int32_t>(n);
   s.scratch = w.take<std::int32_t>(n);
@@ -100,6 +120,10 @@ inline dispatch_space carve_dispatch_space(workspace_carver& w, const routing_co
   s.owns = w.take<std::uint8_t>(n);
   s.next = w.take<std::int32_t>(static_cast<std::size_t>(tokens));
   s.histogram = w.take<std::int64_t>(hist);
+  if (keeps_by_selection(cfg, tokens)) {
+    s.pairs = w.take<std::uint64_t>(n);
+    s.bucket = w.take<std::int64_t>(static_cast<std::size_t>(cfg.num_experts) + 1);
+  }
   return s;
 }
 
@@ -248,21 +272,22 @@ void counting_pass(std::int64_t m, std::int64_t digits, std::int64_t* count, Dig
   std::int32_t* spare = w.scratch;
   const bool keyed = d.prio == priority::score_per_expert || d.prio == priority::random ||
                      d.prio == priority::batch_prioritized;
-  if (keyed) {
-    for (std::int64_t i = 0; i < m; ++i) {
-      const std::int64_t a = order[i];
-      float v = 0.0f;
-      if (d.prio == priority::score_per_expert) {
-        v = gates[a];
-      } else if (d.prio == priority::random) {
-        const auto r = rng::draw(d.random_seed, d.random_offset, rng::stream_random_priority,
-                                 static_cast<std::uint64_t>(a / k) * E + ids[a]);
-        v = rng::uniform_open(r.v[0]);
-      } else {
-        v = p.gated.d_token_priority[a / k];
-      }
-      w.key[i] = detail::descending_key(v);
+  const bool select = w.pairs != nullptr;  // keeps_by_selection: no order needed (step 3)
+  const auto key_of = [&](std::int64_t a) {
+    float v = 0.0f;
+    if (d.prio == priority::score_per_expert) {
+      v = gates[a];
+    } else if (d.prio == priority::random) {
+      const auto r = rng::draw(d.random_seed, d.random_offset, rng::stream_random_priority,
+                               static_cast<std::uint64_t>(a / k) * E + ids[a]);
+      v = rng::uniform_open(r.v[0]);
+    } else {
+      v = p.gated.d_token_priority[a / k];
     }
+    return detail::descending_key(v);
+  };
+  if (keyed && !select) {
+    for (std::int64_t i = 0; i < m; ++i) w.key[i] = key_of(order[i]);
     // the three digit histograms in one read of the keys; a pass whose digit is the same for
     // every key would move nothing (the sort is stable), so it is skipped
     constexpr std::int64_t D = detail::radix_digits;
@@ -326,9 +351,45 @@ void counting_pass(std::int64_t m, std::int64_t digits, std::int64_t* count, Dig
     w.owns[a] = 1;
     ++o.d_load[e];
   };
-  // (branch-free: under skew, which of an expert's requests still find room is a coin toss
-  // to the branch predictor; every store below rewrites what step 1 wrote when there is none)
-  for (std::int64_t i = 0; i < m; ++i) {
+  const auto keep = [&](std::int64_t a, std::int32_t e) {  // (selection: slots come in step 5)
+    o.d_fate[a] = fate::kept;
+    o.d_expert[a] = e;
+    w.owns[a] = 1;
+    ++w.held[e];
+    ++o.d_load[e];
+    ++o.d_kept[e];
+  };
+  if (select) {
+    // an expert with room keeps every request; an over-subscribed one the C smallest of its
+    // (key, assignment) pairs: the base order is ascending assignment (token-major), so the
+    // pairs order as the stable sort would, and they are unique, so the C smallest are one set
+    std::int64_t* bucket = w.bucket;
+    const auto over = [&](std::int32_t e) { return C >= 0 && o.d_requested[e] > C; };
+    bucket[0] = 0;
+    for (std::int32_t e = 0; e < E; ++e)
+      bucket[e + 1] = bucket[e] + (over(e) ? o.d_requested[e] : 0);
+    std::int64_t* fill = w.histogram;  // [E] next pair of each bucket
+    std::copy(bucket, bucket + E, fill);
+    for (std::int64_t i = 0; i < m; ++i) {
+      const std::int64_t a = order[i];
+      const std::int32_t e = ids[a];
+      if (over(e))
+        w.pairs[fill[e]++] = std::uint64_t{key_of(a)} << 32 | static_cast<std::uint64_t>(a);
+      else
+        keep(a, e);
+    }
+    for (std::int32_t e = 0; e < E; ++e) {
+      if (!over(e)) continue;
+      std::uint64_t* first = w.pairs + bucket[e];
+      std::nth_element(first, first + C, w.pairs + bucket[e + 1]);
+      for (std::int64_t j = 0; j < C; ++j)
+        keep(static_cast<std::int64_t>(first[j] & 0xffffffffu), e);
+    }
+  }
+  // otherwise grants in priority order (branch-free: under skew, which of an expert's requests
+  // still find room is a coin toss to the branch predictor; every store below rewrites what
+  // step 1 wrote when there is none)
+  for (std::int64_t i = 0; i < m && !select; ++i) {
     const std::int64_t a = order[i];
     const std::int32_t e = ids[a];
     std::int64_t& h = w.held[group_of(a) * ET + e];
