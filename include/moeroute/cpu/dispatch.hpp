@@ -272,7 +272,7 @@ void counting_pass(std::int64_t m, std::int64_t digits, std::int64_t* count, Dig
   std::int32_t* spare = w.scratch;
   const bool keyed = d.prio == priority::score_per_expert || d.prio == priority::random ||
                      d.prio == priority::batch_prioritized;
-  const bool select = w.pairs != nullptr;  // keeps_by_selection: no order needed (step 3)
+  const bool select = detail::keeps_by_selection(cfg, T);  // no order needed (step 3)
   const auto key_of = [&](std::int64_t a) {
     float v = 0.0f;
     if (d.prio == priority::score_per_expert) {
@@ -351,15 +351,12 @@ void counting_pass(std::int64_t m, std::int64_t digits, std::int64_t* count, Dig
     w.owns[a] = 1;
     ++o.d_load[e];
   };
-  const auto keep = [&](std::int64_t a, std::int32_t e) {  // (selection: slots come in step 5)
-    o.d_fate[a] = fate::kept;
-    o.d_expert[a] = e;
-    w.owns[a] = 1;
-    ++w.held[e];
-    ++o.d_load[e];
-    ++o.d_kept[e];
-  };
   if (select) {
+    const auto keep = [&](std::int64_t a, std::int32_t e) {  // (final slots come in step 5)
+      take(a, e);
+      o.d_fate[a] = fate::kept;
+      ++o.d_kept[e];
+    };
     // an expert with room keeps every request; an over-subscribed one the C smallest of its
     // (key, assignment) pairs: the base order is ascending assignment (token-major), so the
     // pairs order as the stable sort would, and they are unique, so the C smallest are one set
@@ -385,22 +382,23 @@ void counting_pass(std::int64_t m, std::int64_t digits, std::int64_t* count, Dig
       for (std::int64_t j = 0; j < C; ++j)
         keep(static_cast<std::int64_t>(first[j] & 0xffffffffu), e);
     }
-  }
-  // otherwise grants in priority order (branch-free: under skew, which of an expert's requests
-  // still find room is a coin toss to the branch predictor; every store below rewrites what
-  // step 1 wrote when there is none)
-  for (std::int64_t i = 0; i < m && !select; ++i) {
-    const std::int64_t a = order[i];
-    const std::int32_t e = ids[a];
-    std::int64_t& h = w.held[group_of(a) * ET + e];
-    const bool ok = !skipped(a) && room(group_of(a), e);
-    o.d_fate[a] = ok ? fate::kept : fate::dropped;
-    o.d_expert[a] = ok ? e : -1;
-    o.d_slot[a] = ok ? static_cast<std::int32_t>(h) : -1;  // local slot for now
-    w.owns[a] = ok ? 1 : 0;
-    h += ok ? 1 : 0;
-    o.d_load[e] += ok ? 1 : 0;
-    o.d_kept[e] += ok ? 1 : 0;
+  } else {
+    // otherwise grants in priority order (branch-free: under skew, which of an expert's requests
+    // still find room is a coin toss to the branch predictor; every store below rewrites what
+    // step 1 wrote when there is none)
+    for (std::int64_t i = 0; i < m; ++i) {
+      const std::int64_t a = order[i];
+      const std::int32_t e = ids[a];
+      std::int64_t& h = w.held[group_of(a) * ET + e];
+      const bool ok = !skipped(a) && room(group_of(a), e);
+      o.d_fate[a] = ok ? fate::kept : fate::dropped;
+      o.d_expert[a] = ok ? e : -1;
+      o.d_slot[a] = ok ? static_cast<std::int32_t>(h) : -1;  // local slot for now
+      w.owns[a] = ok ? 1 : 0;
+      h += ok ? 1 : 0;
+      o.d_load[e] += ok ? 1 : 0;
+      o.d_kept[e] += ok ? 1 : 0;
+    }
   }
 
   // 4. reroutes of the dropped ones, in the same order (group by group)
