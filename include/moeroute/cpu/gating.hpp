@@ -60,7 +60,17 @@ MOEROUTE_PRECISE_FP_BEGIN
 }
 MOEROUTE_PRECISE_FP_END
 
-/// One task's slice of the workspace: its partial sums and its rows of scratch.
+/// Tokens a task takes through each step of gating_agent side by side (a tile): one token's
+/// steps are chains of dependent reductions (max, exp and sum, log, the selection's threshold
+/// and ranks), and those of neighbouring tokens overlap in the core only when they sit next to
+/// each other in the instruction stream. A tile's scratch rows stay in L1 up to E = 256.
+[[nodiscard]] constexpr std::int32_t gating_tile(std::int32_t E) noexcept {
+  return E <= 128 ? 4 : 1;
+}
+inline constexpr std::int32_t max_gating_tile = 4;
+
+/// One token's place in a tile of a task's workspace: the task's partial sums and the tile
+/// slot's rows of scratch.
 struct gating_task_space {
   double* scores;         // [E] sum of P over the task's valid tokens
   std::int64_t* counts;   // [E] aux counts
@@ -78,30 +88,33 @@ struct gating_task_space {
   std::int64_t* keys;     // [key_capacity(E)] selection keys
 };
 
-/// The gating workspace: per-task partials and scratch rows, carved in one fixed sequence.
+/// The gating workspace: per-task partials and per-slot scratch rows, carved in one fixed
+/// sequence.
 struct gating_space {
   std::int32_t experts = 0;
+  std::int32_t tile = 1;
   double* scores = nullptr;         // [tasks, E]
   std::int64_t* counts = nullptr;   // [tasks, E]
   double* z = nullptr;              // [tasks]
   std::int64_t* valid = nullptr;    // [tasks]
   std::int64_t* bad = nullptr;      // [tasks]
-  float* rows = nullptr;            // [tasks, 6, E]
-  std::uint8_t* allowed = nullptr;  // [tasks, E]
-  std::int32_t* order = nullptr;    // [tasks, E]
-  std::int64_t* keys = nullptr;     // [tasks, key_capacity(E)]
+  float* rows = nullptr;            // [tasks, tile, 6, E]
+  std::uint8_t* allowed = nullptr;  // [tasks, tile, E]
+  std::int32_t* order = nullptr;    // [tasks, tile, E]
+  std::int64_t* keys = nullptr;     // [tasks, tile, key_capacity(E)]
 
-  /// Task i's slice.
-  [[nodiscard]] gating_task_space task(std::int64_t i) const noexcept {
+  /// Task i's partials with the scratch of its tile slot `slot`.
+  [[nodiscard]] gating_task_space task(std::int64_t i, std::int32_t slot) const noexcept {
     const std::size_t e = static_cast<std::size_t>(experts), u = static_cast<std::size_t>(i);
-    float* r = rows + u * 6 * e;
+    const std::size_t w = u * static_cast<std::size_t>(tile) + static_cast<std::size_t>(slot);
+    float* r = rows + w * 6 * e;
     return {scores + u * e, counts + u * e,
             z + u,          valid + u,
             bad + u,        r,
             r + e,          r + 2 * e,
             r + 3 * e,      r + 4 * e,
-            r + 5 * e,      allowed + u * e,
-            order + u * e,  keys + u * static_cast<std::size_t>(key_capacity(experts))};
+            r + 5 * e,      allowed + w * e,
+            order + w * e,  keys + w * static_cast<std::size_t>(key_capacity(experts))};
   }
 };
 
@@ -111,20 +124,37 @@ inline gating_space carve_gating_space(workspace_carver& w, const gating_plan& p
   const std::size_t n = static_cast<std::size_t>(plan.tasks), e = static_cast<std::size_t>(E);
   gating_space s;
   s.experts = E;
+  s.tile = gating_tile(E);
+  const std::size_t slots = n * static_cast<std::size_t>(s.tile);
   s.scores = w.take<double>(n * e);
   s.counts = w.take<std::int64_t>(n * e);
   s.z = w.take<double>(n);
   s.valid = w.take<std::int64_t>(n);
   s.bad = w.take<std::int64_t>(n);
-  s.rows = w.take<float>(n * 6 * e);
-  s.allowed = w.take<std::uint8_t>(n * e);
-  s.order = w.take<std::int32_t>(n * e);
-  s.keys = w.take<std::int64_t>(n * static_cast<std::size_t>(key_capacity(E)));
+  s.rows = w.take<float>(slots * 6 * e);
+  s.allowed = w.take<std::uint8_t>(slots * e);
+  s.order = w.take<std::int32_t>(slots * e);
+  s.keys = w.take<std::int64_t>(slots * static_cast<std::size_t>(key_capacity(E)));
   return s;
 }
 
-/// The per-token step shared by every task: what reference::gating does for one token, with
-/// the vectorised row kernels of math.hpp.
+/// What one token carries from one step of gating_agent to the next.
+struct token_state {
+  std::int64_t t = 0;  // the token
+  std::int64_t q = 0;  // its sequence (0 without sequences)
+  float m = 0.0f;      // the max of its sanitised logits
+  double sum = 0.0;    // the sum of exp(x - m)
+  const float* gate_logits = nullptr;
+  const float* gate_scores = nullptr;
+  const float* sel = nullptr;             // the selection values
+  const std::uint8_t* allowed = nullptr;  // the group limit's mask (null: all)
+  std::int32_t* ids = nullptr;            // the k + R chosen, best first: `chosen` or scratch
+  std::int32_t chosen[select_small_max];
+};
+
+/// The per-token steps shared by every task: what reference::gating does for one token, with
+/// the vectorised row kernels of math.hpp, cut where a tile of tokens goes through side by side
+/// (prepare: the scores and selection values; select: the top-k; finish: gates and aux).
 template <class Element>
 struct gating_agent {
   const routing_config& cfg;
@@ -195,19 +225,23 @@ struct gating_agent {
     return cfg.gating.score == score_function::softmax ? math::max_row(v, E) : 0.0f;
   }
 
-  void token(std::int64_t t, const gating_task_space& s, bool& is_valid, std::int64_t seq,
-             double* seq_scores, std::int64_t* seq_counts) const {
+  // 1. sanitise, exp(x - max), logsumexp; aux P (softmax of the clean logits) too when it is
+  //    the gate score (clean gates taken before the top-k), else the aux pass (7) makes it
+  void load(const gating_task_space& s, token_state& st) const {
+    st.m = math::load_row(p.d_logits + st.t * E, E, s.x, *s.bad);
+  }
+  void exponentiate(const gating_task_space& s, token_state& st) const {
+    st.sum = math::exp_row(s.x, E, st.m, s.ex);
+  }
+  void normalize(const gating_task_space& s, token_state& st) const {
+    p.out.d_logsumexp[st.t] = static_cast<float>(static_cast<double>(st.m) + math::log(st.sum));
+    if (softmax_score && !defer_p) math::normalize_row(s.ex, E, st.sum, s.p);
+  }
+
+  void prepare(const gating_task_space& s, token_state& st) const {
     const auto& g = cfg.gating;
-    gating_result o = p.out;
+    const std::int64_t t = st.t;
     float* x = s.x;
-    // 1. sanitise, exp(x - max), logsumexp
-    const float m = math::load_row(p.d_logits + t * E, E, x, *s.bad);
-    const double sum = math::exp_row(x, E, m, s.ex);
-    o.d_logsumexp[t] = static_cast<float>(static_cast<double>(m) + math::log(sum));
-    // aux P (softmax of the clean logits) is the gate score too when the gates are clean and
-    // taken before the top-k; else it waits for the aux pass (step 7), which makes it there
-    const bool p_early = softmax_score && !defer_p;
-    if (p_early) math::normalize_row(s.ex, E, sum, s.p);
 
     // 2. noise (Philox per (token, expert)), re-sanitised
     const float* gate_logits = x;
@@ -274,13 +308,36 @@ struct gating_agent {
       }
     }
 
-    // 5. top-k (+ R), best first, ties to the lower index
-    std::int32_t chosen[select_small_max];
+    st.gate_logits = gate_logits;
+    st.gate_scores = gate_scores;
+    st.sel = sel;
+    st.allowed = allowed;
+  }
+
+  // 5. top-k (+ R), best first, ties to the lower index
+  void select(const gating_task_space& s, token_state& st) const {
+    const gating_result& o = p.out;
+    const std::int64_t t = st.t;
     const std::int32_t n = k + R;
-    std::int32_t* ids = n <= select_small_max ? chosen : s.order;
-    top_n(sel, E, allowed, n, nullptr, ids, s.keys);
+    std::int32_t* ids = n <= select_small_max ? st.chosen : s.order;
+    top_n(st.sel, E, st.allowed, n, nullptr, ids, s.keys);
     for (std::int32_t j = 0; j < k; ++j) o.d_ids[t * k + j] = ids[j];
     for (std::int32_t r = 0; r < R; ++r) o.d_reroute_ids[t * R + r] = ids[k + r];
+    st.ids = ids;
+  }
+
+  void finish(const gating_task_space& s, const token_state& st, bool& is_valid, double* seq_scores,
+              std::int64_t* seq_counts) const {
+    const auto& g = cfg.gating;
+    const gating_result& o = p.out;
+    const std::int64_t t = st.t, seq = st.q;
+    const float m = st.m;
+    const double sum = st.sum;
+    const float* x = s.x;
+    const float* gate_logits = st.gate_logits;
+    const float* gate_scores = st.gate_scores;
+    const std::int32_t* ids = st.ids;
+    const bool p_early = softmax_score && !defer_p;
 
     // 6. gates. Where they depend on the k chosen experts only (softmax after top-k, and the
     //    per-expert score functions) they are computed with libm's exp, as the reference does,
@@ -438,7 +495,7 @@ template <class Element>
   double* seq_scores = S > 0 ? p.out.sums.d_seq_score_sum : nullptr;
   std::int64_t* seq_counts = S > 0 ? p.out.sums.d_seq_count : nullptr;
   parallel_for(ex, plan.tasks, [&](std::int64_t i) {
-    const detail::gating_task_space s = space.task(i);
+    const detail::gating_task_space s = space.task(i, 0);
     std::fill(s.scores, s.scores + E, 0.0);
     std::fill(s.counts, s.counts + E, std::int64_t{0});
     *s.z = 0.0;
@@ -457,17 +514,35 @@ template <class Element>
     }
     // the plan cuts sequence-major positions v; token t is where loss.sequence_order puts v
     const bool strided = S > 0 && cfg.loss.sequence_order == token_order::position_major;
-    for (std::int64_t v = begin; v < end; ++v) {
-      bool valid = false;
-      const bool direct = plan.whole_segments && S > 0;
-      const std::int64_t L = plan.segment_tokens;
-      const std::int64_t q = S > 0 ? v / L : 0;
-      const std::int64_t t =
-          strided ? token_of_sequence(token_order::position_major, q, v % L, S, L) : v;
-      agent.token(t, s, valid, q, direct ? seq_scores : nullptr, direct ? seq_counts : nullptr);
-      if (!valid) continue;
-      ++*s.valid;
-      if (direct) ++p.out.sums.d_seq_tokens[q];
+    const bool direct = plan.whole_segments && S > 0;
+    const std::int64_t L = plan.segment_tokens;
+    const std::int32_t tile = space.tile;
+    detail::gating_task_space slot[detail::max_gating_tile];
+    for (std::int32_t r = 0; r < tile; ++r) slot[r] = space.task(i, r);
+    detail::token_state st[detail::max_gating_tile];
+    // each step for the tile's tokens, then the next: the partial sums still take the tokens
+    // in order (finish), so the tile changes no bit
+    for (std::int64_t v0 = begin; v0 < end; v0 += tile) {
+      const auto n = static_cast<std::int32_t>(std::min<std::int64_t>(tile, end - v0));
+      for (std::int32_t r = 0; r < n; ++r) {
+        const std::int64_t v = v0 + r;
+        st[r].q = S > 0 ? v / L : 0;
+        st[r].t =
+            strided ? token_of_sequence(token_order::position_major, st[r].q, v % L, S, L) : v;
+        agent.load(slot[r], st[r]);
+      }
+      for (std::int32_t r = 0; r < n; ++r) agent.exponentiate(slot[r], st[r]);
+      for (std::int32_t r = 0; r < n; ++r) agent.normalize(slot[r], st[r]);
+      for (std::int32_t r = 0; r < n; ++r) agent.prepare(slot[r], st[r]);
+      for (std::int32_t r = 0; r < n; ++r) agent.select(slot[r], st[r]);
+      for (std::int32_t r = 0; r < n; ++r) {
+        bool valid = false;
+        agent.finish(slot[r], st[r], valid, direct ? seq_scores : nullptr,
+                     direct ? seq_counts : nullptr);
+        if (!valid) continue;
+        ++*s.valid;
+        if (direct) ++p.out.sums.d_seq_tokens[st[r].q];
+      }
     }
   });
 

@@ -14,6 +14,10 @@
 
 #include <moeroute/dtype.hpp>
 
+#if defined(__AVX512F__)
+#include <immintrin.h>
+#endif
+
 namespace moeroute::cpu::math {
 
 /// Lanes of the double accumulators: 8 fills an AVX-512 register and is a fixed number, so a
@@ -46,6 +50,33 @@ inline constexpr int sum_lanes = 8;
   const float s2 = std::bit_cast<float>((n2 + 127) << 23);
   return p * s1 * s2;
 }
+
+#if defined(__AVX512F__)
+/// @brief exp() of 16 lanes, for the row kernels: the same clamp, reduction and polynomial in
+///        fused multiply-adds, and the scaling by 2^n in one vscalefps, which rounds as exp()'s
+///        two steps do (a normal result is exact, a subnormal one rounded once). Within exp()'s
+///        bound (tests/cpu/math_test.cpp checks exp_row on its grid).
+[[gnu::always_inline]] inline __m512 exp16(__m512 y) noexcept {
+  // (the maskz forms: the plain ones trip GCC 12's -Wmaybe-uninitialized on their undefined
+  // pass-through operand)
+  constexpr __mmask16 all = 0xffff;
+  y = _mm512_maskz_min_ps(all, _mm512_maskz_max_ps(all, y, _mm512_set1_ps(-104.0f)),
+                          _mm512_set1_ps(89.0f));
+  const __m512 magic = _mm512_set1_ps(12582912.0f);
+  const __m512 n =
+      _mm512_sub_ps(_mm512_fmadd_ps(y, _mm512_set1_ps(1.44269504088896341f), magic), magic);
+  __m512 r = _mm512_fnmadd_ps(n, _mm512_set1_ps(0.693359375f), y);
+  r = _mm512_fnmadd_ps(n, _mm512_set1_ps(-2.12194440e-4f), r);
+  __m512 p = _mm512_set1_ps(1.9875691500e-4f);
+  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.3981999507e-3f));
+  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(8.3334519073e-3f));
+  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(4.1665795894e-2f));
+  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.6666665459e-1f));
+  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(5.0000001201e-1f));
+  p = _mm512_add_ps(_mm512_fmadd_ps(p, _mm512_mul_ps(r, r), r), _mm512_set1_ps(1.0f));
+  return _mm512_maskz_scalef_ps(all, p, n);
+}
+#endif
 
 /// @brief log(x) in double for a normal, finite x > 0: x = 2^e * f with f in [sqrt(1/2),
 ///        sqrt(2)), log f = 2 atanh(s), s = (f - 1) / (f + 1), |s| < 0.172, by its odd series
@@ -221,7 +252,19 @@ template <class Element>
 /// @brief ex[i] = exp(x[i] - m) for i < n; returns sum_row(ex).
 [[nodiscard]] inline double exp_row(const float* __restrict x, std::int32_t n, float m,
                                     float* __restrict ex) noexcept {
+#if defined(__AVX512F__)
+  const __m512 mv = _mm512_set1_ps(m);
+  std::int32_t i = 0;
+  for (; i + 16 <= n; i += 16)
+    _mm512_storeu_ps(ex + i, exp16(_mm512_sub_ps(_mm512_loadu_ps(x + i), mv)));
+  if (i < n) {
+    const auto live = static_cast<__mmask16>((1u << (n - i)) - 1u);
+    _mm512_mask_storeu_ps(ex + i, live,
+                          exp16(_mm512_sub_ps(_mm512_maskz_loadu_ps(live, x + i), mv)));
+  }
+#else
   for (std::int32_t i = 0; i < n; ++i) ex[i] = exp(x[i] - m);
+#endif
   return sum_row(ex, n);
 }
 
@@ -262,7 +305,23 @@ inline void accumulate_row(const float* __restrict v, std::int32_t n,
 
 /// @brief sigmoid(x) = 1 / (1 + exp(-x)) for i < n with the exp above.
 inline void sigmoid_row(const float* __restrict x, std::int32_t n, float* __restrict out) noexcept {
+#if defined(__AVX512F__)
+  const __m512 one = _mm512_set1_ps(1.0f), zero = _mm512_setzero_ps();
+  std::int32_t i = 0;
+  for (; i + 16 <= n; i += 16)
+    _mm512_storeu_ps(
+        out + i,
+        _mm512_div_ps(one, _mm512_add_ps(one, exp16(_mm512_sub_ps(zero, _mm512_loadu_ps(x + i))))));
+  if (i < n) {
+    const auto live = static_cast<__mmask16>((1u << (n - i)) - 1u);
+    _mm512_mask_storeu_ps(
+        out + i, live,
+        _mm512_div_ps(one, _mm512_add_ps(one, exp16(_mm512_sub_ps(
+                                                  zero, _mm512_maskz_loadu_ps(live, x + i))))));
+  }
+#else
   for (std::int32_t i = 0; i < n; ++i) out[i] = 1.0f / (1.0f + exp(-x[i]));
+#endif
 }
 
 }  // namespace moeroute::cpu::math

@@ -425,7 +425,15 @@ inline void top_n(const float* v, std::int32_t size, const std::uint8_t* allowed
 inline void group_mask_top2(const routing_config& cfg, const float* sel, std::int32_t G,
                             std::int32_t per_group, std::int32_t take,
                             std::uint8_t* allowed) noexcept {
-  using math::f32x16;
+  using math::f32x16, math::f32x4, math::f32x8;
+  // lane-wise: the largest and second largest of the pairs (a1, a2) and (b1, b2) (each its
+  // largest first) (results by reference: vectors by value would change the ABI per ISA)
+  const auto fold_top2 = [](const auto& a1, const auto& b1, const auto& a2, const auto& b2,
+                            auto& first, auto& second) {
+    const auto lo = a1 > b1 ? b1 : a1, s2 = a2 > b2 ? a2 : b2;
+    first = a1 > b1 ? a1 : b1;
+    second = lo > s2 ? lo : s2;
+  };
   float score[16];
   for (std::int32_t grp = 0; grp < G; ++grp) {
     const float* v = sel + grp * per_group;
@@ -438,15 +446,25 @@ inline void group_mask_top2(const routing_config& cfg, const float* sel, std::in
       v1 = v1 > x ? v1 : x;
       v2 = v2 > lo ? v2 : lo;
     }
-    // fold the lanes: the two largest of two (largest, second) pairs
-    float a1[16], a2[16];
-    std::memcpy(a1, &v1, sizeof a1);
-    std::memcpy(a2, &v2, sizeof a2);
-    for (std::int32_t w = 8; w >= 1; w /= 2)
+    // fold the lanes by halves: the two largest of two (largest, second) pairs, lane-wise
+    f32x8 b1, b2;
+    f32x4 c1, c2;
+    fold_top2(__builtin_shufflevector(v1, v1, 0, 1, 2, 3, 4, 5, 6, 7),
+              __builtin_shufflevector(v1, v1, 8, 9, 10, 11, 12, 13, 14, 15),
+              __builtin_shufflevector(v2, v2, 0, 1, 2, 3, 4, 5, 6, 7),
+              __builtin_shufflevector(v2, v2, 8, 9, 10, 11, 12, 13, 14, 15), b1, b2);
+    fold_top2(__builtin_shufflevector(b1, b1, 0, 1, 2, 3),
+              __builtin_shufflevector(b1, b1, 4, 5, 6, 7),
+              __builtin_shufflevector(b2, b2, 0, 1, 2, 3),
+              __builtin_shufflevector(b2, b2, 4, 5, 6, 7), c1, c2);
+    float a1[4], a2[4];
+    std::memcpy(a1, &c1, sizeof a1);
+    std::memcpy(a2, &c2, sizeof a2);
+    for (std::int32_t w = 2; w >= 1; w /= 2)
       for (std::int32_t l = 0; l < w; ++l) {
-        const float b1 = a1[l + w], b2 = a2[l + w];
-        const float hi = a1[l] > b1 ? a1[l] : b1, lo = a1[l] > b1 ? b1 : a1[l];
-        const float second = a2[l] > b2 ? a2[l] : b2;
+        const float d1 = a1[l + w], d2 = a2[l + w];
+        const float hi = a1[l] > d1 ? a1[l] : d1, lo = a1[l] > d1 ? d1 : a1[l];
+        const float second = a2[l] > d2 ? a2[l] : d2;
         a1[l] = hi;
         a2[l] = lo > second ? lo : second;
       }
