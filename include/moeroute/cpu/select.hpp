@@ -11,8 +11,8 @@
 // Where a vector compare yields a bit mask (AVX2, AVX-512), n of 3 to 16 first take a
 // threshold: the n-th largest of 16 lane maxima bounds the n-th best from below, so only the
 // entries at or above it (about 10 of 64 .. 256 for n = 8) are ranked — by counting, in
-// registers, with AVX-512. Rows with more than 16 such entries, or equal values among them,
-// fall back to the keys: every path returns the same ids (tests/cpu/math_test.cpp, built for
+// registers, with AVX-512 (equal values by index). Rows with more than 16 such entries fall
+// back to the keys: every path returns the same ids (tests/cpu/math_test.cpp, built for
 // the default ISA, AVX2 and the machine's).
 #pragma once
 
@@ -261,9 +261,9 @@ inline void top2_of_values(const float* v, std::int32_t size, std::int32_t* ids)
 /// @brief The n best (3 <= n <= 16) of v[0, size) among allowed entries, best first, by a
 ///        threshold: the entries at or above threshold_of() (usually under 2n) are compressed
 ///        as (ordered float bits, index) pairs in index order and ranked by counting the larger
-///        values, 16 lanes of int32 per compare. Returns false, having written nothing, when
-///        more than 16 entries pass or two passing values are equal (the caller then selects
-///        by 64-bit keys, which break ties by index).
+///        values (or equal ones at a lower index), 16 lanes of int32 per compare. Returns
+///        false, having written nothing, when more than 16 entries pass (the caller then
+///        selects by 64-bit keys).
 [[nodiscard]] inline bool top_n_by_threshold(const float* v, std::int32_t size,
                                              const std::uint8_t* allowed, std::int32_t n,
                                              std::int32_t* ids) noexcept {
@@ -312,23 +312,29 @@ inline void top2_of_values(const float* v, std::int32_t size, std::int32_t* ids)
         _mm512_maskz_compress_epi32(mk, _mm512_add_epi32(lanes, _mm512_set1_epi32(q * 16))));
     at += got;
   }
-  // 3. each candidate's rank: how many values are larger (lane j broadcast by a permute)
-  __m512i rank = _mm512_setzero_si512();
+  // 3. each candidate's rank: how many are better, a larger value or an equal one in a lower
+  //    lane (a lower index: the lanes are in index order), so the ranks are 0 .. 15, one each
+  //    (the padding, equal among itself, below every real value, ranks c .. 15); lane j
+  //    broadcast by a permute, two sums so that the adds do not form one chain
+  __m512i rank0 = _mm512_setzero_si512(), rank1 = _mm512_setzero_si512();
   const __m512i one = _mm512_set1_epi32(1);
-  for (std::int32_t j = 0; j < 16; ++j) {
-    const __m512i hj = _mm512_maskz_permutexvar_epi32(0xffff, _mm512_set1_epi32(j), h);
-    rank = _mm512_mask_add_epi32(rank, _mm512_cmplt_epi32_mask(h, hj), rank, one);
+  for (std::int32_t j = 0; j < 16; j += 2) {
+    const __m512i h0 = _mm512_maskz_permutexvar_epi32(0xffff, _mm512_set1_epi32(j), h);
+    const __m512i h1 = _mm512_maskz_permutexvar_epi32(0xffff, _mm512_set1_epi32(j + 1), h);
+    const auto after0 = static_cast<__mmask16>(0xfffeu << j);  // lanes above j
+    const auto after1 = static_cast<__mmask16>(0xfffcu << j);
+    rank0 = _mm512_mask_add_epi32(
+        rank0, _mm512_cmplt_epi32_mask(h, h0) | _mm512_mask_cmpeq_epi32_mask(after0, h, h0), rank0,
+        one);
+    rank1 = _mm512_mask_add_epi32(
+        rank1, _mm512_cmplt_epi32_mask(h, h1) | _mm512_mask_cmpeq_epi32_mask(after1, h, h1), rank1,
+        one);
   }
-  // distinct values rank 0 .. c-1; equal ones share a rank and the sum falls short
-  alignas(64) std::int32_t r[16], where[16];
-  _mm512_store_si512(r, rank);
-  _mm512_store_si512(where, idx);
-  std::int32_t rank_sum = 0;
-  for (std::int32_t l = 0; l < 16; ++l) rank_sum += l < c ? r[l] : 0;
-  if (rank_sum != c * (c - 1) / 2) return false;
-  std::int32_t slot[17];  // the padding ranks c
-  for (std::int32_t l = 0; l < 16; ++l) slot[r[l]] = where[l];
-  for (std::int32_t j = 0; j < n; ++j) ids[j] = slot[j];
+  const __m512i rank = _mm512_add_epi32(rank0, rank1);
+  // the j-th best: the index in the lane ranked j (one lane per rank)
+  for (std::int32_t j = 0; j < n; ++j)
+    ids[j] = _mm512_cvtsi512_si32(
+        _mm512_maskz_compress_epi32(_mm512_cmpeq_epi32_mask(rank, _mm512_set1_epi32(j)), idx));
   return true;
 }
 #endif
