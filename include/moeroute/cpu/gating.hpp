@@ -63,7 +63,8 @@ MOEROUTE_PRECISE_FP_END
 /// Tokens a task takes through each step of gating_agent side by side (a tile): one token's
 /// steps are chains of dependent reductions (max, exp and sum, log, the selection's threshold
 /// and ranks), and those of neighbouring tokens overlap in the core only when they sit next to
-/// each other in the instruction stream. A tile's scratch rows stay in L1 up to E = 256.
+/// each other in the instruction stream. Small rows only (measured: a gain up to E = 128, none
+/// at 256, where a tile's scratch would also crowd L1 and grow the workspace).
 [[nodiscard]] constexpr std::int32_t gating_tile(std::int32_t E) noexcept {
   return E <= 128 ? 4 : 1;
 }
@@ -154,7 +155,8 @@ struct token_state {
 
 /// The per-token steps shared by every task: what reference::gating does for one token, with
 /// the vectorised row kernels of math.hpp, cut where a tile of tokens goes through side by side
-/// (prepare: the scores and selection values; select: the top-k; finish: gates and aux).
+/// (load, exponentiate, normalize: step 1; prepare: the scores and selection values, steps 2-4;
+/// select: the top-k, 5; finish: gates and aux, 6-7).
 template <class Element>
 struct gating_agent {
   const routing_config& cfg;
