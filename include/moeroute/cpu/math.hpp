@@ -307,17 +307,14 @@ inline void accumulate_row(const float* __restrict v, std::int32_t n,
 inline void sigmoid_row(const float* __restrict x, std::int32_t n, float* __restrict out) noexcept {
 #if defined(__AVX512F__)
   const __m512 one = _mm512_set1_ps(1.0f), zero = _mm512_setzero_ps();
+  const auto sigmoid16 = [&](__m512 v) {
+    return _mm512_div_ps(one, _mm512_add_ps(one, exp16(_mm512_sub_ps(zero, v))));
+  };
   std::int32_t i = 0;
-  for (; i + 16 <= n; i += 16)
-    _mm512_storeu_ps(
-        out + i,
-        _mm512_div_ps(one, _mm512_add_ps(one, exp16(_mm512_sub_ps(zero, _mm512_loadu_ps(x + i))))));
+  for (; i + 16 <= n; i += 16) _mm512_storeu_ps(out + i, sigmoid16(_mm512_loadu_ps(x + i)));
   if (i < n) {
     const auto live = static_cast<__mmask16>((1u << (n - i)) - 1u);
-    _mm512_mask_storeu_ps(
-        out + i, live,
-        _mm512_div_ps(one, _mm512_add_ps(one, exp16(_mm512_sub_ps(
-                                                  zero, _mm512_maskz_loadu_ps(live, x + i))))));
+    _mm512_mask_storeu_ps(out + i, live, sigmoid16(_mm512_maskz_loadu_ps(live, x + i)));
   }
 #else
   for (std::int32_t i = 0; i < n; ++i) out[i] = 1.0f / (1.0f + exp(-x[i]));

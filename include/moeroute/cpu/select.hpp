@@ -463,19 +463,12 @@ inline void group_mask_top2(const routing_config& cfg, const float* sel, std::in
               __builtin_shufflevector(b1, b1, 4, 5, 6, 7),
               __builtin_shufflevector(b2, b2, 0, 1, 2, 3),
               __builtin_shufflevector(b2, b2, 4, 5, 6, 7), c1, c2);
-    float a1[4], a2[4];
-    std::memcpy(a1, &c1, sizeof a1);
-    std::memcpy(a2, &c2, sizeof a2);
-    for (std::int32_t w = 2; w >= 1; w /= 2)
-      for (std::int32_t l = 0; l < w; ++l) {
-        const float d1 = a1[l + w], d2 = a2[l + w];
-        const float hi = a1[l] > d1 ? a1[l] : d1, lo = a1[l] > d1 ? d1 : a1[l];
-        const float second = a2[l] > d2 ? a2[l] : d2;
-        a1[l] = hi;
-        a2[l] = lo > second ? lo : second;
-      }
-    double s = static_cast<double>(a1[0]);
-    if (take == 2) s += static_cast<double>(a2[0]);
+    float d1[2], d2[2], top, second;
+    for (std::int32_t l = 0; l < 2; ++l)
+      fold_top2(c1[l], c1[l + 2], c2[l], c2[l + 2], d1[l], d2[l]);
+    fold_top2(d1[0], d1[1], d2[0], d2[1], top, second);
+    double s = static_cast<double>(top);
+    if (take == 2) s += static_cast<double>(second);
     score[grp] = static_cast<float>(s);
   }
   const std::int32_t keep = cfg.gating.group_limit.group_topk;
