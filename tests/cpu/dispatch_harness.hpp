@@ -10,6 +10,7 @@
 #include <moeroute/reference/gating.hpp>
 
 #include "../common/dispatch_compare.hpp"
+#include "reverse_order_run.hpp"
 
 namespace moeroute::test {
 
@@ -46,7 +47,9 @@ struct cpu_dispatch {
                   h.received.data(),  h.load.data(), &h.totals};
   }
 
-  [[nodiscard]] status run() { return cpu::dispatch(cfg, params, ws.data(), ws.size()); }
+  [[nodiscard]] status run(const cpu::executor& ex = {}) {
+    return cpu::dispatch(cfg, params, ws.data(), ws.size(), ex);
+  }
 };
 
 }  // namespace moeroute::test

@@ -11,6 +11,7 @@
 #include <limits>
 #include <span>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include <moeroute/cpu/dispatch.hpp>
@@ -31,13 +32,17 @@ void check_case(std::int64_t T, std::int32_t E, std::int32_t k, const case_spec&
   const auto gating = make_gating(cfg, T, seed, s.masked);
   const auto want = reference::dispatch(cfg, gating);
   cpu_dispatch c(cfg, gating, s.masked);
-  const auto st = c.run();
+  const auto st = c.run(cpu::executor::serial());
   INFO(st.message);
   REQUIRE(st.ok());
   if (T == 0) return;
   require_matches(c.h, want);
+  // reruns over the dirty workspace, on OpenMP's threads and with the tasks last to first:
+  // the same bits
   const host_dispatch first = c.h;
-  REQUIRE(c.run().ok());  // a rerun over the dirty workspace: the same bits
+  REQUIRE(c.run().ok());
+  require_bitwise(c.h, first);
+  REQUIRE(c.run(cpu::executor{&reverse_order_run, nullptr, 0}).ok());
   require_bitwise(c.h, first);
 }
 
@@ -86,6 +91,31 @@ TEST_CASE("cpu dispatch: shape grid T x E x k", "[cpu][dispatch]") {
   CHECK(i > 100);
 }
 
+TEST_CASE("cpu dispatch: the selection path (value priority, token-index slots) over many tasks",
+          "[cpu][dispatch]") {
+  // keeps_by_selection's configs at a T that spans several tasks of uneven length, so the
+  // per-task counts, the pair buckets and the per-expert selections all meet more than one task
+  std::uint64_t seed = 500;
+  int cases = 0;
+  for (const auto& [E, k] : {std::pair{64, 2}, std::pair{8, 4}, std::pair{1, 1}})
+    for (priority prio : {priority::score_per_expert, priority::random})
+      for (drop_case drop : {drop_case::zero_weight, drop_case::residual})
+        for (int cap = 0; cap < static_cast<int>(cap_case::count); ++cap)
+          for (bool masked : {false, true}) {
+            case_spec s;
+            s.prio = prio;
+            s.drop = drop;
+            s.slots = slot_order::token_index;
+            s.cap = static_cast<cap_case>(cap);
+            s.masked = masked;
+            s.after_drop = (cap + (masked ? 1 : 0)) % 2 == 0;
+            REQUIRE(cpu::detail::keeps_by_selection(make_config(E, k, s, 5000), 5000));
+            check_case(5000, E, k, s, seed++);
+            ++cases;
+          }
+  CHECK(cases == 120);
+}
+
 TEST_CASE("cpu dispatch: golden peer cases", "[cpu][dispatch][golden]") {
   const auto cases = load_golden_cases(golden_directory("MOEROUTE_GOLDEN_DIR", "golden"));
   REQUIRE(cases.size() > 100);
@@ -129,6 +159,37 @@ TEST_CASE("cpu dispatch: a bad gating output gets an error naming the element", 
   const auto st = c.run();
   REQUIRE(st.code == status_code::invalid_argument);
   REQUIRE(st.message.find("gated.d_gates[3]") != std::string::npos);
+}
+
+TEST_CASE("cpu dispatch: bad input on the selection path is named, and nothing is written",
+          "[cpu][dispatch]") {
+  case_spec s;
+  s.prio = priority::score_per_expert;
+  s.slots = slot_order::token_index;
+  const std::int64_t T = 3000;  // three tasks: the bad values sit in the last one
+  const routing_config cfg = make_config(16, 2, s, T);
+  REQUIRE(cpu::detail::keeps_by_selection(cfg, T));
+  const auto good = make_gating(cfg, T, 9, false);
+  const auto expect_error = [&](const reference::gating_output& g, const std::string& field) {
+    cpu_dispatch c(cfg, g, false);
+    const auto st = c.run();
+    INFO(st.message);
+    REQUIRE(st.code == status_code::invalid_argument);
+    REQUIRE(st.message.find(field) != std::string::npos);
+    CHECK(c.h.expert == std::vector<std::int32_t>(g.ids.size(), 99));  // untouched
+    CHECK(c.h.requested == std::vector<std::int64_t>(16, -1));
+  };
+  auto g = good;
+  g.ids[2 * 2900 + 1] = 16;
+  expect_error(g, "gated.d_ids[5801]");
+  g = good;
+  g.ids[2 * 2900 + 1] = g.ids[2 * 2900];
+  expect_error(g, "gated.d_ids[5801]");  // the token names that expert twice
+  g = good;
+  g.gates[2 * 2950] = std::numeric_limits<float>::quiet_NaN();
+  expect_error(g, "gated.d_gates[5900]");
+  cpu_dispatch c(cfg, good, false);
+  REQUIRE(c.run().ok());
 }
 
 }  // namespace moeroute::test

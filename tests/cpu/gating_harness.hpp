@@ -16,15 +16,9 @@
 #include <moeroute/reference/gating.hpp>
 
 #include "../common/gating_compare.hpp"
+#include "reverse_order_run.hpp"
 
 namespace moeroute::test {
-
-/// A parallel-for hook that runs the tasks last to first: any dependence of a result on the
-/// task order shows up as a difference from the serial run.
-inline void reverse_order_run(void*, std::int64_t tasks, void (*task)(void*, std::int64_t),
-                              void* arg) {
-  for (std::int64_t i = tasks - 1; i >= 0; --i) task(arg, i);
-}
 
 /// Host buffers of one cpu::gating call.
 template <class In>

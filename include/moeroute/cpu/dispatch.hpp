@@ -12,13 +12,11 @@
 //
 // When nothing else reads that order — a value-keyed priority (score_per_expert, random), one
 // capacity group, no reroutes, slots by token index (Megatron's "probs" dropping) — only
-// *which* C requests each expert keeps matters: the C first in priority order of an
-// over-subscribed expert — its C smallest (key, assignment) pairs, found by nth_element — and
-// every request of an expert with room. No sort at all.
+// *which* C requests each expert keeps matters: dispatch_by_selection.hpp, no sort at all,
+// parallel over tokens and over experts. The ordered path runs on the calling thread.
 #pragma once
 
 #include <algorithm>
-#include <bit>
 #include <cfloat>
 #include <cmath>
 #include <cstddef>
@@ -28,9 +26,9 @@
 
 #include <moeroute/capacity.hpp>
 #include <moeroute/config.hpp>
+#include <moeroute/cpu/dispatch_by_selection.hpp>
 #include <moeroute/cpu/parallel.hpp>
 #include <moeroute/params/dispatch.hpp>
-#include <moeroute/rng.hpp>
 #include <moeroute/status.hpp>
 #include <moeroute/types.hpp>
 #include <moeroute/workspace.hpp>
@@ -39,16 +37,22 @@ namespace moeroute::cpu {
 
 using moeroute::dispatch_params;
 
-/// @brief Checks config, shapes and pointers (check_params), at most 2^31 - 2 assignments, and
-///        the gating outputs it reads: ids and reroute ids in [0, E), finite gates and token
-///        priorities. Names the first bad field and element.
-[[nodiscard]] inline status validate(const routing_config& cfg, const dispatch_params& p) {
+namespace detail {
+
+/// validate() without the values: config, shapes, pointers, the assignment limit.
+[[nodiscard]] inline status validate_shapes(const routing_config& cfg, const dispatch_params& p) {
   if (auto s = check_params(cfg, p); !s) return s;
   const std::int64_t n = p.tokens * cfg.top_k;
   if (n > std::numeric_limits<std::int32_t>::max() - 1)
     return status::make(status_code::unsupported,
                         "tokens * top_k = " + std::to_string(n) +
                             ": cpu::dispatch handles at most 2^31 - 2 assignments");
+  return status::success();
+}
+
+/// validate()'s checks of the values (shapes already checked).
+[[nodiscard]] inline status validate_values(const routing_config& cfg, const dispatch_params& p) {
+  const std::int64_t n = p.tokens * cfg.top_k;
   const std::int32_t E = cfg.num_experts;
   const auto bad = [](const char* what, std::int64_t i, const char* why) {
     return status::make(status_code::invalid_argument,
@@ -70,6 +74,16 @@ using moeroute::dispatch_params;
   return status::success();
 }
 
+}  // namespace detail
+
+/// @brief Checks config, shapes and pointers (check_params), at most 2^31 - 2 assignments, and
+///        the gating outputs it reads: ids and reroute ids in [0, E), finite gates and token
+///        priorities. Names the first bad field and element.
+[[nodiscard]] inline status validate(const routing_config& cfg, const dispatch_params& p) {
+  if (auto s = detail::validate_shapes(cfg, p); !s) return s;
+  return detail::validate_values(cfg, p);
+}
+
 namespace detail {
 
 /// The dispatch workspace, carved in one fixed sequence (sizing and carving passes agree).
@@ -83,20 +97,8 @@ struct dispatch_space {
   std::uint8_t* owns = nullptr;          // [n] 1 = the assignment owns its slot (not shared)
   std::int32_t* next = nullptr;          // [T] next reroute candidate per token
   std::int64_t* histogram = nullptr;  // [max(radix_passes * (radix_digits + 1), Q + 1, k + 1, E)]
-  std::uint64_t* pairs = nullptr;     // [n] (key << 32 | assignment), keeps_by_selection only
-  std::int64_t* bucket = nullptr;     // [E + 1] first pair per expert, keeps_by_selection only
+  selection_space selection;          // keeps_by_selection only (nothing else is carved)
 };
-
-/// True when the kept set alone decides every output (see the file comment): an expert's
-/// kept requests are then its C first in priority order, found by selection, not by sorting.
-[[nodiscard]] inline bool keeps_by_selection(const routing_config& cfg, std::int64_t tokens) {
-  const auto& d = cfg.dispatch;
-  const bool random_second = cfg.gating.second_expert.policy == second_expert_policy::random;
-  return (d.prio == priority::score_per_expert || d.prio == priority::random) &&
-         cfg.capacity_groups(tokens) == 1 && !random_second &&
-         (d.dropped == drop_policy::zero_weight || d.dropped == drop_policy::residual) &&
-         d.slots == slot_order::token_index;
-}
 
 inline constexpr int radix_bits = 11;  // three passes of 11 bits cover a 32-bit key
 inline constexpr int radix_passes = 3;
@@ -111,6 +113,10 @@ inline dispatch_space carve_dispatch_space(workspace_carver& w, const routing_co
       std::max<std::int64_t>({radix_passes * (radix_digits + 1), cfg.capacity_groups(tokens) + 1,
                               cfg.top_k + 1, cfg.num_experts}));
   dispatch_space s;
+  if (keeps_by_selection(cfg, tokens)) {
+    s.selection = carve_selection_space(w, cfg, tokens);
+    return s;
+  }
   s.order = w.take<std::int32_t>(n);
   s.scratch = w.take<std::int32_t>(n);
   s.key = w.take<std::uint32_t>(n);
@@ -120,19 +126,7 @@ inline dispatch_space carve_dispatch_space(workspace_carver& w, const routing_co
   s.owns = w.take<std::uint8_t>(n);
   s.next = w.take<std::int32_t>(static_cast<std::size_t>(tokens));
   s.histogram = w.take<std::int64_t>(hist);
-  if (keeps_by_selection(cfg, tokens)) {
-    s.pairs = w.take<std::uint64_t>(n);
-    s.bucket = w.take<std::int64_t>(static_cast<std::size_t>(cfg.num_experts) + 1);
-  }
   return s;
-}
-
-/// A float as a 32-bit key whose unsigned order is the float order *descending* (larger value
-/// first); -0 and +0 are one key, as they compare equal.
-[[nodiscard]] inline std::uint32_t descending_key(float x) noexcept {
-  const std::uint32_t u = std::bit_cast<std::uint32_t>(x + 0.0f);
-  const std::uint32_t ascending = (u & 0x80000000u) ? ~u : (u | 0x80000000u);
-  return ~ascending;
 }
 
 /// Stable counting sort of m items by digit(item) in [0, digits): from `in` to `out`.
@@ -190,8 +184,8 @@ void counting_pass(std::int64_t m, std::int64_t digits, std::int64_t* count, Dig
 ///        (fates, experts, slots, counts, totals and weights), with the params of
 ///        cuda::dispatch (host pointers).
 /// @param workspace at least dispatch_workspace_bytes(cfg, p.tokens) bytes, 8-byte aligned
-/// @param ex        accepted for the common signature; dispatch runs on the calling thread
-///                  (its passes are O(T k), a few microseconds per thousand tokens)
+/// @param ex        runs the selection path's tasks (keeps_by_selection: over tokens, then over
+///                  the over-subscribed experts); the ordered path runs on the calling thread
 /// @return success; invalid_* naming the field (validate()); unsupported beyond 2^31 - 2
 ///         assignments; workspace_too_small.
 /// @note Synchronous; never allocates or throws. T = 0: success, nothing written. Grants in
@@ -199,8 +193,12 @@ void counting_pass(std::int64_t m, std::int64_t digits, std::int64_t* count, Dig
 ///       the same order group by group, slots dense per expert over the capacity groups.
 [[nodiscard]] inline status dispatch(const routing_config& cfg, const dispatch_params& p,
                                      void* workspace, std::size_t workspace_bytes,
-                                     [[maybe_unused]] const executor& ex = {}) {
-  if (auto s = validate(cfg, p); !s) return s;
+                                     const executor& ex = {}) {
+  if (auto s = detail::validate_shapes(cfg, p); !s) return s;
+  // the selection path checks the values in its parallel pass, the ordered one first
+  const bool select = detail::keeps_by_selection(cfg, p.tokens);
+  if (!select)
+    if (auto s = detail::validate_values(cfg, p); !s) return s;
   if (p.tokens == 0) return status::success();
   if (auto s = param_checks::validate_workspace("dispatch", "dispatch_workspace_bytes", p.tokens,
                                                 dispatch_workspace_bytes(cfg, p.tokens), workspace,
@@ -209,6 +207,16 @@ void counting_pass(std::int64_t m, std::int64_t digits, std::int64_t* count, Dig
     return s;
   workspace_carver carver(workspace, workspace_bytes);
   const detail::dispatch_space w = detail::carve_dispatch_space(carver, cfg, p.tokens);
+  if (select) {
+    if (detail::dispatch_by_selection(cfg, p, w.selection, ex)) return status::success();
+    // bad input, nothing written: the serial checks name it
+    if (auto s = detail::validate_values(cfg, p); !s) return s;
+    if (auto s =
+            detail::check_distinct(p, p.tokens, cfg.num_experts, cfg.top_k, 0, w.selection.counts);
+        !s)
+      return s;
+    return status::make(status_code::invalid_argument, "gated: a value cpu::dispatch rejects");
+  }
 
   const std::int64_t T = p.tokens;
   const std::int32_t k = cfg.top_k, E = cfg.num_experts, ET = cfg.total_experts();
@@ -272,22 +280,8 @@ void counting_pass(std::int64_t m, std::int64_t digits, std::int64_t* count, Dig
   std::int32_t* spare = w.scratch;
   const bool keyed = d.prio == priority::score_per_expert || d.prio == priority::random ||
                      d.prio == priority::batch_prioritized;
-  const bool select = detail::keeps_by_selection(cfg, T);  // no order needed (step 3)
-  const auto key_of = [&](std::int64_t a) {
-    float v = 0.0f;
-    if (d.prio == priority::score_per_expert) {
-      v = gates[a];
-    } else if (d.prio == priority::random) {
-      const auto r = rng::draw(d.random_seed, d.random_offset, rng::stream_random_priority,
-                               static_cast<std::uint64_t>(a / k) * E + ids[a]);
-      v = rng::uniform_open(r.v[0]);
-    } else {
-      v = p.gated.d_token_priority[a / k];
-    }
-    return detail::descending_key(v);
-  };
-  if (keyed && !select) {
-    for (std::int64_t i = 0; i < m; ++i) w.key[i] = key_of(order[i]);
+  if (keyed) {
+    for (std::int64_t i = 0; i < m; ++i) w.key[i] = detail::priority_key(cfg, p, order[i]);
     // the three digit histograms in one read of the keys; a pass whose digit is the same for
     // every key would move nothing (the sort is stable), so it is skipped
     constexpr std::int64_t D = detail::radix_digits;
@@ -351,54 +345,21 @@ void counting_pass(std::int64_t m, std::int64_t digits, std::int64_t* count, Dig
     w.owns[a] = 1;
     ++o.d_load[e];
   };
-  if (select) {
-    const auto keep = [&](std::int64_t a, std::int32_t e) {  // (final slots come in step 5)
-      take(a, e);
-      o.d_fate[a] = fate::kept;
-      ++o.d_kept[e];
-    };
-    // an expert with room keeps every request; an over-subscribed one the C smallest of its
-    // (key, assignment) pairs: the base order is ascending assignment (token-major), so the
-    // pairs order as the stable sort would, and they are unique, so the C smallest are one set
-    std::int64_t* bucket = w.bucket;
-    const auto over = [&](std::int32_t e) { return C >= 0 && o.d_requested[e] > C; };
-    bucket[0] = 0;
-    for (std::int32_t e = 0; e < E; ++e)
-      bucket[e + 1] = bucket[e] + (over(e) ? o.d_requested[e] : 0);
-    std::int64_t* fill = w.histogram;  // [E] next pair of each bucket
-    std::copy(bucket, bucket + E, fill);
-    for (std::int64_t i = 0; i < m; ++i) {
-      const std::int64_t a = order[i];
-      const std::int32_t e = ids[a];
-      if (over(e))
-        w.pairs[fill[e]++] = std::uint64_t{key_of(a)} << 32 | static_cast<std::uint64_t>(a);
-      else
-        keep(a, e);
-    }
-    for (std::int32_t e = 0; e < E; ++e) {
-      if (!over(e)) continue;
-      std::uint64_t* first = w.pairs + bucket[e];
-      std::nth_element(first, first + C, w.pairs + bucket[e + 1]);
-      for (std::int64_t j = 0; j < C; ++j)
-        keep(static_cast<std::int64_t>(first[j] & 0xffffffffu), e);
-    }
-  } else {
-    // otherwise grants in priority order (branch-free: under skew, which of an expert's requests
-    // still find room is a coin toss to the branch predictor; every store below rewrites what
-    // step 1 wrote when there is none)
-    for (std::int64_t i = 0; i < m; ++i) {
-      const std::int64_t a = order[i];
-      const std::int32_t e = ids[a];
-      std::int64_t& h = w.held[group_of(a) * ET + e];
-      const bool ok = !skipped(a) && room(group_of(a), e);
-      o.d_fate[a] = ok ? fate::kept : fate::dropped;
-      o.d_expert[a] = ok ? e : -1;
-      o.d_slot[a] = ok ? static_cast<std::int32_t>(h) : -1;  // local slot for now
-      w.owns[a] = ok ? 1 : 0;
-      h += ok ? 1 : 0;
-      o.d_load[e] += ok ? 1 : 0;
-      o.d_kept[e] += ok ? 1 : 0;
-    }
+  // grants in priority order (branch-free: under skew, which of an expert's requests
+  // still find room is a coin toss to the branch predictor; every store below rewrites what
+  // step 1 wrote when there is none)
+  for (std::int64_t i = 0; i < m; ++i) {
+    const std::int64_t a = order[i];
+    const std::int32_t e = ids[a];
+    std::int64_t& h = w.held[group_of(a) * ET + e];
+    const bool ok = !skipped(a) && room(group_of(a), e);
+    o.d_fate[a] = ok ? fate::kept : fate::dropped;
+    o.d_expert[a] = ok ? e : -1;
+    o.d_slot[a] = ok ? static_cast<std::int32_t>(h) : -1;  // local slot for now
+    w.owns[a] = ok ? 1 : 0;
+    h += ok ? 1 : 0;
+    o.d_load[e] += ok ? 1 : 0;
+    o.d_kept[e] += ok ? 1 : 0;
   }
 
   // 4. reroutes of the dropped ones, in the same order (group by group)

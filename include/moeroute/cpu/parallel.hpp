@@ -10,6 +10,7 @@
 
 #include <cstdint>
 #include <type_traits>
+#include <utility>
 
 namespace moeroute::cpu {
 
@@ -57,6 +58,26 @@ void parallel_for(const executor& ex, std::int64_t tasks, Body&& body) {
   }
 #endif
   for (std::int64_t i = 0; i < tasks; ++i) body(i);
+}
+
+/// @brief parallel_for for tasks of very different sizes, given largest first: OpenMP hands
+///        them out one at a time (a dynamic schedule), so the threads finish close together.
+///        Which thread runs a task never changes a result, as with parallel_for.
+template <class Body>
+void parallel_for_uneven(const executor& ex, std::int64_t tasks, Body&& body) {
+#if defined(_OPENMP)
+  if (ex.run == nullptr && ex.threads != 1 && tasks > 1) {
+    if (ex.threads > 0) {
+#pragma omp parallel for schedule(dynamic, 1) num_threads(ex.threads)
+      for (std::int64_t i = 0; i < tasks; ++i) body(i);
+    } else {
+#pragma omp parallel for schedule(dynamic, 1)
+      for (std::int64_t i = 0; i < tasks; ++i) body(i);
+    }
+    return;
+  }
+#endif
+  parallel_for(ex, tasks, std::forward<Body>(body));
 }
 
 /// @brief [begin, end) of task i when n items are cut into `tasks` near-equal runs.

@@ -1,0 +1,254 @@
+// SPDX-License-Identifier: Apache-2.0
+// CPU backend: cpu::dispatch when the kept set alone decides every output (keeps_by_selection:
+// a value-keyed priority, one capacity group, no reroutes, slots by token index — Megatron's
+// "probs" dropping, DeepSpeed's score priority). Each expert then keeps every request when it
+// has room, and otherwise the C first in priority order: its C smallest (key, assignment)
+// pairs. Nothing needs a global order, so the work splits two ways, both fixed by the shapes:
+//   - over tokens (tasks of consecutive tokens): checking, counting the requests of each
+//     expert per task, then writing every assignment — a kept one's slot is its rank by
+//     assignment index, known from the counts of the tasks before it;
+//   - over the over-subscribed experts: a selection of the C smallest pairs, then one walk of
+//     the expert's requests in assignment order to number the kept ones.
+// Counts are integers summed per expert over tasks, so every output is the same for any number
+// of threads, and bit-identical to reference::dispatch.
+#pragma once
+
+#include <algorithm>
+#include <bit>
+#include <cfloat>
+#include <cmath>
+#include <cstddef>
+#include <cstdint>
+
+#include <moeroute/capacity.hpp>
+#include <moeroute/config.hpp>
+#include <moeroute/cpu/parallel.hpp>
+#include <moeroute/params/dispatch.hpp>
+#include <moeroute/rng.hpp>
+#include <moeroute/types.hpp>
+#include <moeroute/workspace.hpp>
+
+namespace moeroute::cpu::detail {
+
+/// True when the kept set alone decides every output (see the file comment): an expert's
+/// kept requests are then its C first in priority order, found by selection, not by sorting.
+[[nodiscard]] inline bool keeps_by_selection(const routing_config& cfg, std::int64_t tokens) {
+  const auto& d = cfg.dispatch;
+  const bool random_second = cfg.gating.second_expert.policy == second_expert_policy::random;
+  return (d.prio == priority::score_per_expert || d.prio == priority::random) &&
+         cfg.capacity_groups(tokens) == 1 && !random_second &&
+         (d.dropped == drop_policy::zero_weight || d.dropped == drop_policy::residual) &&
+         d.slots == slot_order::token_index;
+}
+
+/// A float as a 32-bit key whose unsigned order is the float order *descending* (larger value
+/// first); -0 and +0 are one key, as they compare equal.
+[[nodiscard]] inline std::uint32_t descending_key(float x) noexcept {
+  const std::uint32_t u = std::bit_cast<std::uint32_t>(x + 0.0f);
+  const std::uint32_t ascending = (u & 0x80000000u) ? ~u : (u | 0x80000000u);
+  return ~ascending;
+}
+
+/// The 32-bit priority key of assignment a (ascending = served first) for the value-keyed
+/// priorities: its gate, its random draw, or its token's priority.
+[[nodiscard]] inline std::uint32_t priority_key(const routing_config& cfg, const dispatch_params& p,
+                                                std::int64_t a) {
+  const auto& d = cfg.dispatch;
+  const std::int32_t k = cfg.top_k;
+  float v = 0.0f;
+  if (d.prio == priority::score_per_expert) {
+    v = p.gated.d_gates[a];
+  } else if (d.prio == priority::random) {
+    const auto r =
+        rng::draw(d.random_seed, d.random_offset, rng::stream_random_priority,
+                  static_cast<std::uint64_t>(a / k) * cfg.num_experts + p.gated.d_ids[a]);
+    v = rng::uniform_open(r.v[0]);
+  } else {
+    v = p.gated.d_token_priority[a / k];
+  }
+  return descending_key(v);
+}
+
+/// Tasks of consecutive tokens for the selection path (fixed by T alone).
+[[nodiscard]] inline std::int64_t selection_tasks(std::int64_t tokens) noexcept {
+  return task_count(tokens, 1024, 64);
+}
+
+/// The selection path's workspace.
+struct selection_space {
+  std::int64_t* counts = nullptr;   // [tasks * E] requests per (task, expert), then offsets
+  std::int64_t* masked = nullptr;   // [tasks] masked tokens per task; -1: the task saw bad input
+  std::uint64_t* pairs = nullptr;   // [n] (key << 32 | assignment) of over-subscribed experts
+  std::uint64_t* picked = nullptr;  // [n] a copy of them that the selection permutes
+  std::int64_t* bucket = nullptr;   // [E + 1] first pair of each expert
+  std::int32_t* heavy = nullptr;    // [E] over-subscribed experts, most requests first
+};
+
+inline selection_space carve_selection_space(workspace_carver& w, const routing_config& cfg,
+                                             std::int64_t tokens) {
+  const std::size_t n = static_cast<std::size_t>(tokens * cfg.top_k);
+  const std::size_t E = static_cast<std::size_t>(cfg.num_experts);
+  const std::size_t tasks = static_cast<std::size_t>(selection_tasks(tokens));
+  selection_space s;
+  s.counts = w.take<std::int64_t>(tasks * E);
+  s.masked = w.take<std::int64_t>(tasks);
+  s.pairs = w.take<std::uint64_t>(n);
+  s.picked = w.take<std::uint64_t>(n);
+  s.bucket = w.take<std::int64_t>(E + 1);
+  s.heavy = w.take<std::int32_t>(E);
+  return s;
+}
+
+/// @brief The selection path of cpu::dispatch (keeps_by_selection(cfg, T), T > 0, shapes
+///        checked). Checks the values it reads as it counts; on bad input returns false with
+///        nothing written, and the caller names the fault with the serial checks.
+[[nodiscard]] inline bool dispatch_by_selection(const routing_config& cfg, const dispatch_params& p,
+                                                const selection_space& w, const executor& ex) {
+  const std::int64_t T = p.tokens;
+  const std::int32_t k = cfg.top_k, E = cfg.num_experts, ET = cfg.total_experts();
+  const std::int64_t tasks = selection_tasks(T);
+  const std::int32_t* ids = p.gated.d_ids;
+  const float* gates = p.gated.d_gates;
+  const dispatch_result& o = p.out;
+  const bool renorm_after = cfg.gating.renorm == renormalize::after_drop;
+
+  // 1. per task: check ids (in range, distinct per token) and gates (finite) of every token,
+  //    count the requests of the valid ones per expert
+  parallel_for(ex, tasks, [&](std::int64_t task) {
+    std::int64_t t0 = 0, t1 = 0;
+    task_range(T, tasks, task, t0, t1);
+    std::int64_t* count = w.counts + task * E;
+    std::fill(count, count + E, std::int64_t{0});
+    std::int64_t masked = 0;
+    for (std::int64_t t = t0; t < t1; ++t) {
+      const std::int32_t* id = ids + t * k;
+      bool ok = true;
+      for (std::int32_t j = 0; j < k; ++j) {
+        ok = ok && id[j] >= 0 && id[j] < E && std::isfinite(gates[t * k + j]);
+        for (std::int32_t i = 0; i < j; ++i) ok = ok && id[i] != id[j];
+      }
+      if (!ok) {
+        w.masked[task] = -1;
+        return;
+      }
+      if (p.d_valid != nullptr && p.d_valid[t] == 0) {
+        ++masked;
+        continue;
+      }
+      for (std::int32_t j = 0; j < k; ++j) ++count[id[j]];
+    }
+    w.masked[task] = masked;
+  });
+  dispatch_totals totals{};
+  for (std::int64_t task = 0; task < tasks; ++task) {
+    if (w.masked[task] < 0) return false;
+    totals.masked += w.masked[task] * k;
+  }
+
+  // 2. requests per expert; capacity; each (task, expert) count becomes where that task's
+  //    requests of the expert start: its first slot (an expert with room keeps all, in
+  //    assignment order), or its first pair (an over-subscribed one)
+  std::int64_t max_load = 0;
+  for (std::int32_t e = 0; e < E; ++e) {
+    std::int64_t r = 0;
+    for (std::int64_t task = 0; task < tasks; ++task) r += w.counts[task * E + e];
+    o.d_requested[e] = r;
+    max_load = std::max(max_load, r);
+  }
+  const std::int64_t C = expert_capacity(cfg, T, max_load);
+  totals.capacity = C;
+  totals.fallback_capacity = cfg.has_dedicated_fallback() ? cfg.dispatch.fallback.capacity : 0;
+  const auto over = [&](std::int32_t e) { return C >= 0 && o.d_requested[e] > C; };
+  std::int32_t heavy = 0;
+  w.bucket[0] = 0;
+  for (std::int32_t e = 0; e < E; ++e) {
+    std::int64_t at = over(e) ? w.bucket[e] : 0;
+    for (std::int64_t task = 0; task < tasks; ++task) {
+      const std::int64_t c = w.counts[task * E + e];
+      w.counts[task * E + e] = at;
+      at += c;
+    }
+    w.bucket[e + 1] = w.bucket[e] + (over(e) ? o.d_requested[e] : 0);
+    if (over(e)) w.heavy[heavy++] = e;
+    const std::int64_t kept = over(e) ? C : o.d_requested[e];
+    o.d_kept[e] = kept;
+    o.d_rerouted[e] = 0;
+    o.d_dropped[e] = o.d_requested[e] - kept;
+    totals.kept += kept;
+    totals.dropped += o.d_requested[e] - kept;
+  }
+  for (std::int32_t e = 0; e < ET; ++e) {
+    o.d_received[e] = 0;
+    o.d_load[e] = e < E ? o.d_kept[e] : 0;
+  }
+  // the largest selections first, so that threads taking tasks in turn finish together
+  std::stable_sort(w.heavy, w.heavy + heavy, [&](std::int32_t a, std::int32_t b) {
+    return o.d_requested[a] > o.d_requested[b];
+  });
+
+  // 3. per task: every assignment written; an over-subscribed expert's requests become pairs
+  //    (dropped until the selection keeps them)
+  parallel_for(ex, tasks, [&](std::int64_t task) {
+    std::int64_t t0 = 0, t1 = 0;
+    task_range(T, tasks, task, t0, t1);
+    std::int64_t* at = w.counts + task * E;
+    for (std::int64_t a = t0 * k; a < t1 * k; ++a) {
+      const std::int32_t e = ids[a];
+      const bool valid = p.d_valid == nullptr || p.d_valid[a / k] != 0;
+      const bool keep = valid && !over(e);
+      o.d_fate[a] = !valid ? fate::masked : (keep ? fate::kept : fate::dropped);
+      o.d_expert[a] = keep ? e : -1;
+      o.d_slot[a] = keep ? static_cast<std::int32_t>(at[e]) : -1;
+      o.d_weight[a] = keep ? gates[a] : 0.0f;
+      if (valid && !keep)
+        w.pairs[at[e]] =
+            std::uint64_t{priority_key(cfg, p, a)} << 32 | static_cast<std::uint64_t>(a);
+      at[e] += valid ? 1 : 0;
+    }
+  });
+
+  // 4. per over-subscribed expert: the C smallest pairs (unique: the assignment breaks ties, as
+  //    the stable sort of the reference's base order would), then its requests in assignment
+  //    order, the kept ones numbered
+  parallel_for_uneven(ex, heavy, [&](std::int64_t i) {
+    const std::int32_t e = w.heavy[i];
+    if (C == 0) return;  // every request stays dropped
+    const std::uint64_t* first = w.pairs + w.bucket[e];
+    const std::uint64_t* last = w.pairs + w.bucket[e + 1];
+    std::uint64_t* copy = w.picked + w.bucket[e];
+    std::copy(first, last, copy);
+    std::nth_element(copy, copy + (C - 1), copy + (last - first));
+    const std::uint64_t threshold = copy[C - 1];
+    std::int32_t slot = 0;
+    for (const std::uint64_t* q = first; q != last; ++q) {
+      if (*q > threshold) continue;
+      const std::int64_t a = static_cast<std::int64_t>(*q & 0xffffffffu);
+      o.d_fate[a] = fate::kept;
+      o.d_expert[a] = e;
+      o.d_slot[a] = slot++;
+      o.d_weight[a] = gates[a];
+    }
+  });
+
+  // 5. weights renormalised over the held gates (the reference's arithmetic, in rank order)
+  if (renorm_after)
+    parallel_for(ex, tasks, [&](std::int64_t task) {
+      std::int64_t t0 = 0, t1 = 0;
+      task_range(T, tasks, task, t0, t1);
+      for (std::int64_t t = t0; t < t1; ++t) {
+        float sum = 0.0f;
+        for (std::int32_t j = 0; j < k; ++j)
+          if (holds_row(o.d_fate[t * k + j])) sum += gates[t * k + j];
+        for (std::int32_t j = 0; j < k; ++j) {
+          const std::int64_t a = t * k + j;
+          o.d_weight[a] = holds_row(o.d_fate[a])
+                              ? gates[a] / std::max(sum, FLT_EPSILON) * cfg.gating.scaling_factor
+                              : 0.0f;
+        }
+      }
+    });
+  *o.d_totals = totals;
+  return true;
+}
+
+}  // namespace moeroute::cpu::detail
