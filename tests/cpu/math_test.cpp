@@ -1,9 +1,9 @@
 // SPDX-License-Identifier: Apache-2.0
 // The CPU backend's building blocks against plain definitions: math::exp within its documented
 // bound (2 ulp) and monotonic over every 61st float of [-104, 89]; math::log within 1e-15 of
-// libm's over every binade; the selection (top_n, with
-// and without a mask, every n up to 16 and the index-sort path) equal to a stable sort by
-// (value desc, index asc) on rows full of ties, -inf, -FLT_MAX and +-FLT_MAX.
+// libm's over every binade; the selection (top_n, with and without a mask, every n up to 16 and
+// the index-sort path; top_n_columns, 16 rows at once, where AVX-512 has it) equal to a stable
+// sort by (value desc, index asc) on rows full of ties, -inf, -FLT_MAX and +-FLT_MAX.
 #include <catch2/catch.hpp>
 
 #include <algorithm>
@@ -19,6 +19,7 @@
 
 #include <moeroute/cpu/math.hpp>
 #include <moeroute/cpu/select.hpp>
+#include <moeroute/cpu/select_columns.hpp>
 
 using namespace moeroute::cpu;
 
@@ -224,6 +225,52 @@ TEST_CASE("cpu selection by threshold equals a stable sort on distinct and near-
     }
   CHECK(cases == 10 * 40 * 16);
 }
+
+#if defined(MOEROUTE_CPU_SELECT_COLUMNS)
+TEST_CASE("cpu selection by columns equals a stable sort per row", "[cpu][math]") {
+  // 1 .. 16 rows of 16 .. 256 values (all row counts: the unused lanes repeat row 0), every n
+  // up to 8, rows of continuous values, of small integers (ties everywhere), and of -0, +0,
+  // +-inf and +-1; masks on some rows, none on others
+  std::mt19937 rng(23);
+  std::normal_distribution<float> normal;
+  const float specials[] = {
+      -0.0f, 0.0f, -std::numeric_limits<float>::infinity(), std::numeric_limits<float>::infinity(),
+      1.0f,  -1.0f};
+  std::int64_t rows_checked = 0;
+  for (const std::int32_t size : {16, 32, 64, 128, 256})
+    for (std::int32_t count = 1; count <= detail::column_rows; ++count)
+      for (int kind = 0; kind < 3; ++kind) {
+        std::vector<float> v(static_cast<std::size_t>(count * size));
+        for (auto& x : v)
+          x = kind == 0   ? normal(rng)
+              : kind == 1 ? static_cast<float>(rng() % 5) - 2.0f
+                          : specials[rng() % 6];
+        std::vector<std::uint8_t> allowed(v.size());
+        for (auto& a : allowed) a = rng() % 3 != 0;
+        for (std::int32_t r = 0; r < count; ++r)  // at least 8 allowed per row
+          std::fill_n(allowed.begin() + r * size, 8, std::uint8_t{1});
+        const float* rows[detail::column_rows];
+        const std::uint8_t* masks[detail::column_rows];
+        for (std::int32_t r = 0; r < count; ++r) {
+          rows[r] = v.data() + r * size;
+          masks[r] = r % 3 == 1 ? allowed.data() + r * size : nullptr;
+        }
+        for (std::int32_t n = 1; n <= detail::column_places; ++n) {
+          std::vector<std::int32_t> ids(static_cast<std::size_t>(count * n), -1);
+          detail::top_n_columns(rows, masks, count, size, n, ids.data());
+          for (std::int32_t r = 0; r < count; ++r) {
+            INFO("size " << size << " rows " << count << " kind " << kind << " n " << n << " row "
+                         << r);
+            const std::vector<float> row(rows[r], rows[r] + size);
+            REQUIRE(std::vector<std::int32_t>(ids.begin() + r * n, ids.begin() + (r + 1) * n) ==
+                    plain_top(row, masks[r], n));
+            ++rows_checked;
+          }
+        }
+      }
+  CHECK(rows_checked == 5 * 136 * 3 * 8);
+}
+#endif
 
 TEST_CASE("cpu group mask of top-1 / top-2 group scores equals the plain definition",
           "[cpu][math]") {
