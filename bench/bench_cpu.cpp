@@ -4,6 +4,8 @@
 //   - gating over the model shapes of shapes.hpp at T = 4096 and 16384, one thread and every
 //     thread, ns per logit, beside reference::gating (the speed-up the docs quote);
 //   - dispatch + layout (capacity factor 1.25) and the losses at T = 16384;
+//   - the capacity tool's whole routing call (Megatron 64 x 2, uniform and Zipf batches), one
+//     thread and every thread;
 //   - permute, combine and their backward passes in bf16 (d = 2048, T = 4096), each beside a
 //     single-thread memcpy moving the same bytes (`memcpy/read+write=<bytes>`, reads + writes
 //     counted as for the operations), so % of memcpy bandwidth reads straight off the
@@ -137,6 +139,41 @@ void register_dispatch() {
         ->MinTime(0.2)
         ->UseManualTime();
   }
+}
+
+/// The capacity tool's whole routing call (gating, dispatch, layout, losses: the calls alone)
+/// for issue 11's shape — Megatron-Core (E = 64, k = 2), capacity factor 1.25, T = 16384 — on
+/// a uniform and a Zipf-skewed batch, one thread and every thread: the two-thread ratio of
+/// the call compare_torch.py times against PyTorch. (Run with
+/// --benchmark_enable_random_interleaving=true to spread a noisy neighbour over both.)
+void register_routing_call() {
+  const std::int64_t T = 16384;
+  const model_shape m{"megatron", "megatron", 64, 2, 2048};
+  for (const scenario_kind batch : {scenario_kind::uniform, scenario_kind::zipf})
+    for (const int threads : {1, 0}) {
+      const std::string name = "cpu_routing_call/megatron_64x2_cf1.25/" +
+                               std::string(scenario_names[static_cast<int>(batch)]) +
+                               "/T=" + std::to_string(T) + threads_name(threads);
+      benchmark::RegisterBenchmark(name.c_str(),
+                                   [m, T, batch, threads](benchmark::State& st) {
+                                     routing_config cfg = m.capacity_config(1.25);
+                                     cfg.training = true;  // as the capacity tool routes
+                                     const auto logits =
+                                         make_logits(batch, T, m.experts, scenario_params{});
+                                     const cpu::executor ex = executor_for(threads);
+                                     for (auto _ : st) {
+                                       const cpu_gated g = cpu_gate(cfg, logits, T, {}, 1, ex);
+                                       const cpu_routed r = cpu_route_rest(cfg, g, true, 1, 1, ex);
+                                       if (!g.st || !r.st) st.SkipWithError("routing failed");
+                                       benchmark::DoNotOptimize(r.dispatch.slot.data());
+                                       st.SetIterationTime((g.us + r.us) * 1e-6);
+                                     }
+                                     set_ns_per_logit(st, T, m.experts);
+                                   })
+          ->Unit(benchmark::kMicrosecond)
+          ->MinTime(0.2)
+          ->UseManualTime();
+    }
 }
 
 /// The logit gradient (routing, aux and z terms) of each model's routing with capacity 1.25, on
@@ -323,6 +360,7 @@ void register_rows() {
 int main(int argc, char** argv) {
   register_gating();
   register_dispatch();
+  register_routing_call();
   register_gating_backward();
   register_rows();
   benchmark::Initialize(&argc, argv);
