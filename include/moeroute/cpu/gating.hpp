@@ -70,11 +70,22 @@ MOEROUTE_PRECISE_FP_END
   return E <= 128 ? 4 : 1;
 }
 
+/// True when the sanitised logits and their exps (scratch rows x and ex) are read by no step
+/// after prepare: softmax scores made before the top-k and selected from (Qwen3, OLMoE), so
+/// finish reads P and the gates from the P row alone. Then tokens of a tile can share four
+/// x / ex rows (the tile's first four slots') and touch a third of the scratch.
+[[nodiscard]] inline bool scratch_dies_in_prepare(const routing_config& cfg) noexcept {
+  const auto& g = cfg.gating;
+  return g.score == score_function::softmax && g.stage != softmax_stage::after_topk &&
+         g.select == select_from::scores;
+}
+
 /// True when a tile's top-k is selected across its tokens at once (select_columns.hpp): AVX-512,
 /// 2 to 8 candidates per token from rows a multiple of 16 wide, up to E = 64 (measured at
-/// T = 16384: OLMoE (64, 8) 20 % and Megatron (64, 2) 4 % faster; no gain at E = 128, where
-/// 16 tokens' scratch rows outgrow L1, and a loss at 256, where a row's threshold leaves little
-/// to rank).
+/// T = 16384: OLMoE (64, 8) 20 % and Megatron (64, 2) 4 % faster. At E = 128 the selection
+/// itself is 0.3 ns per logit faster for Qwen3, but the other steps of a 16-token tile are as
+/// much slower, shared x / ex rows or not; at 256 row by row is faster, a row's threshold
+/// leaving little to rank).
 [[nodiscard]] inline bool selects_by_columns(const routing_config& cfg) noexcept {
 #if defined(MOEROUTE_CPU_SELECT_COLUMNS)
   const std::int32_t n = cfg.candidates_per_token(), E = cfg.num_experts;
@@ -565,21 +576,32 @@ template <class Element>
     [[maybe_unused]] const bool by_columns = detail::selects_by_columns(cfg);
     detail::gating_task_space slot[detail::max_gating_tile];
     for (std::int32_t r = 0; r < tile; ++r) slot[r] = space.task(i, r);
+    // steps 1-4 in sub-tiles of `front` tokens; where x and ex die in prepare, a sub-tile's
+    // tokens reuse the first sub-tile's x / ex rows (less scratch in L1)
+    const bool shared = tile > 4 && detail::scratch_dies_in_prepare(cfg);
+    const std::int32_t front = shared ? 4 : tile;
+    for (std::int32_t r = front; shared && r < tile; ++r) {
+      slot[r].x = slot[r % front].x;
+      slot[r].ex = slot[r % front].ex;
+    }
     detail::token_state st[detail::max_gating_tile];
-    // each step for the tile's tokens, then the next: the partial sums still take the tokens
-    // in order (finish), so the tile changes no bit
+    // each step for the (sub-)tile's tokens, then the next: the partial sums still take the
+    // tokens in order (finish), so the tile changes no bit
     for (std::int64_t v0 = begin; v0 < end; v0 += tile) {
       const auto n = static_cast<std::int32_t>(std::min<std::int64_t>(tile, end - v0));
-      for (std::int32_t r = 0; r < n; ++r) {
-        const std::int64_t v = v0 + r;
-        st[r].q = S > 0 ? v / L : 0;
-        st[r].t =
-            strided ? token_of_sequence(token_order::position_major, st[r].q, v % L, S, L) : v;
-        agent.load(slot[r], st[r]);
+      for (std::int32_t r0 = 0; r0 < n; r0 += front) {
+        const std::int32_t r1 = std::min(n, r0 + front);
+        for (std::int32_t r = r0; r < r1; ++r) {
+          const std::int64_t v = v0 + r;
+          st[r].q = S > 0 ? v / L : 0;
+          st[r].t =
+              strided ? token_of_sequence(token_order::position_major, st[r].q, v % L, S, L) : v;
+          agent.load(slot[r], st[r]);
+        }
+        for (std::int32_t r = r0; r < r1; ++r) agent.exponentiate(slot[r], st[r]);
+        for (std::int32_t r = r0; r < r1; ++r) agent.normalize(slot[r], st[r]);
+        for (std::int32_t r = r0; r < r1; ++r) agent.prepare(slot[r], st[r]);
       }
-      for (std::int32_t r = 0; r < n; ++r) agent.exponentiate(slot[r], st[r]);
-      for (std::int32_t r = 0; r < n; ++r) agent.normalize(slot[r], st[r]);
-      for (std::int32_t r = 0; r < n; ++r) agent.prepare(slot[r], st[r]);
 #if defined(MOEROUTE_CPU_SELECT_COLUMNS)
       if (by_columns)
         agent.select_columns(st, n);
