@@ -91,29 +91,35 @@ TEST_CASE("cpu dispatch: shape grid T x E x k", "[cpu][dispatch]") {
   CHECK(i > 100);
 }
 
-TEST_CASE("cpu dispatch: the selection path (value priority, token-index slots) over many tasks",
-          "[cpu][dispatch]") {
+TEST_CASE(
+    "cpu dispatch: the parallel path (token-major, or value priority with token-index "
+    "slots) over many tasks",
+    "[cpu][dispatch]") {
   // keeps_by_selection's configs at a T that spans several tasks of uneven length, so the
-  // per-task counts, the pair buckets and the per-expert selections all meet more than one task
+  // per-task counts, the ranks, the pair buckets and the per-expert selections all meet more
+  // than one task
   std::uint64_t seed = 500;
   int cases = 0;
   for (const auto& [E, k] : {std::pair{64, 2}, std::pair{8, 4}, std::pair{1, 1}})
-    for (priority prio : {priority::score_per_expert, priority::random})
-      for (drop_case drop : {drop_case::zero_weight, drop_case::residual})
-        for (int cap = 0; cap < static_cast<int>(cap_case::count); ++cap)
-          for (bool masked : {false, true}) {
-            case_spec s;
-            s.prio = prio;
-            s.drop = drop;
-            s.slots = slot_order::token_index;
-            s.cap = static_cast<cap_case>(cap);
-            s.masked = masked;
-            s.after_drop = (cap + (masked ? 1 : 0)) % 2 == 0;
-            REQUIRE(cpu::detail::keeps_by_selection(make_config(E, k, s, 5000), 5000));
-            check_case(5000, E, k, s, seed++);
-            ++cases;
-          }
-  CHECK(cases == 120);
+    for (priority prio : {priority::token_major, priority::score_per_expert, priority::random})
+      for (slot_order slots : {slot_order::token_index, slot_order::priority}) {
+        if (prio != priority::token_major && slots == slot_order::priority) continue;
+        for (drop_case drop : {drop_case::zero_weight, drop_case::residual})
+          for (int cap = 0; cap < static_cast<int>(cap_case::count); ++cap)
+            for (bool masked : {false, true}) {
+              case_spec s;
+              s.prio = prio;
+              s.drop = drop;
+              s.slots = slots;
+              s.cap = static_cast<cap_case>(cap);
+              s.masked = masked;
+              s.after_drop = (cap + (masked ? 1 : 0)) % 2 == 0;
+              REQUIRE(cpu::detail::keeps_by_selection(make_config(E, k, s, 5000), 5000));
+              check_case(5000, E, k, s, seed++);
+              ++cases;
+            }
+      }
+  CHECK(cases == 240);
 }
 
 TEST_CASE("cpu dispatch: golden peer cases", "[cpu][dispatch][golden]") {

@@ -10,10 +10,11 @@
 // that order grants slots (each expert's queue is its sub-sequence, already in order); the
 // dropped ones, in the same order, are the reroute order. No comparison sort anywhere.
 //
-// When nothing else reads that order — a value-keyed priority (score_per_expert, random), one
-// capacity group, no reroutes, slots by token index (Megatron's "probs" dropping) — only
-// *which* C requests each expert keeps matters: dispatch_by_selection.hpp, no sort at all,
-// parallel over tokens and over experts. The ordered path runs on the calling thread.
+// When nothing else reads that order — one capacity group, no reroutes, and token-major
+// priority or a value-keyed one (score_per_expert, random) with slots by token index
+// (Megatron's "probs" dropping) — only *which* C requests each expert keeps matters:
+// dispatch_by_selection.hpp, no sort at all, parallel over tokens (and over experts). The
+// ordered path runs on the calling thread.
 #pragma once
 
 #include <algorithm>

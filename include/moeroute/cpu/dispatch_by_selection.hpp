@@ -1,14 +1,17 @@
 // SPDX-License-Identifier: Apache-2.0
 // CPU backend: cpu::dispatch when the kept set alone decides every output (keeps_by_selection:
-// a value-keyed priority, one capacity group, no reroutes, slots by token index — Megatron's
-// "probs" dropping, DeepSpeed's score priority). Each expert then keeps every request when it
-// has room, and otherwise the C first in priority order: its C smallest (key, assignment)
-// pairs. Nothing needs a global order, so the work splits two ways, both fixed by the shapes:
+// one capacity group, no reroutes, and either token-major priority — the plain loop of
+// Switch, Mixtral, Qwen3, OLMoE, DeepSeek-V3 with a capacity — or a value-keyed priority with
+// slots by token index: Megatron's "probs" dropping, DeepSpeed's score priority). Each expert
+// then keeps its C first requests in priority order: under token-major priority those of rank
+// < C by assignment index; under a value key its C smallest (key, assignment) pairs (all of
+// them when it has room). Nothing needs a global order, so the work splits two ways, both
+// fixed by the shapes:
 //   - over tokens (tasks of consecutive tokens): checking, counting the requests of each
-//     expert per task, then writing every assignment — a kept one's slot is its rank by
-//     assignment index, known from the counts of the tasks before it;
-//   - over the over-subscribed experts: a selection of the C smallest pairs, then one walk of
-//     the expert's requests in assignment order to number the kept ones.
+//     expert per task, then writing every assignment — a request's rank among its expert's
+//     (the slot of a kept one) is known from the counts of the tasks before it;
+//   - value keys only: over the over-subscribed experts, a selection of the C smallest pairs,
+//     then one walk of the expert's requests in assignment order to number the kept ones.
 // Counts are integers summed per expert over tasks, so every output is the same for any number
 // of threads, and bit-identical to reference::dispatch.
 #pragma once
@@ -31,14 +34,17 @@
 namespace moeroute::cpu::detail {
 
 /// True when the kept set alone decides every output (see the file comment): an expert's
-/// kept requests are then its C first in priority order, found by selection, not by sorting.
+/// kept requests are then its C first in priority order, found by rank or by selection, not
+/// by sorting.
 [[nodiscard]] inline bool keeps_by_selection(const routing_config& cfg, std::int64_t tokens) {
   const auto& d = cfg.dispatch;
   const bool random_second = cfg.gating.second_expert.policy == second_expert_policy::random;
-  return (d.prio == priority::score_per_expert || d.prio == priority::random) &&
+  const bool keyed_by_token_index =
+      (d.prio == priority::score_per_expert || d.prio == priority::random) &&
+      d.slots == slot_order::token_index;
+  return (d.prio == priority::token_major || keyed_by_token_index) &&
          cfg.capacity_groups(tokens) == 1 && !random_second &&
-         (d.dropped == drop_policy::zero_weight || d.dropped == drop_policy::residual) &&
-         d.slots == slot_order::token_index;
+         (d.dropped == drop_policy::zero_weight || d.dropped == drop_policy::residual);
 }
 
 /// A float as a 32-bit key whose unsigned order is the float order *descending* (larger value
@@ -89,11 +95,12 @@ inline selection_space carve_selection_space(workspace_carver& w, const routing_
   const std::size_t n = static_cast<std::size_t>(tokens * cfg.top_k);
   const std::size_t E = static_cast<std::size_t>(cfg.num_experts);
   const std::size_t tasks = static_cast<std::size_t>(selection_tasks(tokens));
+  const std::size_t keyed = cfg.dispatch.prio == priority::token_major ? 0 : n;  // pairs
   selection_space s;
   s.counts = w.take<std::int64_t>(tasks * E);
   s.masked = w.take<std::int64_t>(tasks);
-  s.pairs = w.take<std::uint64_t>(n);
-  s.picked = w.take<std::uint64_t>(n);
+  s.pairs = w.take<std::uint64_t>(keyed);
+  s.picked = w.take<std::uint64_t>(keyed);
   s.bucket = w.take<std::int64_t>(E + 1);
   s.heavy = w.take<std::int32_t>(E);
   return s;
@@ -122,11 +129,16 @@ inline selection_space carve_selection_space(workspace_carver& w, const routing_
     std::int64_t masked = 0;
     for (std::int64_t t = t0; t < t1; ++t) {
       const std::int32_t* id = ids + t * k;
+      // in range and finite; distinct when the ids' bits mod 64 are (else compared pairwise)
       bool ok = true;
+      std::uint64_t seen = 0;
       for (std::int32_t j = 0; j < k; ++j) {
-        ok = ok && id[j] >= 0 && id[j] < E && std::isfinite(gates[t * k + j]);
-        for (std::int32_t i = 0; i < j; ++i) ok = ok && id[i] != id[j];
+        ok &= (id[j] >= 0) & (id[j] < E) & std::isfinite(gates[t * k + j]);
+        seen |= std::uint64_t{1} << (id[j] & 63);
       }
+      if (ok && std::popcount(seen) != k)
+        for (std::int32_t j = 1; j < k; ++j)
+          for (std::int32_t i = 0; i < j; ++i) ok &= id[i] != id[j];
       if (!ok) {
         w.masked[task] = -1;
         return;
@@ -158,18 +170,22 @@ inline selection_space carve_selection_space(workspace_carver& w, const routing_
   const std::int64_t C = expert_capacity(cfg, T, max_load);
   totals.capacity = C;
   totals.fallback_capacity = cfg.has_dedicated_fallback() ? cfg.dispatch.fallback.capacity : 0;
+  // (token-major: no pairs; every request's rank decides, an over-subscribed expert keeping
+  // those below C)
+  const bool by_rank = cfg.dispatch.prio == priority::token_major;
   const auto over = [&](std::int32_t e) { return C >= 0 && o.d_requested[e] > C; };
+  const auto paired = [&](std::int32_t e) { return !by_rank && over(e); };
   std::int32_t heavy = 0;
   w.bucket[0] = 0;
   for (std::int32_t e = 0; e < E; ++e) {
-    std::int64_t at = over(e) ? w.bucket[e] : 0;
+    std::int64_t at = paired(e) ? w.bucket[e] : 0;
     for (std::int64_t task = 0; task < tasks; ++task) {
       const std::int64_t c = w.counts[task * E + e];
       w.counts[task * E + e] = at;
       at += c;
     }
-    w.bucket[e + 1] = w.bucket[e] + (over(e) ? o.d_requested[e] : 0);
-    if (over(e)) w.heavy[heavy++] = e;
+    w.bucket[e + 1] = w.bucket[e] + (paired(e) ? o.d_requested[e] : 0);
+    if (paired(e)) w.heavy[heavy++] = e;
     const std::int64_t kept = over(e) ? C : o.d_requested[e];
     o.d_kept[e] = kept;
     o.d_rerouted[e] = 0;
@@ -186,28 +202,51 @@ inline selection_space carve_selection_space(workspace_carver& w, const routing_
     return o.d_requested[a] > o.d_requested[b];
   });
 
-  // 3. per task: every assignment written; an over-subscribed expert's requests become pairs
-  //    (dropped until the selection keeps them)
+  // 3. per task: every assignment written; token-major: kept while its rank is below C; value
+  //    keys: an over-subscribed expert's requests become pairs (dropped until the selection
+  //    keeps them)
   parallel_for(ex, tasks, [&](std::int64_t task) {
     std::int64_t t0 = 0, t1 = 0;
     task_range(T, tasks, task, t0, t1);
     std::int64_t* at = w.counts + task * E;
-    for (std::int64_t a = t0 * k; a < t1 * k; ++a) {
-      const std::int32_t e = ids[a];
-      const bool valid = p.d_valid == nullptr || p.d_valid[a / k] != 0;
-      const bool keep = valid && !over(e);
-      o.d_fate[a] = !valid ? fate::masked : (keep ? fate::kept : fate::dropped);
-      o.d_expert[a] = keep ? e : -1;
-      o.d_slot[a] = keep ? static_cast<std::int32_t>(at[e]) : -1;
-      o.d_weight[a] = keep ? gates[a] : 0.0f;
-      if (valid && !keep)
-        w.pairs[at[e]] =
-            std::uint64_t{priority_key(cfg, p, a)} << 32 | static_cast<std::uint64_t>(a);
-      at[e] += valid ? 1 : 0;
+    for (std::int64_t t = t0; t < t1; ++t) {  // (by token: no 64-bit division per assignment)
+      const bool valid = p.d_valid == nullptr || p.d_valid[t] != 0;
+      if (by_rank) {
+        // branch-free, by masks (under skew whether a request is below C is a coin toss to the
+        // branch predictor, and GCC turns `keep ? x : y` here into branches)
+        const std::int64_t step = valid ? 1 : 0;
+        const auto lost = static_cast<std::uint32_t>(valid ? fate::dropped : fate::masked);
+        for (std::int64_t a = t * k; a < (t + 1) * k; ++a) {
+          const std::int32_t e = ids[a];
+          const std::int64_t rank = at[e];
+          const auto keep = static_cast<std::uint32_t>(valid & ((C < 0) | (rank < C)));
+          const std::uint32_t all = 0u - keep;  // every bit when kept
+          static_assert(static_cast<std::uint32_t>(fate::kept) == 0);
+          o.d_fate[a] = static_cast<fate>(lost & ~all);
+          o.d_expert[a] = static_cast<std::int32_t>((static_cast<std::uint32_t>(e) & all) | ~all);
+          o.d_slot[a] = static_cast<std::int32_t>((static_cast<std::uint32_t>(rank) & all) | ~all);
+          o.d_weight[a] = std::bit_cast<float>(std::bit_cast<std::uint32_t>(gates[a]) & all);
+          at[e] = rank + step;
+        }
+        continue;
+      }
+      for (std::int64_t a = t * k; a < (t + 1) * k; ++a) {
+        const std::int32_t e = ids[a];
+        const bool keep = valid && !over(e);
+        o.d_fate[a] = !valid ? fate::masked : (keep ? fate::kept : fate::dropped);
+        o.d_expert[a] = keep ? e : -1;
+        o.d_slot[a] = keep ? static_cast<std::int32_t>(at[e]) : -1;
+        o.d_weight[a] = keep ? gates[a] : 0.0f;
+        if (valid && !keep)
+          w.pairs[at[e]] =
+              std::uint64_t{priority_key(cfg, p, a)} << 32 | static_cast<std::uint64_t>(a);
+        at[e] += valid ? 1 : 0;
+      }
     }
   });
 
-  // 4. per over-subscribed expert: the C smallest pairs (unique: the assignment breaks ties, as
+  // 4. value keys, per over-subscribed expert: the C smallest pairs (unique: the assignment breaks
+  // ties, as
   //    the stable sort of the reference's base order would), then its requests in assignment
   //    order, the kept ones numbered
   parallel_for_uneven(ex, heavy, [&](std::int64_t i) {
