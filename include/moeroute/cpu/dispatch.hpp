@@ -447,17 +447,8 @@ void counting_pass(std::int64_t m, std::int64_t digits, std::int64_t* count, Dig
 
   // 6. combine weights (the reference's arithmetic, in rank order)
   if (cfg.gating.renorm == renormalize::after_drop) {
-    for (std::int64_t t = 0; t < T; ++t) {
-      float sum = 0.0f;
-      for (std::int32_t j = 0; j < k; ++j)
-        if (holds_row(o.d_fate[t * k + j])) sum += gates[t * k + j];
-      for (std::int32_t j = 0; j < k; ++j) {
-        const std::int64_t a = t * k + j;
-        o.d_weight[a] = holds_row(o.d_fate[a])
-                            ? gates[a] / std::max(sum, FLT_EPSILON) * cfg.gating.scaling_factor
-                            : 0.0f;
-      }
-    }
+    for (std::int64_t t = 0; t < T; ++t)
+      detail::renormalized_weights(cfg, o.d_fate + t * k, gates + t * k, o.d_weight + t * k);
   } else {
     for (std::int64_t a = 0; a < n; ++a) o.d_weight[a] = holds_row(o.d_fate[a]) ? gates[a] : 0.0f;
   }

@@ -75,6 +75,20 @@ namespace moeroute::cpu::detail {
   return descending_key(v);
 }
 
+/// @brief One token's combine weights under renormalize::after_drop: its gates over the sum of
+///        those that hold a row (in rank order, the reference's arithmetic), 0 for the others.
+inline void renormalized_weights(const routing_config& cfg, const fate* fates, const float* gates,
+                                 float* weight) noexcept {
+  const std::int32_t k = cfg.top_k;
+  float sum = 0.0f;
+  for (std::int32_t j = 0; j < k; ++j)
+    if (holds_row(fates[j])) sum += gates[j];
+  for (std::int32_t j = 0; j < k; ++j)
+    weight[j] = holds_row(fates[j])
+                    ? gates[j] / std::max(sum, FLT_EPSILON) * cfg.gating.scaling_factor
+                    : 0.0f;
+}
+
 /// Tasks of consecutive tokens for the selection path (fixed by T alone).
 [[nodiscard]] inline std::int64_t selection_tasks(std::int64_t tokens) noexcept {
   return task_count(tokens, 1024, 64);
@@ -274,17 +288,8 @@ inline selection_space carve_selection_space(workspace_carver& w, const routing_
     parallel_for(ex, tasks, [&](std::int64_t task) {
       std::int64_t t0 = 0, t1 = 0;
       task_range(T, tasks, task, t0, t1);
-      for (std::int64_t t = t0; t < t1; ++t) {
-        float sum = 0.0f;
-        for (std::int32_t j = 0; j < k; ++j)
-          if (holds_row(o.d_fate[t * k + j])) sum += gates[t * k + j];
-        for (std::int32_t j = 0; j < k; ++j) {
-          const std::int64_t a = t * k + j;
-          o.d_weight[a] = holds_row(o.d_fate[a])
-                              ? gates[a] / std::max(sum, FLT_EPSILON) * cfg.gating.scaling_factor
-                              : 0.0f;
-        }
-      }
+      for (std::int64_t t = t0; t < t1; ++t)
+        renormalized_weights(cfg, o.d_fate + t * k, gates + t * k, o.d_weight + t * k);
     });
   *o.d_totals = totals;
   return true;

@@ -93,18 +93,12 @@ inline void top_n_columns_fixed(const float* const* rows, const std::uint8_t* co
     transpose16(col);
     for (std::int32_t c = 0; c < 16; ++c) {
       const __m512i low = _mm512_set1_epi64(0xffffffffLL - (b + c));
-      __m512i x = _mm512_or_si512(
-          _mm512_maskz_slli_epi64(
-              0xff,
-              _mm512_maskz_cvtepi32_epi64(0xff, _mm512_maskz_extracti64x4_epi64(0xf, col[c], 0)),
-              32),
-          low);
-      __m512i y = _mm512_or_si512(
-          _mm512_maskz_slli_epi64(
-              0xff,
-              _mm512_maskz_cvtepi32_epi64(0xff, _mm512_maskz_extracti64x4_epi64(0xf, col[c], 1)),
-              32),
-          low);
+      const auto keys = [&](const __m256i& half) {  // 8 rows' values: ordered bits above low
+        return _mm512_or_si512(
+            _mm512_maskz_slli_epi64(0xff, _mm512_maskz_cvtepi32_epi64(0xff, half), 32), low);
+      };
+      __m512i x = keys(_mm512_maskz_extracti64x4_epi64(0xf, col[c], 0));
+      __m512i y = keys(_mm512_maskz_extracti64x4_epi64(0xf, col[c], 1));
       for (std::int32_t j = 0; j < N; ++j) {
         const __m512i xl = _mm512_maskz_min_epi64(0xff, x, lo[j]),
                       yl = _mm512_maskz_min_epi64(0xff, y, hi[j]);
@@ -130,24 +124,13 @@ inline void top_n_columns_fixed(const float* const* rows, const std::uint8_t* co
 inline void top_n_columns(const float* const* rows, const std::uint8_t* const* allowed,
                           std::int32_t count, std::int32_t size, std::int32_t n,
                           std::int32_t* ids) noexcept {
-  switch (n) {
-    case 1:
-      return top_n_columns_fixed<1>(rows, allowed, count, size, ids);
-    case 2:
-      return top_n_columns_fixed<2>(rows, allowed, count, size, ids);
-    case 3:
-      return top_n_columns_fixed<3>(rows, allowed, count, size, ids);
-    case 4:
-      return top_n_columns_fixed<4>(rows, allowed, count, size, ids);
-    case 5:
-      return top_n_columns_fixed<5>(rows, allowed, count, size, ids);
-    case 6:
-      return top_n_columns_fixed<6>(rows, allowed, count, size, ids);
-    case 7:
-      return top_n_columns_fixed<7>(rows, allowed, count, size, ids);
-    default:
-      return top_n_columns_fixed<8>(rows, allowed, count, size, ids);
-  }
+  using fixed = void (*)(const float* const*, const std::uint8_t* const*, std::int32_t,
+                         std::int32_t, std::int32_t*) noexcept;
+  static constexpr fixed by_n[column_places] = {top_n_columns_fixed<1>, top_n_columns_fixed<2>,
+                                                top_n_columns_fixed<3>, top_n_columns_fixed<4>,
+                                                top_n_columns_fixed<5>, top_n_columns_fixed<6>,
+                                                top_n_columns_fixed<7>, top_n_columns_fixed<8>};
+  by_n[n - 1](rows, allowed, count, size, ids);
 }
 #endif
 
