@@ -97,6 +97,7 @@ inline void renormalized_weights(const routing_config& cfg, const fate* fates, c
 /// The selection path's workspace.
 struct selection_space {
   std::int64_t* counts = nullptr;   // [tasks * E] requests per (task, expert), then offsets
+  std::int64_t* stamps = nullptr;   // [tasks * E] the last token of the task naming each expert
   std::int64_t* masked = nullptr;   // [tasks] masked tokens per task; -1: the task saw bad input
   std::uint64_t* pairs = nullptr;   // [n] (key << 32 | assignment) of over-subscribed experts
   std::uint64_t* picked = nullptr;  // [n] a copy of them that the selection permutes
@@ -112,6 +113,7 @@ inline selection_space carve_selection_space(workspace_carver& w, const routing_
   const std::size_t keyed = cfg.dispatch.prio == priority::token_major ? 0 : n;  // pairs
   selection_space s;
   s.counts = w.take<std::int64_t>(tasks * E);
+  s.stamps = w.take<std::int64_t>(tasks * E);
   s.masked = w.take<std::int64_t>(tasks);
   s.pairs = w.take<std::uint64_t>(keyed);
   s.picked = w.take<std::uint64_t>(keyed);
@@ -139,20 +141,24 @@ inline selection_space carve_selection_space(workspace_carver& w, const routing_
     std::int64_t t0 = 0, t1 = 0;
     task_range(T, tasks, task, t0, t1);
     std::int64_t* count = w.counts + task * E;
+    std::int64_t* stamp = w.stamps + task * E;
     std::fill(count, count + E, std::int64_t{0});
+    std::fill(stamp, stamp + E, std::int64_t{-1});
     std::int64_t masked = 0;
     for (std::int64_t t = t0; t < t1; ++t) {
       const std::int32_t* id = ids + t * k;
-      // in range and finite; distinct when the ids' bits mod 64 are (else compared pairwise)
+      // in range and finite; distinct when the ids' bits mod 64 are (else by stamps)
       bool ok = true;
       std::uint64_t seen = 0;
       for (std::int32_t j = 0; j < k; ++j) {
         ok &= (id[j] >= 0) & (id[j] < E) & std::isfinite(gates[t * k + j]);
         seen |= std::uint64_t{1} << (id[j] & 63);
       }
-      if (ok && std::popcount(seen) != k)
-        for (std::int32_t j = 1; j < k; ++j)
-          for (std::int32_t i = 0; i < j; ++i) ok &= id[i] != id[j];
+      if (ok && std::popcount(seen) != k)  // the last token to name each expert: O(k)
+        for (std::int32_t j = 0; j < k; ++j) {
+          ok &= stamp[id[j]] != t;
+          stamp[id[j]] = t;
+        }
       if (!ok) {
         w.masked[task] = -1;
         return;
