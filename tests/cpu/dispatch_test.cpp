@@ -101,9 +101,15 @@ TEST_CASE(
   std::uint64_t seed = 500;
   int cases = 0;
   for (const auto& [E, k] : {std::pair{64, 2}, std::pair{8, 4}, std::pair{1, 1}})
-    for (priority prio : {priority::token_major, priority::score_per_expert, priority::random})
+    for (priority prio : {priority::token_major, priority::choice_major, priority::score_per_expert,
+                          priority::random})
       for (slot_order slots : {slot_order::token_index, slot_order::priority}) {
-        if (prio != priority::token_major && slots == slot_order::priority) continue;
+        // token-major: both slot orders; choice-major: slots in grant order; value keys: by
+        // token index
+        if (prio == priority::choice_major && slots == slot_order::token_index) continue;
+        if (prio != priority::token_major && prio != priority::choice_major &&
+            slots == slot_order::priority)
+          continue;
         for (drop_case drop : {drop_case::zero_weight, drop_case::residual})
           for (int cap = 0; cap < static_cast<int>(cap_case::count); ++cap)
             for (bool masked : {false, true}) {
@@ -119,7 +125,7 @@ TEST_CASE(
               ++cases;
             }
       }
-  CHECK(cases == 240);
+  CHECK(cases == 300);
 }
 
 TEST_CASE("cpu dispatch: golden peer cases", "[cpu][dispatch][golden]") {

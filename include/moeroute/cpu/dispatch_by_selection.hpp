@@ -1,12 +1,13 @@
 // SPDX-License-Identifier: Apache-2.0
 // CPU backend: cpu::dispatch when the kept set alone decides every output (keeps_by_selection:
-// one capacity group, no reroutes, and either token-major priority — the plain loop of
-// Switch, Mixtral, Qwen3, OLMoE, DeepSeek-V3 with a capacity — or a value-keyed priority with
-// slots by token index: Megatron's "probs" dropping, DeepSpeed's score priority). Each expert
-// then keeps its C first requests in priority order: under token-major priority those of rank
-// < C by assignment index; under a value key its C smallest (key, assignment) pairs (all of
-// them when it has room). Nothing needs a global order, so the work splits two ways, both
-// fixed by the shapes:
+// one capacity group, no reroutes, and token-major priority — the plain loop of Switch,
+// Mixtral, Qwen3, OLMoE, DeepSeek-V3 with a capacity — or choice-major priority with slots in
+// grant order — GShard / DeepSpeed / Tutel top-2 — or a value-keyed priority with slots by
+// token index: Megatron's "probs" dropping, DeepSpeed's score priority). Each expert then keeps
+// its C first requests in priority order: under token- and choice-major priority those of rank
+// < C (by assignment index; by choice rank, then token), the rank being the slot; under a value
+// key its C smallest (key, assignment) pairs (all of them when it has room). Nothing needs a global
+// order, so the work splits two ways, both fixed by the shapes:
 //   - over tokens (tasks of consecutive tokens): checking, counting the requests of each
 //     expert per task, then writing every assignment — a request's rank among its expert's
 //     (the slot of a kept one) is known from the counts of the tasks before it;
@@ -42,7 +43,9 @@ namespace moeroute::cpu::detail {
   const bool keyed_by_token_index =
       (d.prio == priority::score_per_expert || d.prio == priority::random) &&
       d.slots == slot_order::token_index;
-  return (d.prio == priority::token_major || keyed_by_token_index) &&
+  const bool choices_in_grant_order =
+      d.prio == priority::choice_major && d.slots == slot_order::priority;
+  return (d.prio == priority::token_major || choices_in_grant_order || keyed_by_token_index) &&
          cfg.capacity_groups(tokens) == 1 && !random_second &&
          (d.dropped == drop_policy::zero_weight || d.dropped == drop_policy::residual);
 }
@@ -89,6 +92,12 @@ inline void renormalized_weights(const routing_config& cfg, const fate* fates, c
                     : 0.0f;
 }
 
+/// Count rows per task: one per choice rank under choice-major priority (a request's rank
+/// among its expert's counts every lower choice rank first), else one.
+[[nodiscard]] inline std::int32_t count_rows(const routing_config& cfg) noexcept {
+  return cfg.dispatch.prio == priority::choice_major ? cfg.top_k : 1;
+}
+
 /// Tasks of consecutive tokens for the selection path (fixed by T alone).
 [[nodiscard]] inline std::int64_t selection_tasks(std::int64_t tokens) noexcept {
   return task_count(tokens, 1024, 64);
@@ -96,7 +105,8 @@ inline void renormalized_weights(const routing_config& cfg, const fate* fates, c
 
 /// The selection path's workspace.
 struct selection_space {
-  std::int64_t* counts = nullptr;   // [tasks * E] requests per (task, expert), then offsets
+  std::int64_t* counts = nullptr;   // [tasks * count_rows * E] requests per (task, choice rank
+                                    // or 1, expert), then offsets
   std::int64_t* stamps = nullptr;   // [tasks * E] the last token of the task naming each expert
   std::int64_t* masked = nullptr;   // [tasks] masked tokens per task; -1: the task saw bad input
   std::uint64_t* pairs = nullptr;   // [n] (key << 32 | assignment) of over-subscribed experts
@@ -110,9 +120,11 @@ inline selection_space carve_selection_space(workspace_carver& w, const routing_
   const std::size_t n = static_cast<std::size_t>(tokens * cfg.top_k);
   const std::size_t E = static_cast<std::size_t>(cfg.num_experts);
   const std::size_t tasks = static_cast<std::size_t>(selection_tasks(tokens));
-  const std::size_t keyed = cfg.dispatch.prio == priority::token_major ? 0 : n;  // pairs
+  const bool by_rank =
+      cfg.dispatch.prio == priority::token_major || cfg.dispatch.prio == priority::choice_major;
+  const std::size_t keyed = by_rank ? 0 : n;  // pairs
   selection_space s;
-  s.counts = w.take<std::int64_t>(tasks * E);
+  s.counts = w.take<std::int64_t>(tasks * static_cast<std::size_t>(count_rows(cfg)) * E);
   s.stamps = w.take<std::int64_t>(tasks * E);
   s.masked = w.take<std::int64_t>(tasks);
   s.pairs = w.take<std::uint64_t>(keyed);
@@ -130,6 +142,7 @@ inline selection_space carve_selection_space(workspace_carver& w, const routing_
   const std::int64_t T = p.tokens;
   const std::int32_t k = cfg.top_k, E = cfg.num_experts, ET = cfg.total_experts();
   const std::int64_t tasks = selection_tasks(T);
+  const std::int64_t K = count_rows(cfg);
   const std::int32_t* ids = p.gated.d_ids;
   const float* gates = p.gated.d_gates;
   const dispatch_result& o = p.out;
@@ -140,9 +153,9 @@ inline selection_space carve_selection_space(workspace_carver& w, const routing_
   parallel_for(ex, tasks, [&](std::int64_t task) {
     std::int64_t t0 = 0, t1 = 0;
     task_range(T, tasks, task, t0, t1);
-    std::int64_t* count = w.counts + task * E;
+    std::int64_t* count = w.counts + task * K * E;
     std::int64_t* stamp = w.stamps + task * E;
-    std::fill(count, count + E, std::int64_t{0});
+    std::fill(count, count + K * E, std::int64_t{0});
     std::fill(stamp, stamp + E, std::int64_t{-1});
     std::int64_t masked = 0;
     for (std::int64_t t = t0; t < t1; ++t) {
@@ -167,7 +180,7 @@ inline selection_space carve_selection_space(workspace_carver& w, const routing_
         ++masked;
         continue;
       }
-      for (std::int32_t j = 0; j < k; ++j) ++count[id[j]];
+      for (std::int32_t j = 0; j < k; ++j) ++count[(K > 1 ? j * E : 0) + id[j]];
     }
     w.masked[task] = masked;
   });
@@ -183,27 +196,30 @@ inline selection_space carve_selection_space(workspace_carver& w, const routing_
   std::int64_t max_load = 0;
   for (std::int32_t e = 0; e < E; ++e) {
     std::int64_t r = 0;
-    for (std::int64_t task = 0; task < tasks; ++task) r += w.counts[task * E + e];
+    for (std::int64_t row = 0; row < tasks * K; ++row) r += w.counts[row * E + e];
     o.d_requested[e] = r;
     max_load = std::max(max_load, r);
   }
   const std::int64_t C = expert_capacity(cfg, T, max_load);
   totals.capacity = C;
   totals.fallback_capacity = cfg.has_dedicated_fallback() ? cfg.dispatch.fallback.capacity : 0;
-  // (token-major: no pairs; every request's rank decides, an over-subscribed expert keeping
-  // those below C)
-  const bool by_rank = cfg.dispatch.prio == priority::token_major;
+  // (token- and choice-major: no pairs; every request's rank decides, an over-subscribed
+  // expert keeping those below C)
+  const bool by_rank =
+      cfg.dispatch.prio == priority::token_major || cfg.dispatch.prio == priority::choice_major;
   const auto over = [&](std::int32_t e) { return C >= 0 && o.d_requested[e] > C; };
   const auto paired = [&](std::int32_t e) { return !by_rank && over(e); };
   std::int32_t heavy = 0;
   w.bucket[0] = 0;
   for (std::int32_t e = 0; e < E; ++e) {
-    std::int64_t at = paired(e) ? w.bucket[e] : 0;
-    for (std::int64_t task = 0; task < tasks; ++task) {
-      const std::int64_t c = w.counts[task * E + e];
-      w.counts[task * E + e] = at;
-      at += c;
-    }
+    std::int64_t at = paired(e) ? w.bucket[e] : 0;  // choice rank outer, then task
+    for (std::int64_t j = 0; j < K; ++j)
+      for (std::int64_t task = 0; task < tasks; ++task) {
+        std::int64_t& c = w.counts[(task * K + j) * E + e];
+        const std::int64_t here = c;
+        c = at;
+        at += here;
+      }
     w.bucket[e + 1] = w.bucket[e] + (paired(e) ? o.d_requested[e] : 0);
     if (paired(e)) w.heavy[heavy++] = e;
     const std::int64_t kept = over(e) ? C : o.d_requested[e];
@@ -228,7 +244,7 @@ inline selection_space carve_selection_space(workspace_carver& w, const routing_
   parallel_for(ex, tasks, [&](std::int64_t task) {
     std::int64_t t0 = 0, t1 = 0;
     task_range(T, tasks, task, t0, t1);
-    std::int64_t* at = w.counts + task * E;
+    std::int64_t* const at_task = w.counts + task * K * E;
     for (std::int64_t t = t0; t < t1; ++t) {  // (by token: no 64-bit division per assignment)
       const bool valid = p.d_valid == nullptr || p.d_valid[t] != 0;
       if (by_rank) {
@@ -236,7 +252,9 @@ inline selection_space carve_selection_space(workspace_carver& w, const routing_
         // branch predictor, and GCC turns `keep ? x : y` here into branches)
         const std::int64_t step = valid ? 1 : 0;
         const auto lost = static_cast<std::uint32_t>(valid ? fate::dropped : fate::masked);
-        for (std::int64_t a = t * k; a < (t + 1) * k; ++a) {
+        for (std::int32_t j = 0; j < k; ++j) {
+          const std::int64_t a = t * k + j;
+          std::int64_t* at = at_task + (K > 1 ? j * E : 0);
           const std::int32_t e = ids[a];
           const std::int64_t rank = at[e];
           const auto keep = static_cast<std::uint32_t>(valid & ((C < 0) | (rank < C)));
@@ -250,6 +268,7 @@ inline selection_space carve_selection_space(workspace_carver& w, const routing_
         }
         continue;
       }
+      std::int64_t* at = at_task;  // (value keys: one count row)
       for (std::int64_t a = t * k; a < (t + 1) * k; ++a) {
         const std::int32_t e = ids[a];
         const bool keep = valid && !over(e);
