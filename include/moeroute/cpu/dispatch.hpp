@@ -210,7 +210,9 @@ void counting_pass(std::int64_t m, std::int64_t digits, std::int64_t* count, Dig
   workspace_carver carver(workspace, workspace_bytes);
   const detail::dispatch_space w = detail::carve_dispatch_space(carver, cfg, p.tokens);
   if (select) {
-    if (detail::dispatch_by_selection(cfg, p, w.selection, ex)) return status::success();
+    if (detail::count_rows(cfg) > 1 ? detail::dispatch_by_selection<true>(cfg, p, w.selection, ex)
+                                    : detail::dispatch_by_selection<false>(cfg, p, w.selection, ex))
+      return status::success();
     // bad input, nothing written: the serial checks name it
     if (auto s = detail::validate_values(cfg, p); !s) return s;
     if (auto s =
