@@ -13,9 +13,8 @@
 // When nothing else reads that order — one capacity group, no reroutes, and token-major
 // priority, choice-major with slots in grant order, or a value-keyed one (score_per_expert,
 // random) with slots by token index (Megatron's "probs" dropping) — only *which* C requests
-// each expert keeps matters:
-// dispatch_by_selection.hpp, no sort at all, parallel over tokens (and over experts). The
-// ordered path runs on the calling thread.
+// each expert keeps matters: dispatch_by_selection.hpp, no sort at all, parallel over tokens
+// (and over experts). The ordered path runs on the calling thread.
 #pragma once
 
 #include <algorithm>

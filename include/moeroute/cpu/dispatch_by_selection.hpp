@@ -92,6 +92,12 @@ inline void renormalized_weights(const routing_config& cfg, const fate* fates, c
                     : 0.0f;
 }
 
+/// True when a request's rank among its expert's decides whether it is kept (token-major and
+/// choice-major priority: no pairs, no selection); else value keys pick the kept ones.
+[[nodiscard]] inline bool kept_by_rank(const routing_config& cfg) noexcept {
+  return cfg.dispatch.prio == priority::token_major || cfg.dispatch.prio == priority::choice_major;
+}
+
 /// Count rows per task: one per choice rank under choice-major priority (a request's rank
 /// among its expert's counts every lower choice rank first), else one.
 [[nodiscard]] inline std::int32_t count_rows(const routing_config& cfg) noexcept {
@@ -120,9 +126,7 @@ inline selection_space carve_selection_space(workspace_carver& w, const routing_
   const std::size_t n = static_cast<std::size_t>(tokens * cfg.top_k);
   const std::size_t E = static_cast<std::size_t>(cfg.num_experts);
   const std::size_t tasks = static_cast<std::size_t>(selection_tasks(tokens));
-  const bool by_rank =
-      cfg.dispatch.prio == priority::token_major || cfg.dispatch.prio == priority::choice_major;
-  const std::size_t keyed = by_rank ? 0 : n;  // pairs
+  const std::size_t keyed = kept_by_rank(cfg) ? 0 : n;  // pairs
   selection_space s;
   s.counts = w.take<std::int64_t>(tasks * static_cast<std::size_t>(count_rows(cfg)) * E);
   s.stamps = w.take<std::int64_t>(tasks * E);
@@ -208,8 +212,7 @@ template <bool PerChoice>
   totals.fallback_capacity = cfg.has_dedicated_fallback() ? cfg.dispatch.fallback.capacity : 0;
   // (token- and choice-major: no pairs; every request's rank decides, an over-subscribed
   // expert keeping those below C)
-  const bool by_rank =
-      cfg.dispatch.prio == priority::token_major || cfg.dispatch.prio == priority::choice_major;
+  const bool by_rank = kept_by_rank(cfg);
   const auto over = [&](std::int32_t e) { return C >= 0 && o.d_requested[e] > C; };
   const auto paired = [&](std::int32_t e) { return !by_rank && over(e); };
   std::int32_t heavy = 0;
@@ -286,10 +289,9 @@ template <bool PerChoice>
     }
   });
 
-  // 4. value keys, per over-subscribed expert: the C smallest pairs (unique: the assignment breaks
-  // ties, as
-  //    the stable sort of the reference's base order would), then its requests in assignment
-  //    order, the kept ones numbered
+  // 4. value keys, per over-subscribed expert: the C smallest pairs (unique: the assignment
+  //    breaks ties, as the stable sort of the reference's base order would), then its requests
+  //    in assignment order, the kept ones numbered
   parallel_for_uneven(ex, heavy, [&](std::int64_t i) {
     const std::int32_t e = w.heavy[i];
     if (C == 0) return;  // every request stays dropped

@@ -354,7 +354,7 @@ struct gating_agent {
     const std::int32_t n = k + R;
     std::int32_t* ids = n <= select_small_max ? st.chosen : s.order;
     top_n(st.sel, E, st.allowed, n, nullptr, ids, s.keys);
-    chosen(st, ids);
+    write_ids(st, ids);
   }
 #if defined(MOEROUTE_CPU_SELECT_COLUMNS)
   // the same for `count` tokens of a tile at once (selects_by_columns)
@@ -370,11 +370,12 @@ struct gating_agent {
     top_n_columns(rows, allowed, count, E, n, ids);
     for (std::int32_t r = 0; r < count; ++r) {
       std::copy(ids + r * n, ids + (r + 1) * n, st[r].chosen);
-      chosen(st[r], st[r].chosen);
+      write_ids(st[r], st[r].chosen);
     }
   }
 #endif
-  void chosen(token_state& st, std::int32_t* ids) const {
+  // the chosen ids into the outputs (k routed, then R reroute candidates)
+  void write_ids(token_state& st, std::int32_t* ids) const {
     const gating_result& o = p.out;
     const std::int64_t t = st.t;
     for (std::int32_t j = 0; j < k; ++j) o.d_ids[t * k + j] = ids[j];
@@ -583,10 +584,11 @@ template <class Element>
     [[maybe_unused]] const bool by_columns = detail::selects_by_columns(cfg);
     detail::gating_task_space slot[detail::max_gating_tile];
     for (std::int32_t r = 0; r < tile; ++r) slot[r] = space.task(i, r);
-    // steps 1-4 in sub-tiles of `front` tokens; where x and ex die in prepare, a sub-tile's
-    // tokens reuse the first sub-tile's x / ex rows (less scratch in L1)
-    const bool shared = tile > 4 && detail::scratch_dies_in_prepare(cfg);
-    const std::int32_t front = shared ? 4 : tile;
+    // steps 1-4 in sub-tiles of `front` tokens (the row-by-row tile); where x and ex die in
+    // prepare, a sub-tile's tokens reuse the first sub-tile's x / ex rows (less scratch in L1)
+    const std::int32_t row_tile = detail::gating_tile(E);
+    const bool shared = tile > row_tile && detail::scratch_dies_in_prepare(cfg);
+    const std::int32_t front = shared ? row_tile : tile;
     for (std::int32_t r = front; shared && r < tile; ++r) {
       slot[r].x = slot[r % front].x;
       slot[r].ex = slot[r % front].ex;
