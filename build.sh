@@ -6,6 +6,9 @@
 #   ./build.sh bench         build Release, run the capacity sweep and the kernel benchmarks
 #   ./build.sh examples      build and run the examples
 #   ./build.sh gpu-check DIR on a GPU machine: GPU tests, compute-sanitizer, GPU benchmarks
+#                            (add --prebuilt BUNDLE to run binaries built elsewhere, no installs)
+#   ./build.sh gpu-bundle [DIR]  build the GPU check's binaries here and pack them for such a
+#                            machine (default build/gpu-bundle)
 #   ./build.sh python        `pip install .` into build/python-venv, then the Python tests on it
 set -euo pipefail
 cd "$(dirname "$0")"
@@ -74,14 +77,28 @@ cmd_examples() {
 }
 
 cmd_gpu_check() {
-  local out=${1:?usage: ./build.sh gpu-check DIR}
+  local out=${1:?usage: ./build.sh gpu-check DIR [--prebuilt BUNDLE]}
+  # A prebuilt bundle runs as it is: the GPU machine may have none of our packages and no
+  # network, so nothing is installed.
+  [ "${2:-}" = --prebuilt ] || install_deps
+  tests/gpu_check.sh "$@"
+}
+
+# The GPU check's binaries, built here for sm_90 and packed with the shared libraries they need
+# (tests/gpu_bundle.sh), for a GPU machine without our packages: carry DIR there and run
+# `./build.sh gpu-check OUT --prebuilt DIR`.
+cmd_gpu_bundle() {
+  local dir=${1:-build/gpu-bundle} build=build/gpu-prebuilt
   install_deps
-  if [ -x tests/gpu_check.sh ]; then
-    tests/gpu_check.sh "$out"
-  else
-    echo "gpu-check: tests/gpu_check.sh missing" >&2
-    exit 1
-  fi
+  log "configure ($build: Release, sm_90)"
+  cmake -S . -B "$build" -DCMAKE_BUILD_TYPE=Release -DCMAKE_CUDA_ARCHITECTURES=90 \
+    -DMOEROUTE_ENABLE_CUDA=ON -DMOEROUTE_BUILD_TESTS=ON -DMOEROUTE_BUILD_BENCHMARKS=ON \
+    -DMOEROUTE_BUILD_EXAMPLES=ON -DMOEROUTE_BUILD_PYTHON=OFF -DMOEROUTE_ENABLE_MPI=OFF >/dev/null
+  log "build the GPU check's binaries ($JOBS jobs)"
+  cmake --build "$build" -j "$JOBS" --target cuda_tests bench_kernels_cuda bench_ep_cuda \
+    ep_nccl_tests example_cuda_gating example_cuda_dispatch example_switch_top1 \
+    example_mixtral_dropless example_deepseek_v3 example_ep_nccl
+  tests/gpu_bundle.sh "$build" "$dir"
 }
 
 # The Python package as a user installs it: `pip install .` (scikit-build-core and pybind11
@@ -103,6 +120,7 @@ case "${1:-test}" in
   bench) cmd_bench ;;
   examples) cmd_examples ;;
   gpu-check) shift; cmd_gpu_check "$@" ;;
+  gpu-bundle) shift; cmd_gpu_bundle "$@" ;;
   python) cmd_python ;;
-  *) echo "usage: $0 test|bench|examples|python|gpu-check DIR" >&2; exit 2 ;;
+  *) echo "usage: $0 test|bench|examples|python|gpu-check DIR [--prebuilt BUNDLE]|gpu-bundle [DIR]" >&2; exit 2 ;;
 esac
