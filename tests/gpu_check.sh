@@ -144,7 +144,7 @@ else
   export LD_LIBRARY_PATH="$LIBS${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
   # Where this machine's C runtime is older than the one the bundle was linked against, run
   # every binary through the bundle's own loader and C runtime.
-  if "$PREBUILT/bin/cuda_tests" --list-tags 2>&1 | grep -q "GLIBC_[0-9.]*' not found"; then
+  if "$PREBUILT/bin/cuda_tests" --help 2>&1 | grep -q "GLIBC_[0-9.]*' not found"; then
     RUN=("$PREBUILT/lib/libc/ld-linux-x86-64.so.2" --library-path "$PREBUILT/lib/libc:$LIBS")
   fi
   {
@@ -158,7 +158,7 @@ else
     local b rc bad=""
     for b in "$PREBUILT"/bin/*; do
       case "$(basename "$b")" in
-        cuda_tests) "${RUN[@]}" "$b" --list-tags >/dev/null 2>>"$OUT/bundle.log" ;;
+        cuda_tests) "${RUN[@]}" "$b" --help >/dev/null 2>>"$OUT/bundle.log" ;;
         bench_*) "${RUN[@]}" "$b" --benchmark_list_tests=true >/dev/null 2>>"$OUT/bundle.log" ;;
         *) LD_TRACE_LOADED_OBJECTS=1 "${RUN[@]}" "$b" >>"$OUT/bundle.log" 2>&1 ;;
       esac

@@ -1,9 +1,9 @@
 // SPDX-License-Identifier: Apache-2.0
-// One rank of the device expert-parallel check, for any transport that is both a host
-// ep::transport (make_plan, the host path) and a device_transport (the device launchers): the
-// one-GPU loopback (ep_loopback_test.cu) and NCCL (tests/ep/nccl_smoke.cu). The host path on the
-// same plan gives the expected values: received and returned rows, the output and the
-// gradients bit for bit, the weight gradient to 1e-5 (as the single-device combine_backward).
+// One rank of the device expert-parallel check: a device_transport for the device launchers and
+// a host ep::transport for make_plan and the host path (one object on the one-GPU loopback,
+// ep_loopback_test.cu; NCCL beside a host loopback group, tests/ep/nccl_smoke.cu). The host path on
+// the same plan gives the expected values: received and returned rows, the output and the gradients
+// bit for bit, the weight gradient to 1e-5 (as the single-device combine_backward).
 #pragma once
 
 #include <cstdint>
@@ -32,8 +32,12 @@ using moeroute::cuda::device_buffer;
 template <class D>
 using host_of = std::conditional_t<std::is_same_v<D, float>, float, moeroute::bf16_bits>;
 
+/// `t` carries the device launchers' rows; `host` (the same ranks, in the same order) the host
+/// path's and the plan's counts. They are one transport on the loopback; NCCL moves device rows
+/// only, so its check takes a host loopback group beside it.
 template <class D, class Transport>
-std::vector<std::string> device_vs_host(Transport& t, cudaStream_t stream, const eo::scenario& s) {
+std::vector<std::string> device_vs_host(Transport& t, ep::transport& host, cudaStream_t stream,
+                                        const eo::scenario& s) {
   using H = host_of<D>;
   eo::report rep;
   rep.where = s.name + " R=" + std::to_string(t.ranks()) + " rank " + std::to_string(t.rank());
@@ -42,7 +46,7 @@ std::vector<std::string> device_vs_host(Transport& t, cudaStream_t stream, const
   const eo::rank_routing rr = eo::route_rank(s, t.ranks(), me);
   const eo::batch& b = rr.b;
   const std::int64_t t0 = rr.t0, n = rr.n;
-  const ep::plan p = ep::make_plan(t, s.cfg, rr.place, s.opt, rr.layout, d, sizeof(H));
+  const ep::plan p = ep::make_plan(host, s.cfg, rr.place, s.opt, rr.layout, d, sizeof(H));
 
   // The host path: the expected values.
   const auto x =
@@ -51,14 +55,14 @@ std::vector<std::string> device_vs_host(Transport& t, cudaStream_t stream, const
       eo::convert<H>(std::vector<float>(b.dy.begin() + t0 * d, b.dy.begin() + (t0 + n) * d));
   std::vector<std::byte> hws(ep::workspace_bytes(p));
   std::vector<H> recv(p.receive_rows * d), out, ret(p.send_total() * d), y(n * d);
-  ep::dispatch<H>(t, p, x, recv, hws);
+  ep::dispatch<H>(host, p, x, recv, hws);
   eo::run_experts(p.segment_offsets, p.segment_expert, recv, d, out);
-  ep::combine<H>(t, p, out, x, ret, y, hws);
+  ep::combine<H>(host, p, out, x, ret, y, hws);
   std::vector<H> g_out(p.receive_rows * d), g_recv, g_x(n * d);
   std::vector<float> g_w(n * k);
-  ep::combine_backward<H>(t, p, ret, dy, g_out, g_w, g_x, hws);
+  ep::combine_backward<H>(host, p, ret, dy, g_out, g_w, g_x, hws);
   eo::run_experts(p.segment_offsets, p.segment_expert, g_out, d, g_recv);
-  ep::dispatch_backward<H>(t, p, g_recv, g_x, hws, true);
+  ep::dispatch_backward<H>(host, p, g_recv, g_x, hws, true);
 
   // The device path on the same plan.
   device_buffer<std::byte> dplan(std::max<std::size_t>(ep::cuda::device_plan_bytes(p), 1));

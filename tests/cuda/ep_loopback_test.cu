@@ -20,8 +20,8 @@ TEST_CASE("ep device launchers on the one-GPU loopback equal the host path", "[c
     for (int bf16 = 0; bf16 < 2; ++bf16) {
       std::vector<std::vector<std::string>> failures(R);
       ep::cuda::loopback_group(R).run([&](ep::cuda::loopback_transport& t, cudaStream_t stream) {
-        failures[t.rank()] = bf16 ? device_vs_host<__nv_bfloat16>(t, stream, all[i])
-                                  : device_vs_host<float>(t, stream, all[i]);
+        failures[t.rank()] = bf16 ? device_vs_host<__nv_bfloat16>(t, t, stream, all[i])
+                                  : device_vs_host<float>(t, t, stream, all[i]);
       });
       for (std::int32_t r = 0; r < R; ++r) {
         INFO(all[i].name << (bf16 ? " [bf16]" : " [f32]") << " R=" << R << " rank " << r);

@@ -72,10 +72,17 @@ class device_buffer {
                           "cudaMemcpy H2D");
   }
   /// The device contents, copied to the host; synchronous.
-  [[nodiscard]] std::vector<T> download() const {
-    std::vector<T> host(n_);
-    if (n_)
-      throw_if_cuda_error(cudaMemcpy(host.data(), p_, bytes(), cudaMemcpyDeviceToHost),
+  [[nodiscard]] std::vector<T> download() const { return download(n_); }
+  /// The first `count` elements (<= size()), copied to the host; synchronous. For a buffer a
+  /// launcher fills only in part: copying the rest would read memory nothing wrote.
+  [[nodiscard]] std::vector<T> download(std::size_t count) const {
+    if (count > n_)
+      throw error(status::make(status_code::invalid_shape,
+                               "device_buffer::download: " + std::to_string(count) +
+                                   " elements of a buffer of " + std::to_string(n_)));
+    std::vector<T> host(count);
+    if (count)
+      throw_if_cuda_error(cudaMemcpy(host.data(), p_, count * sizeof(T), cudaMemcpyDeviceToHost),
                           "cudaMemcpy D2H");
     return host;
   }
