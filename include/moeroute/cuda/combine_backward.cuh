@@ -34,26 +34,37 @@ template <class Element>
 ///        rank order, no fma), d weight (warp dot products, fixed butterfly: reproducible, within
 ///        fp32 rounding of the reference) and the residual d x.
 /// @note Asynchronous, no allocation, no synchronisation, graph-capturable. No workspace.
+///       16-byte accesses when d * sizeof(Element) is a multiple of 16 and the buffers are
+///       16-byte aligned.
 ///       T = 0: the [T, .] pointers may be null; d_grad_expert_out (all padding rows) gets 0.
 template <class Element>
 [[nodiscard]] status combine_backward(const routing_config& cfg,
                                       const combine_backward_params<Element>& p,
                                       cudaStream_t stream = nullptr) {
   if (auto s = validate(cfg, p); !s) return s;
-  if (p.rows > 0 && p.hidden > 0)
-    if (auto s = launch("combine_backward_rows_kernel",
-                        kernels::combine_backward_rows_kernel<Element>, row_shape(p.rows, p.hidden),
-                        stream, p.d_dy, p.layout.d_row_token, p.layout.d_assignment_row,
-                        p.dispatched.d_weight, p.rows, cfg.top_k, p.hidden, p.d_grad_expert_out);
+  constexpr int V16 = kernels::vec16_elems<Element>;
+  const bool v16 =
+      kernels::can_vectorize<Element>(p.hidden, p.d_dy, p.d_expert_out, p.d_grad_expert_out) &&
+      kernels::can_vectorize<Element>(p.hidden, p.d_grad_x);
+  if (p.rows > 0 && p.hidden > 0) {
+    const auto rows_kernel = v16 ? kernels::combine_backward_rows_kernel<Element, V16>
+                                 : kernels::combine_backward_rows_kernel<Element, 1>;
+    if (auto s = launch("combine_backward_rows_kernel", rows_kernel,
+                        row_shape(p.rows, v16 ? p.hidden / V16 : p.hidden), stream, p.d_dy,
+                        p.layout.d_row_token, p.layout.d_assignment_row, p.dispatched.d_weight,
+                        p.rows, cfg.top_k, p.hidden, p.d_grad_expert_out);
         !s)
       return s;
+  }
   if (p.tokens == 0) return status::success();
   launch_shape tokens_shape = row_shape(p.tokens, 0);
   tokens_shape.block = 128;  // four warps: one dot product each at a time
-  return launch("combine_backward_tokens_kernel", kernels::combine_backward_tokens_kernel<Element>,
-                tokens_shape, stream, p.d_dy, p.d_expert_out, p.layout.d_assignment_row,
-                p.dispatched.d_fate, p.tokens, cfg.top_k, p.hidden,
-                cfg.dispatch.dropped == drop_policy::residual, p.d_grad_weight, p.d_grad_x);
+  const auto tokens_kernel = v16 ? kernels::combine_backward_tokens_kernel<Element, V16>
+                                 : kernels::combine_backward_tokens_kernel<Element, 1>;
+  return launch("combine_backward_tokens_kernel", tokens_kernel, tokens_shape, stream, p.d_dy,
+                p.d_expert_out, p.layout.d_assignment_row, p.dispatched.d_fate, p.tokens, cfg.top_k,
+                p.hidden, cfg.dispatch.dropped == drop_policy::residual, p.d_grad_weight,
+                p.d_grad_x);
 }
 
 using moeroute::permute_backward_params;
@@ -69,6 +80,8 @@ template <class Element>
 
 /// @brief Permute backward: d x[t] = sum of d buf over token t's distinct rows in rank order
 ///        (fp32, no fma): bitwise equal to reference::permute_backward. No float atomics.
+///        16-byte accesses when d * sizeof(Element) is a multiple of 16 and both buffers are
+///        16-byte aligned.
 /// @note Asynchronous, no allocation, no synchronisation, graph-capturable. T = 0: no-op.
 template <class Element>
 [[nodiscard]] status permute_backward(const routing_config& cfg,
@@ -76,9 +89,13 @@ template <class Element>
                                       cudaStream_t stream = nullptr) {
   if (auto s = validate(cfg, p); !s) return s;
   if (p.tokens == 0 || p.hidden == 0) return status::success();
-  return launch("permute_backward_kernel", kernels::permute_backward_kernel<Element>,
-                row_shape(p.tokens, p.hidden), stream, p.d_grad_buf, p.layout.d_assignment_row,
-                p.tokens, cfg.top_k, p.hidden, p.accumulate, p.d_grad_x);
+  constexpr int V16 = kernels::vec16_elems<Element>;
+  const bool v16 = kernels::can_vectorize<Element>(p.hidden, p.d_grad_buf, p.d_grad_x);
+  return launch("permute_backward_kernel",
+                v16 ? kernels::permute_backward_kernel<Element, V16>
+                    : kernels::permute_backward_kernel<Element, 1>,
+                row_shape(p.tokens, v16 ? p.hidden / V16 : p.hidden), stream, p.d_grad_buf,
+                p.layout.d_assignment_row, p.tokens, cfg.top_k, p.hidden, p.accumulate, p.d_grad_x);
 }
 
 }  // namespace moeroute::cuda

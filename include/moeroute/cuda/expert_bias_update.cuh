@@ -29,14 +29,15 @@ using moeroute::expert_bias_update_params;
 ///        and recenter from cfg.gating.bias_update; the same arithmetic as
 ///        reference::expert_bias_update (bitwise). Loads accumulate on the device by adding each
 ///        micro-batch's dispatch counts (requested) once per micro-batch.
-/// @note Asynchronous, one thread (E <= 8192), no allocation, no synchronisation.
+/// @note Asynchronous, one block (E <= 8192), no allocation, no synchronisation.
 [[nodiscard]] inline status expert_bias_update(const routing_config& cfg,
                                                const expert_bias_update_params& p,
                                                cudaStream_t stream = nullptr) {
   if (auto s = validate(cfg, p); !s) return s;
-  return launch("expert_bias_update_kernel", kernels::expert_bias_update_kernel<>, {1, 1, 0},
-                stream, p.d_bias, p.d_load, cfg.num_experts, cfg.gating.bias_update.rate,
-                cfg.gating.bias_update.recenter);
+  constexpr int threads = 256;
+  return launch("expert_bias_update_kernel", kernels::expert_bias_update_kernel<threads>,
+                {1, threads, 0}, stream, p.d_bias, p.d_load, cfg.num_experts,
+                cfg.gating.bias_update.rate, cfg.gating.bias_update.recenter);
 }
 
 }  // namespace moeroute::cuda

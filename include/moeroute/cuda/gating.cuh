@@ -135,8 +135,8 @@ template <class Element>
   }
   constexpr int threads = 256;
   return launch("gating_reduce_kernel", kernels::gating_reduce_kernel<threads>,
-                {grid_for(cfg.num_experts, threads), threads, 0}, stream, a.part, plan.segments,
-                plan.pieces, cfg.num_experts, sums);
+                {kernels::gating_reduce_blocks<threads>(cfg.num_experts), threads, 0}, stream,
+                a.part, plan.segments, plan.pieces, cfg.num_experts, sums);
 }
 
 }  // namespace moeroute::cuda

@@ -12,8 +12,9 @@
 namespace moeroute::kernels {
 
 /// d expert_out[r, c] = sum over the assignments j of row r's token that hold r, in rank order,
-/// of w[t, j] * dy[t, c] (fp32, each multiply and add rounded on its own). Block-stride rows.
-template <class T>
+/// of w[t, j] * dy[t, c] (fp32, each multiply and add rounded on its own). Block-stride rows;
+/// threads over V-element chunks (V = vec16_elems<T>: 16-byte accesses, or 1).
+template <class T, int V>
 __global__ void combine_backward_rows_kernel(
     const T* __restrict__ dy,                         // [T, d]
     const std::int32_t* __restrict__ row_token,       // [rows]
@@ -21,25 +22,38 @@ __global__ void combine_backward_rows_kernel(
     const float* __restrict__ weight,                 // [T, k]
     std::int64_t rows, std::int32_t k, std::int64_t hidden,
     T* __restrict__ d_expert_out) {  // [rows, d]
+  using vec = element_vec<T, V>;
+  const std::int64_t chunks = hidden / V;
   for (std::int64_t r = blockIdx.x; r < rows; r += gridDim.x) {
     const std::int32_t t = row_token[r];
-    for (std::int64_t c = threadIdx.x; c < hidden; c += blockDim.x) {
-      float acc = 0.0f;
+    vec* out = reinterpret_cast<vec*>(d_expert_out + r * hidden);
+    for (std::int64_t c = threadIdx.x; c < chunks; c += blockDim.x) {
+      float acc[V];
+#pragma unroll
+      for (int i = 0; i < V; ++i) acc[i] = 0.0f;
       if (t >= 0) {
-        const float g = element_to_float(dy[static_cast<std::int64_t>(t) * hidden + c]);
+        float g[V];
+        load_elements<T, V>(dy + static_cast<std::int64_t>(t) * hidden + c * V, g);
         for (std::int32_t j = 0; j < k; ++j)
-          if (assignment_row[static_cast<std::int64_t>(t) * k + j] == r)
-            acc = __fadd_rn(acc, __fmul_rn(weight[static_cast<std::int64_t>(t) * k + j], g));
+          if (assignment_row[static_cast<std::int64_t>(t) * k + j] == r) {
+            const float w = weight[static_cast<std::int64_t>(t) * k + j];
+#pragma unroll
+            for (int i = 0; i < V; ++i) acc[i] = __fadd_rn(acc[i], __fmul_rn(w, g[i]));
+          }
       }
-      d_expert_out[r * hidden + c] = element_from_float<T>(acc);
+      vec o;
+#pragma unroll
+      for (int i = 0; i < V; ++i) o.v[i] = element_from_float<T>(acc[i]);
+      out[c] = o;
     }
   }
 }
 
 /// One block per token: warp w computes d weight of assignments j = w, w + warps, ... (lane
-/// partial sums over columns lane, lane + 32, ..., then a fixed butterfly); the whole block
-/// writes the residual pass-through d x (dy for a valid token with nothing kept, else 0).
-template <class T>
+/// partial sums over its V-element chunks lane, lane + 32, ..., then a fixed butterfly); the
+/// whole block writes the residual pass-through d x (dy for a valid token with nothing kept,
+/// else 0).
+template <class T, int V>
 __global__ void combine_backward_tokens_kernel(
     const T* __restrict__ dy,                         // [T, d]
     const T* __restrict__ expert_out,                 // [rows, d]
@@ -48,7 +62,9 @@ __global__ void combine_backward_tokens_kernel(
     std::int64_t tokens, std::int32_t k, std::int64_t hidden, bool residual,
     float* __restrict__ d_weight,  // [T, k]
     T* __restrict__ d_x) {         // [T, d] or null
+  using vec = element_vec<T, V>;
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, warps = blockDim.x >> 5;
+  const std::int64_t chunks = hidden / V;
   for (std::int64_t t = blockIdx.x; t < tokens; t += gridDim.x) {
     bool any = false;
     for (std::int32_t j = 0; j < k; ++j) any = any || assignment_row[t * k + j] >= 0;
@@ -57,9 +73,13 @@ __global__ void combine_backward_tokens_kernel(
       const bool live = row >= 0 && holds_row(fates[t * k + j]);
       float acc = 0.0f;
       if (live)
-        for (std::int64_t c = lane; c < hidden; c += 32)
-          acc = __fadd_rn(acc, __fmul_rn(element_to_float(dy[t * hidden + c]),
-                                         element_to_float(expert_out[row * hidden + c])));
+        for (std::int64_t c = lane; c < chunks; c += 32) {
+          float g[V], o[V];
+          load_elements<T, V>(dy + t * hidden + c * V, g);
+          load_elements<T, V>(expert_out + row * hidden + c * V, o);
+#pragma unroll
+          for (int i = 0; i < V; ++i) acc = __fadd_rn(acc, __fmul_rn(g[i], o[i]));
+        }
 #pragma unroll
       for (int off = 16; off > 0; off >>= 1)
         acc = __fadd_rn(acc, __shfl_xor_sync(0xffffffffu, acc, off));
@@ -67,31 +87,52 @@ __global__ void combine_backward_tokens_kernel(
     }
     if (d_x != nullptr) {
       const bool pass = residual && !any && k > 0 && fates[t * k] != fate::masked;
-      for (std::int64_t c = threadIdx.x; c < hidden; c += blockDim.x)
-        d_x[t * hidden + c] = pass ? dy[t * hidden + c] : element_zero<T>();
+      const vec* in = reinterpret_cast<const vec*>(dy + t * hidden);
+      vec* out = reinterpret_cast<vec*>(d_x + t * hidden);
+      vec z;
+#pragma unroll
+      for (int i = 0; i < V; ++i) z.v[i] = element_zero<T>();
+      for (std::int64_t c = threadIdx.x; c < chunks; c += blockDim.x) out[c] = pass ? in[c] : z;
     }
   }
 }
 
 /// d x[t, c] = (accumulate ? d x[t, c] : 0) + sum of d buf[row, c] over the distinct rows of
 /// token t in rank order (fp32, each add rounded on its own): equal to reference::permute_backward.
-template <class T>
+/// One block per token (grid-stride); threads over V-element chunks.
+template <class T, int V>
 __global__ void permute_backward_kernel(const T* __restrict__ d_buf,  // [rows, d]
                                         const std::int64_t* __restrict__ assignment_row,  // [T, k]
                                         std::int64_t tokens, std::int32_t k, std::int64_t hidden,
                                         bool accumulate, T* __restrict__ d_x) {  // [T, d]
+  using vec = element_vec<T, V>;
+  const std::int64_t chunks = hidden / V;
   for (std::int64_t t = blockIdx.x; t < tokens; t += gridDim.x) {
     const std::int64_t* rows = assignment_row + t * k;
-    for (std::int64_t c = threadIdx.x; c < hidden; c += blockDim.x) {
-      float acc = accumulate ? element_to_float(d_x[t * hidden + c]) : 0.0f;
+    vec* out = reinterpret_cast<vec*>(d_x + t * hidden);
+    for (std::int64_t c = threadIdx.x; c < chunks; c += blockDim.x) {
+      float acc[V];
+      if (accumulate) {
+        load_elements<T, V>(d_x + t * hidden + c * V, acc);
+      } else {
+#pragma unroll
+        for (int i = 0; i < V; ++i) acc[i] = 0.0f;
+      }
       for (std::int32_t j = 0; j < k; ++j) {
         const std::int64_t row = rows[j];
         if (row < 0) continue;
         bool seen = false;
         for (std::int32_t i = 0; i < j; ++i) seen = seen || rows[i] == row;
-        if (!seen) acc = __fadd_rn(acc, element_to_float(d_buf[row * hidden + c]));
+        if (seen) continue;
+        float g[V];
+        load_elements<T, V>(d_buf + row * hidden + c * V, g);
+#pragma unroll
+        for (int i = 0; i < V; ++i) acc[i] = __fadd_rn(acc[i], g[i]);
       }
-      d_x[t * hidden + c] = element_from_float<T>(acc);
+      vec o;
+#pragma unroll
+      for (int i = 0; i < V; ++i) o.v[i] = element_from_float<T>(acc[i]);
+      out[c] = o;
     }
   }
 }

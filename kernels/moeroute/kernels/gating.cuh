@@ -10,7 +10,7 @@
 //
 // Determinism. No float atomics: each group accumulates its tokens' P into its own row of shared
 // memory (one owner lane per expert), the rows are added in group order, and the chunk partials
-// are added in chunk order by gating_reduce_kernel. Counts use integer atomics only.
+// are added in a fixed order by gating_reduce_kernel. Counts use integer atomics only.
 #pragma once
 
 #include <cstddef>

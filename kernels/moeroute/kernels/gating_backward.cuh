@@ -1,7 +1,10 @@
 // SPDX-License-Identifier: Apache-2.0
 // The router-logit gradient (cuda::gating_backward): the routing term (d combine weight through
 // the gates) and the aux, sequence-aux and z-loss terms, fused in one pass over each row.
-// Deterministic: no atomics; one thread per token, every sum in a fixed order, in double.
+// Deterministic: no atomics; one warp per token (lanes over the experts), every sum in a fixed
+// order in double: each lane's strided part, then a fixed butterfly whose lane-0 result all
+// lanes use. One thread per token, as this kernel began, ran E-long serial passes of double
+// exp: 0.2-0.7 ms at any T on an H200.
 // Formulas: docs/numerics.md ("Gradients"); semantics: reference::gating_backward.
 #pragma once
 
@@ -35,6 +38,15 @@ __device__ inline double score_deriv(score_function f, double x, double s) {
   if (f == score_function::sigmoid) return s * (1.0 - s);
   return s > 0.0 ? sigmoid(x) / (2.0 * s) : 0.0;
 }
+/// The warp's sum in a fixed butterfly, lane 0's result given to every lane.
+__device__ inline double warp_sum(double v) {
+  for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
+  return __shfl_sync(0xffffffffu, v, 0);
+}
+__device__ inline double warp_max(double v) {
+  for (int o = 16; o > 0; o >>= 1) v = fmax(v, __shfl_xor_sync(0xffffffffu, v, o));
+  return v;
+}
 
 }  // namespace bwd
 
@@ -64,8 +76,9 @@ __device__ inline double load_logit(const gating_backward_args<Element>& a, std:
   return static_cast<double>(element_to_float(a.logits[t * a.sem.experts + e]));
 }
 
-/// One thread per token; per element the routing, aux, sequence-aux and z terms, each computed
+/// One warp per token; per element the routing, aux, sequence-aux and z terms, each computed
 /// in double, rounded to float and added in that order (the order of reference::gating_backward).
+/// Block: whole warps.
 template <class Element>
 __global__ void gating_backward_kernel(const gating_backward_args<Element> a) {
   const gating_semantics& sem = a.sem;
@@ -86,13 +99,15 @@ __global__ void gating_backward_kernel(const gating_backward_args<Element> a) {
   }
   __syncthreads();
   const auto used_sequences = static_cast<std::int64_t>(s_used);
-  for (std::int64_t t = static_cast<std::int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
-       t < a.tokens; t += static_cast<std::int64_t>(gridDim.x) * blockDim.x) {
+  const int lane = static_cast<int>(threadIdx.x) % 32;
+  const std::int64_t warps = static_cast<std::int64_t>(gridDim.x) * (blockDim.x / 32);
+  for (std::int64_t t = (static_cast<std::int64_t>(blockIdx.x) * blockDim.x + threadIdx.x) / 32;
+       t < a.tokens; t += warps) {  // warp-uniform
     float* out = a.grad_logits + t * E;
     const bool valid = a.valid == nullptr || a.valid[t] != 0;
     if (!valid || Tvalid == 0) {
       if (!a.accumulate)
-        for (std::int32_t e = 0; e < E; ++e) out[e] = 0.0f;
+        for (std::int32_t e = lane; e < E; e += 32) out[e] = 0.0f;
       continue;
     }
     const std::int32_t* ids = a.gated.d_ids + t * k;
@@ -143,8 +158,10 @@ __global__ void gating_backward_kernel(const gating_backward_args<Element> a) {
         for (std::int32_t j = 0; j < k; ++j) gm = fmax(gm, xg(ids[j]));
         for (std::int32_t j = 0; j < k; ++j) gsum += exp(xg(ids[j]) - gm);
       } else if (sem.score == score_function::softmax) {
-        for (std::int32_t e = 0; e < E; ++e) gm = fmax(gm, xg(e));
-        for (std::int32_t e = 0; e < E; ++e) gsum += exp(xg(e) - gm);
+        for (std::int32_t e = lane; e < E; e += 32) gm = fmax(gm, xg(e));
+        gm = bwd::warp_max(gm);
+        for (std::int32_t e = lane; e < E; e += 32) gsum += exp(xg(e) - gm);
+        gsum = bwd::warp_sum(gsum);
       }
       if (sem.before_drop) {
         double sum = 0.0;
@@ -207,21 +224,29 @@ __global__ void gating_backward_kernel(const gating_backward_args<Element> a) {
     const double c_aux = a.aux_weight / (Tn * Tn), c_z = a.z_weight * 2.0 / Tn;
     auto clean = [&](std::int32_t e) { return bwd::sanitize(load_logit<Element>(a, t, e)); };
     if (aux || seq || zl) {
-      for (std::int32_t e = 0; e < E; ++e) cm = fmax(cm, clean(e));
-      for (std::int32_t e = 0; e < E; ++e) cse += exp(clean(e) - cm);
+      for (std::int32_t e = lane; e < E; e += 32) cm = fmax(cm, clean(e));
+      cm = bwd::warp_max(cm);
+      for (std::int32_t e = lane; e < E; e += 32) cse += exp(clean(e) - cm);
+      cse = bwd::warp_sum(cse);
     }
-    if ((aux || seq) && sem.score != score_function::softmax)
-      for (std::int32_t e = 0; e < E; ++e) ssum += bwd::score(sem.score, clean(e));
+    if ((aux || seq) && sem.score != score_function::softmax) {
+      for (std::int32_t e = lane; e < E; e += 32) ssum += bwd::score(sem.score, clean(e));
+      ssum = bwd::warp_sum(ssum);
+    }
     auto P_of = [&](std::int32_t e) {
       return sem.score == score_function::softmax
                  ? exp(clean(e) - cm) / cse
                  : bwd::score(sem.score, clean(e)) / (ssum + 1e-20);
     };
-    if (aux)
-      for (std::int32_t e = 0; e < E; ++e)
+    if (aux) {
+      for (std::int32_t e = lane; e < E; e += 32)
         dot_aux += c_aux * static_cast<double>(aux_count[e]) * P_of(e);
-    if (seq)
-      for (std::int32_t e = 0; e < E; ++e) dot_seq += gp_seq(e) * P_of(e);
+      dot_aux = bwd::warp_sum(dot_aux);
+    }
+    if (seq) {
+      for (std::int32_t e = lane; e < E; e += 32) dot_seq += gp_seq(e) * P_of(e);
+      dot_seq = bwd::warp_sum(dot_seq);
+    }
     // backward of P for a given dL/dP (gp) and sum_i gp_i P_i (dot)
     auto p_backward = [&](std::int32_t e, double gp, double dot) {
       const double x = clean(e);
@@ -231,7 +256,7 @@ __global__ void gating_backward_kernel(const gating_backward_args<Element> a) {
     };
     const double lse = cm + log(cse);
     // ---- one pass over the row
-    for (std::int32_t e = 0; e < E; ++e) {
+    for (std::int32_t e = lane; e < E; e += 32) {
       const double raw = load_logit<Element>(a, t, e);
       float v = a.accumulate ? out[e] : 0.0f;
       if (bwd::finite(raw)) {
