@@ -248,6 +248,8 @@ TOTAL=$(($(date +%s) - START))
 ALL=true
 ((FAILED)) && ALL=false
 COMMIT=$(git -C "$ROOT" rev-parse --short HEAD 2>/dev/null || echo unknown)
+# a bundle's binaries are what ran: its commit (the tree's .git may be absent or older there)
+[ -n "$PREBUILT" ] && COMMIT=$(awk '/^commit /{print substr($2, 1, 7) ($3 ? " " $3 " " $4 " " $5 : ""); exit}' "$PREBUILT/MANIFEST")
 printf '{"date":"%s","commit":"%s","device":"%s","dry_run":%s,"total_seconds":%s,"all_passed":%s,"steps":[%s]}\n' \
   "$(date -u +%Y-%m-%dT%H:%M:%SZ)" "$COMMIT" "$(json_escape "$DEVICE")" \
   "$([ "$DRY" = 1 ] && echo true || echo false)" "$TOTAL" "$ALL" "$STEPS_JSON" >"$OUT/summary.json"

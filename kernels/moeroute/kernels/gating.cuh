@@ -33,8 +33,11 @@ inline std::size_t gating_kernel_smem(int lanes, int warps, bool generic, int ex
 
 /// @brief The gating kernel. Grid: one block per chunk; Warps * 32 threads; dynamic shared
 ///        memory gating_kernel_smem(Lanes, Warps, Generic, E).
+///        The arguments are __grid_constant__: the agent keeps a reference to them, which
+///        otherwise makes nvcc copy the whole struct into local memory in every thread.
 template <class Element, int Lanes, int Slots, int Warps, bool Generic>
-__global__ void __launch_bounds__(Warps * 32) gating_kernel(const gating_kernel_args<Element> a) {
+__global__ void __launch_bounds__(Warps * 32)
+    gating_kernel(const __grid_constant__ gating_kernel_args<Element> a) {
   constexpr int Groups = Warps * (32 / Lanes);
   const int E = a.sem.experts;
   const int tid = static_cast<int>(threadIdx.x);

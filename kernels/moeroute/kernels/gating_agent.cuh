@@ -79,7 +79,7 @@ struct gating_agent {
   __device__ __forceinline__ void for_slots(F&& f) const {
 #pragma unroll Unroll
     for (int s = 0; s < Slots; ++s) {
-      if (s >= ns) break;
+      if (Generic && s >= ns) break;  // a register row: every slot, a compile-time count
       f(s);
     }
   }
@@ -92,7 +92,7 @@ struct gating_agent {
     int nonfinite = 0;
 #pragma unroll Unroll
     for (int s0 = 0; s0 < Slots; s0 += Vec) {
-      if (s0 >= ns) break;
+      if (Generic && s0 >= ns) break;
       const int e0 = expert(s0);
       float raw[Vec];
       if (Vec > 1 && a.vector_loads && e0 + Vec <= E) {

@@ -60,8 +60,9 @@ __device__ __forceinline__ void group_argmax(float& v, std::int32_t& i) {
   }
 }
 
-/// @brief Per-lane bit set over Slots register slots (one word per 32 slots).
-template <int Slots>
+/// @brief Per-lane bit set over Slots register slots (one word per 32 slots; a plain word up to
+///        32 slots, so that a run-time slot number never indexes an array).
+template <int Slots, bool OneWord = (Slots <= 32)>
 struct slot_mask {
   static constexpr int words = (Slots + 31) / 32;
   std::uint32_t w[words];
@@ -71,6 +72,13 @@ struct slot_mask {
   }
   __device__ __forceinline__ bool test(int s) const { return (w[s >> 5] >> (s & 31)) & 1u; }
   __device__ __forceinline__ void set(int s) { w[s >> 5] |= 1u << (s & 31); }
+};
+template <int Slots>
+struct slot_mask<Slots, true> {
+  std::uint32_t w;
+  __device__ __forceinline__ void clear() { w = 0u; }
+  __device__ __forceinline__ bool test(int s) const { return (w >> s) & 1u; }
+  __device__ __forceinline__ void set(int s) { w |= 1u << s; }
 };
 
 /// @brief arr[slot] for a slot known only at run time: a select chain over registers when the
@@ -139,7 +147,9 @@ __device__ __forceinline__ void topk(const float (&v)[Slots], int ns, int n, Eli
     lane_slot = -1;
 #pragma unroll Unroll
     for (int s = 0; s < Slots; ++s) {
-      if (s >= ns) break;
+      if (Indexed && s >= ns)
+        break;  // registers: ns == Slots; a runtime bound here made
+                // nvcc keep the row in local memory
       if (!taken.test(s) && eligible(s) && (lane_index == no_index || v[s] > lane_value)) {
         lane_value = v[s];
         lane_index = Row::index(lane, s);

@@ -33,12 +33,14 @@
 #undef __forceinline__
 #undef __noinline__
 #undef __launch_bounds__
+#undef __grid_constant__
 #define __global__
 #define __device__
 #define __host__
 #define __shared__ static  // one block runs at a time, so a static is that block's variable
 #define __forceinline__ inline
 #define __noinline__  // (libstdc++ spells __attribute__((__noinline__)); empty keeps that valid)
+#define __grid_constant__
 #define __launch_bounds__(...)
 
 // ---- built-in variables ----------------------------------------------------------------------
