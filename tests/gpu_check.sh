@@ -14,7 +14,7 @@
 #   5. cuda_tests "[quick]" under compute-sanitizer memcheck, racecheck, initcheck, synccheck
 #   6. "[scale]" (skipped, exit 77, without ~12 GB of free device memory) and "[soak]" with
 #      MOEROUTE_SOAK_SECONDS
-# and writes one log per step plus DIR/summary.json. Benchmarks run before the sanitizers so a
+# and writes one log per step plus DIR/summary.json, and all of it as DIR.tgz. Benchmarks run before the sanitizers so a
 # tight budget cuts the slowest checks last, never the numbers.
 #
 # The [quick] tag: GPU test cases small enough to run under compute-sanitizer. Any GPU test
@@ -253,6 +253,8 @@ COMMIT=$(git -C "$ROOT" rev-parse --short HEAD 2>/dev/null || echo unknown)
 printf '{"date":"%s","commit":"%s","device":"%s","dry_run":%s,"total_seconds":%s,"all_passed":%s,"steps":[%s]}\n' \
   "$(date -u +%Y-%m-%dT%H:%M:%SZ)" "$COMMIT" "$(json_escape "$DEVICE")" \
   "$([ "$DRY" = 1 ] && echo true || echo false)" "$TOTAL" "$ALL" "$STEPS_JSON" >"$OUT/summary.json"
-echo "gpu-check: summary in $OUT/summary.json (${TOTAL}s, all_passed=$ALL)"
+# every log in one file beside DIR (a device runner may bring back only a few files)
+tar czf "$OUT.tgz" -C "$OUT" . 2>/dev/null || true
+echo "gpu-check: summary in $OUT/summary.json, every log in $OUT.tgz (${TOTAL}s, all_passed=$ALL)"
 ((FAILED)) && exit 1
 exit 0
