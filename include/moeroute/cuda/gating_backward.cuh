@@ -39,9 +39,10 @@ template <class Element>
 ///        reference::gating_backward; math in double.
 /// @return success, invalid_* (naming the field) or cuda_error.
 /// @note Asynchronous, no allocation, no synchronisation, graph-capturable. One warp per
-///       token, fixed order (each sum over the experts: strided lane parts, then a fixed
-///       butterfly): bitwise reproducible, within ~1e-16 relative of the reference's sequential
-///       double sums before the float rounding. Cost O(E k + S) per token. T = 0: no-op.
+///       token (one thread for E <= 16), fixed order (each sum over the experts: strided lane
+///       parts, then a fixed butterfly): bitwise reproducible, within ~1e-16 relative of the
+///       reference's sequential double sums before the float rounding (equal in order for
+///       E <= 16). Cost O(E k + S) per token. T = 0: no-op.
 ///       Padding tokens get 0 (written) or nothing (accumulate). Non-finite logits get 0.
 template <class Element>
 [[nodiscard]] status gating_backward(const routing_config& cfg,
@@ -72,8 +73,11 @@ template <class Element>
   a.z_weight = cfg.loss.z_coefficient != 0.0f ? p.weights.z * cfg.loss.z_coefficient : 0.0;
   a.accumulate = p.accumulate;
   a.grad_logits = p.d_grad_logits;
-  constexpr int threads = 128;  // four warps, a token each
-  return launch("gating_backward_kernel", kernels::gating_backward_kernel<Element>,
+  constexpr int threads = 128;
+  if (cfg.num_experts <= 16)  // a thread per token: a warp's lanes would mostly idle
+    return launch("gating_backward_kernel", kernels::gating_backward_kernel<Element, 1>,
+                  {grid_for(p.tokens, threads), threads, 0}, stream, a);
+  return launch("gating_backward_kernel", kernels::gating_backward_kernel<Element, 32>,
                 {grid_for(p.tokens, threads / 32), threads, 0}, stream, a);
 }
 

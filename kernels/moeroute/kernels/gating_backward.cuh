@@ -1,10 +1,12 @@
 // SPDX-License-Identifier: Apache-2.0
 // The router-logit gradient (cuda::gating_backward): the routing term (d combine weight through
 // the gates) and the aux, sequence-aux and z-loss terms, fused in one pass over each row.
-// Deterministic: no atomics; one warp per token (lanes over the experts), every sum in a fixed
-// order in double: each lane's strided part, then a fixed butterfly whose lane-0 result all
-// lanes use. One thread per token, as this kernel began, ran E-long serial passes of double
-// exp: 0.2-0.7 ms at any T on an H200.
+// Deterministic: no atomics; Lanes threads per token (a warp, lanes over the experts; or one
+// thread for small E), every sum in a fixed order in double: each lane's strided part, then a
+// fixed butterfly whose lane-0 result all lanes use. One thread per token for every E, as this
+// kernel began, ran E-long serial passes of double exp: 0.2-0.7 ms at any T on an H200 for
+// E >= 64; a warp per token for E = 8 left three quarters of each warp idle (24 -> 67 us at
+// T = 16384), so small E keeps a thread per token.
 // Formulas: docs/numerics.md ("Gradients"); semantics: reference::gating_backward.
 #pragma once
 
@@ -38,13 +40,22 @@ __device__ inline double score_deriv(score_function f, double x, double s) {
   if (f == score_function::sigmoid) return s * (1.0 - s);
   return s > 0.0 ? sigmoid(x) / (2.0 * s) : 0.0;
 }
-/// The warp's sum in a fixed butterfly, lane 0's result given to every lane.
-__device__ inline double warp_sum(double v) {
-  for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
-  return __shfl_sync(0xffffffffu, v, 0);
+/// The sum over a token's Lanes threads (1 or 32) in a fixed butterfly, lane 0's result given
+/// to every lane.
+template <int Lanes>
+__device__ inline double lanes_sum(double v) {
+  if constexpr (Lanes == 1) {
+    return v;
+  } else {
+    static_assert(Lanes == 32, "a thread or a whole warp per token");
+    for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
+    return __shfl_sync(0xffffffffu, v, 0);
+  }
 }
-__device__ inline double warp_max(double v) {
-  for (int o = 16; o > 0; o >>= 1) v = fmax(v, __shfl_xor_sync(0xffffffffu, v, o));
+template <int Lanes>
+__device__ inline double lanes_max(double v) {
+  if constexpr (Lanes > 1)
+    for (int o = 16; o > 0; o >>= 1) v = fmax(v, __shfl_xor_sync(0xffffffffu, v, o));
   return v;
 }
 
@@ -76,10 +87,10 @@ __device__ inline double load_logit(const gating_backward_args<Element>& a, std:
   return static_cast<double>(element_to_float(a.logits[t * a.sem.experts + e]));
 }
 
-/// One warp per token; per element the routing, aux, sequence-aux and z terms, each computed
-/// in double, rounded to float and added in that order (the order of reference::gating_backward).
-/// Block: whole warps.
-template <class Element>
+/// Lanes (1 or 32) threads per token; per element the routing, aux, sequence-aux and z terms,
+/// each computed in double, rounded to float and added in that order (the order of
+/// reference::gating_backward). Block: whole warps.
+template <class Element, int Lanes>
 __global__ void gating_backward_kernel(const gating_backward_args<Element> a) {
   const gating_semantics& sem = a.sem;
   const std::int32_t E = sem.experts, k = sem.k;
@@ -99,15 +110,15 @@ __global__ void gating_backward_kernel(const gating_backward_args<Element> a) {
   }
   __syncthreads();
   const auto used_sequences = static_cast<std::int64_t>(s_used);
-  const int lane = static_cast<int>(threadIdx.x) % 32;
-  const std::int64_t warps = static_cast<std::int64_t>(gridDim.x) * (blockDim.x / 32);
-  for (std::int64_t t = (static_cast<std::int64_t>(blockIdx.x) * blockDim.x + threadIdx.x) / 32;
-       t < a.tokens; t += warps) {  // warp-uniform
+  const int lane = static_cast<int>(threadIdx.x) % Lanes;
+  const std::int64_t groups = static_cast<std::int64_t>(gridDim.x) * (blockDim.x / Lanes);
+  for (std::int64_t t = (static_cast<std::int64_t>(blockIdx.x) * blockDim.x + threadIdx.x) / Lanes;
+       t < a.tokens; t += groups) {  // uniform over a token's lanes
     float* out = a.grad_logits + t * E;
     const bool valid = a.valid == nullptr || a.valid[t] != 0;
     if (!valid || Tvalid == 0) {
       if (!a.accumulate)
-        for (std::int32_t e = lane; e < E; e += 32) out[e] = 0.0f;
+        for (std::int32_t e = lane; e < E; e += Lanes) out[e] = 0.0f;
       continue;
     }
     const std::int32_t* ids = a.gated.d_ids + t * k;
@@ -158,10 +169,10 @@ __global__ void gating_backward_kernel(const gating_backward_args<Element> a) {
         for (std::int32_t j = 0; j < k; ++j) gm = fmax(gm, xg(ids[j]));
         for (std::int32_t j = 0; j < k; ++j) gsum += exp(xg(ids[j]) - gm);
       } else if (sem.score == score_function::softmax) {
-        for (std::int32_t e = lane; e < E; e += 32) gm = fmax(gm, xg(e));
-        gm = bwd::warp_max(gm);
-        for (std::int32_t e = lane; e < E; e += 32) gsum += exp(xg(e) - gm);
-        gsum = bwd::warp_sum(gsum);
+        for (std::int32_t e = lane; e < E; e += Lanes) gm = fmax(gm, xg(e));
+        gm = bwd::lanes_max<Lanes>(gm);
+        for (std::int32_t e = lane; e < E; e += Lanes) gsum += exp(xg(e) - gm);
+        gsum = bwd::lanes_sum<Lanes>(gsum);
       }
       if (sem.before_drop) {
         double sum = 0.0;
@@ -224,14 +235,14 @@ __global__ void gating_backward_kernel(const gating_backward_args<Element> a) {
     const double c_aux = a.aux_weight / (Tn * Tn), c_z = a.z_weight * 2.0 / Tn;
     auto clean = [&](std::int32_t e) { return bwd::sanitize(load_logit<Element>(a, t, e)); };
     if (aux || seq || zl) {
-      for (std::int32_t e = lane; e < E; e += 32) cm = fmax(cm, clean(e));
-      cm = bwd::warp_max(cm);
-      for (std::int32_t e = lane; e < E; e += 32) cse += exp(clean(e) - cm);
-      cse = bwd::warp_sum(cse);
+      for (std::int32_t e = lane; e < E; e += Lanes) cm = fmax(cm, clean(e));
+      cm = bwd::lanes_max<Lanes>(cm);
+      for (std::int32_t e = lane; e < E; e += Lanes) cse += exp(clean(e) - cm);
+      cse = bwd::lanes_sum<Lanes>(cse);
     }
     if ((aux || seq) && sem.score != score_function::softmax) {
-      for (std::int32_t e = lane; e < E; e += 32) ssum += bwd::score(sem.score, clean(e));
-      ssum = bwd::warp_sum(ssum);
+      for (std::int32_t e = lane; e < E; e += Lanes) ssum += bwd::score(sem.score, clean(e));
+      ssum = bwd::lanes_sum<Lanes>(ssum);
     }
     auto P_of = [&](std::int32_t e) {
       return sem.score == score_function::softmax
@@ -239,13 +250,13 @@ __global__ void gating_backward_kernel(const gating_backward_args<Element> a) {
                  : bwd::score(sem.score, clean(e)) / (ssum + 1e-20);
     };
     if (aux) {
-      for (std::int32_t e = lane; e < E; e += 32)
+      for (std::int32_t e = lane; e < E; e += Lanes)
         dot_aux += c_aux * static_cast<double>(aux_count[e]) * P_of(e);
-      dot_aux = bwd::warp_sum(dot_aux);
+      dot_aux = bwd::lanes_sum<Lanes>(dot_aux);
     }
     if (seq) {
-      for (std::int32_t e = lane; e < E; e += 32) dot_seq += gp_seq(e) * P_of(e);
-      dot_seq = bwd::warp_sum(dot_seq);
+      for (std::int32_t e = lane; e < E; e += Lanes) dot_seq += gp_seq(e) * P_of(e);
+      dot_seq = bwd::lanes_sum<Lanes>(dot_seq);
     }
     // backward of P for a given dL/dP (gp) and sum_i gp_i P_i (dot)
     auto p_backward = [&](std::int32_t e, double gp, double dot) {
@@ -256,7 +267,7 @@ __global__ void gating_backward_kernel(const gating_backward_args<Element> a) {
     };
     const double lse = cm + log(cse);
     // ---- one pass over the row
-    for (std::int32_t e = lane; e < E; e += 32) {
+    for (std::int32_t e = lane; e < E; e += Lanes) {
       const double raw = load_logit<Element>(a, t, e);
       float v = a.accumulate ? out[e] : 0.0f;
       if (bwd::finite(raw)) {
