@@ -136,7 +136,7 @@ else
   LIBS="$PREBUILT/lib"
   # libraries the bundle leaves to this machine, where its loader does not find them already
   for lib in libnccl.so.2 libcublas.so.13; do
-    ldconfig -p 2>/dev/null | grep -q "$lib " && continue
+    grep -q "$lib " <<<"$(ldconfig -p 2>/dev/null)" && continue  # (no pipe: pipefail + grep -q)
     dir=$(find /usr/local/cuda*/lib64 /usr/local/cuda*/targets/*/lib /usr /opt -name "$lib" \
       -printf '%h\n' 2>/dev/null | head -n 1)
     [ -n "$dir" ] && LIBS="$LIBS:$dir"
@@ -144,7 +144,7 @@ else
   export LD_LIBRARY_PATH="$LIBS${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
   # Where this machine's C runtime is older than the one the bundle was linked against, run
   # every binary through the bundle's own loader and C runtime.
-  if "$PREBUILT/bin/cuda_tests" --help 2>&1 | grep -q "GLIBC_[0-9.]*' not found"; then
+  if grep -q "GLIBC_[0-9.]*' not found" <<<"$("$PREBUILT/bin/cuda_tests" --help 2>&1)"; then
     RUN=("$PREBUILT/lib/libc/ld-linux-x86-64.so.2" --library-path "$PREBUILT/lib/libc:$LIBS")
   fi
   {
