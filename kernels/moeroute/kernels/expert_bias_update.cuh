@@ -4,6 +4,8 @@
 
 #include <cstdint>
 
+#include <moeroute/kernels/warp_topk.cuh>
+
 namespace moeroute::kernels {
 
 /// Largest E the kernel holds in shared memory (moeroute::max_experts).
@@ -26,7 +28,7 @@ __global__ void __launch_bounds__(Threads)
   const int tid = static_cast<int>(threadIdx.x);
   long long part = 0;
   for (std::int32_t e = tid; e < experts; e += Threads) part += load[e];
-  for (int o = 16; o > 0; o >>= 1) part += __shfl_xor_sync(0xffffffffu, part, o);
+  part = warp::group_sum<32>(part);
   if (tid % 32 == 0) s_part[tid / 32] = part;
   __syncthreads();
   if (tid == 0) {

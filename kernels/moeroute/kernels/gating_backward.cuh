@@ -3,11 +3,11 @@
 // the gates) and the aux, sequence-aux and z-loss terms, fused in one pass over each row.
 // Deterministic: no atomics; Lanes threads per token (a warp, lanes over the experts; or one
 // thread for small E), every sum in a fixed order in double: each lane's strided part, then a
-// fixed butterfly whose lane-0 result all lanes use. One thread per token for every E, as this
-// kernel began, ran E-long serial passes of double exp: 0.2-0.7 ms at any T on an H200 for
-// E >= 64; a warp per token for E = 8 left three quarters of each warp idle (24 -> 67 us at
-// T = 16384), so small E keeps a thread per token.
-// Formulas: docs/numerics.md ("Gradients"); semantics: reference::gating_backward.
+// fixed xor butterfly (warp::group_sum: every lane ends with the same bits). One thread per token
+// for every E, as this kernel began, ran E-long serial passes of double exp: 0.2-0.7 ms at any T on
+// an H200 for E >= 64; a warp per token for E = 8 left three quarters of each warp idle (24 -> 67
+// us at T = 16384), so small E keeps a thread per token. Formulas: docs/numerics.md ("Gradients");
+// semantics: reference::gating_backward.
 #pragma once
 
 #include <cfloat>
@@ -16,6 +16,7 @@
 #include <moeroute/config.hpp>
 #include <moeroute/kernels/element.cuh>
 #include <moeroute/kernels/gating_semantics.cuh>
+#include <moeroute/kernels/warp_topk.cuh>
 #include <moeroute/rng.hpp>
 #include <moeroute/types.hpp>
 
@@ -40,25 +41,6 @@ __device__ inline double score_deriv(score_function f, double x, double s) {
   if (f == score_function::sigmoid) return s * (1.0 - s);
   return s > 0.0 ? sigmoid(x) / (2.0 * s) : 0.0;
 }
-/// The sum over a token's Lanes threads (1 or 32) in a fixed butterfly, lane 0's result given
-/// to every lane.
-template <int Lanes>
-__device__ inline double lanes_sum(double v) {
-  if constexpr (Lanes == 1) {
-    return v;
-  } else {
-    static_assert(Lanes == 32, "a thread or a whole warp per token");
-    for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
-    return __shfl_sync(0xffffffffu, v, 0);
-  }
-}
-template <int Lanes>
-__device__ inline double lanes_max(double v) {
-  if constexpr (Lanes > 1)
-    for (int o = 16; o > 0; o >>= 1) v = fmax(v, __shfl_xor_sync(0xffffffffu, v, o));
-  return v;
-}
-
 }  // namespace bwd
 
 /// Everything the fused logit-gradient kernel reads; see cuda::gating_backward_params.
@@ -170,9 +152,9 @@ __global__ void gating_backward_kernel(const gating_backward_args<Element> a) {
         for (std::int32_t j = 0; j < k; ++j) gsum += exp(xg(ids[j]) - gm);
       } else if (sem.score == score_function::softmax) {
         for (std::int32_t e = lane; e < E; e += Lanes) gm = fmax(gm, xg(e));
-        gm = bwd::lanes_max<Lanes>(gm);
+        gm = warp::group_max<Lanes>(gm);
         for (std::int32_t e = lane; e < E; e += Lanes) gsum += exp(xg(e) - gm);
-        gsum = bwd::lanes_sum<Lanes>(gsum);
+        gsum = warp::group_sum<Lanes>(gsum);
       }
       if (sem.before_drop) {
         double sum = 0.0;
@@ -236,13 +218,13 @@ __global__ void gating_backward_kernel(const gating_backward_args<Element> a) {
     auto clean = [&](std::int32_t e) { return bwd::sanitize(load_logit<Element>(a, t, e)); };
     if (aux || seq || zl) {
       for (std::int32_t e = lane; e < E; e += Lanes) cm = fmax(cm, clean(e));
-      cm = bwd::lanes_max<Lanes>(cm);
+      cm = warp::group_max<Lanes>(cm);
       for (std::int32_t e = lane; e < E; e += Lanes) cse += exp(clean(e) - cm);
-      cse = bwd::lanes_sum<Lanes>(cse);
+      cse = warp::group_sum<Lanes>(cse);
     }
     if ((aux || seq) && sem.score != score_function::softmax) {
       for (std::int32_t e = lane; e < E; e += Lanes) ssum += bwd::score(sem.score, clean(e));
-      ssum = bwd::lanes_sum<Lanes>(ssum);
+      ssum = warp::group_sum<Lanes>(ssum);
     }
     auto P_of = [&](std::int32_t e) {
       return sem.score == score_function::softmax
@@ -252,11 +234,11 @@ __global__ void gating_backward_kernel(const gating_backward_args<Element> a) {
     if (aux) {
       for (std::int32_t e = lane; e < E; e += Lanes)
         dot_aux += c_aux * static_cast<double>(aux_count[e]) * P_of(e);
-      dot_aux = bwd::lanes_sum<Lanes>(dot_aux);
+      dot_aux = warp::group_sum<Lanes>(dot_aux);
     }
     if (seq) {
       for (std::int32_t e = lane; e < E; e += Lanes) dot_seq += gp_seq(e) * P_of(e);
-      dot_seq = bwd::lanes_sum<Lanes>(dot_seq);
+      dot_seq = warp::group_sum<Lanes>(dot_seq);
     }
     // backward of P for a given dL/dP (gp) and sum_i gp_i P_i (dot)
     auto p_backward = [&](std::int32_t e, double gp, double dot) {

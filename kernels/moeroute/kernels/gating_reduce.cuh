@@ -7,18 +7,11 @@
 #include <cstdint>
 
 #include <moeroute/gating_plan.hpp>
+#include <moeroute/kernels/warp_topk.cuh>
 #include <moeroute/macros.hpp>
 #include <moeroute/types.hpp>
 
 namespace moeroute::kernels {
-
-/// The sum of `v` over a warp's lanes in a fixed tree; lane 0's result is the one used (the
-/// lanes' results may differ in rounding; lane 0's order never changes).
-template <class T>
-__device__ inline T warp_sum_fixed(T v) {
-  for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
-  return v;
-}
 
 /// Blocks of gating_reduce_kernel<Threads> for E experts: one warp per expert, plus one block for
 /// the batch scalars and the sequences' token counts.
@@ -61,8 +54,8 @@ __global__ void __launch_bounds__(Threads)
           ss += part.d_scores[c * E + e];
           sc += part.d_counts[c * E + e];
         }
-        ss = warp_sum_fixed(ss);
-        sc = warp_sum_fixed(sc);
+        ss = warp::group_sum<32>(ss);
+        sc = warp::group_sum<32>(sc);
         if (seq && lane == 0) {
           out.d_seq_score_sum[s * E + e] = ss;
           out.d_seq_count[s * E + e] = sc;
@@ -86,8 +79,8 @@ __global__ void __launch_bounds__(Threads)
         total += ss;
         count += sc;
       }
-      total = warp_sum_fixed(total);
-      count = warp_sum_fixed(count);
+      total = warp::group_sum<32>(total);
+      count = warp::group_sum<32>(count);
     }
     if (lane == 0) {
       out.d_aux_score_sum[e] = total;
@@ -101,7 +94,7 @@ __global__ void __launch_bounds__(Threads)
       for (std::int64_t s = warp; s < segments; s += Warps) {
         std::int64_t n = 0;
         for (std::int64_t p = lane; p < pieces; p += 32) n += part.d_valid[s * pieces + p];
-        n = warp_sum_fixed(n);
+        n = warp::group_sum<32>(n);
         if (lane == 0) out.d_seq_tokens[s] = n;
       }
     } else {
@@ -122,9 +115,9 @@ __global__ void __launch_bounds__(Threads)
     valid += part.d_valid[c];
     bad += part.d_nonfinite[c];
   }
-  z = warp_sum_fixed(z);
-  valid = warp_sum_fixed(valid);
-  bad = warp_sum_fixed(bad);
+  z = warp::group_sum<32>(z);
+  valid = warp::group_sum<32>(valid);
+  bad = warp::group_sum<32>(bad);
   if (lane == 0) {
     s_z[warp] = z;
     s_valid[warp] = valid;

@@ -23,14 +23,16 @@ __device__ __forceinline__ bool better(float va, std::int32_t ia, float vb, std:
   return va > vb || (va == vb && ia < ib);
 }
 
-template <int Width>
-__device__ __forceinline__ float group_max(float v) {
+/// Max over the group; T = float or double. (Width 1: v itself.)
+template <int Width, class T>
+__device__ __forceinline__ T group_max(T v) {
 #pragma unroll
-  for (int o = Width / 2; o > 0; o >>= 1) v = fmaxf(v, __shfl_xor_sync(full_mask, v, o, Width));
+  for (int o = Width / 2; o > 0; o >>= 1) v = fmax(v, __shfl_xor_sync(full_mask, v, o, Width));
   return v;
 }
 
-/// Sum over the group; T = int, float (each add rounded on its own) or double.
+/// Sum over the group; T = an integer, float (each add rounded on its own) or double. (Width
+/// 1: v itself.)
 template <int Width, class T>
 __device__ __forceinline__ T group_sum(T v) {
 #pragma unroll
