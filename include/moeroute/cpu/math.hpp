@@ -107,10 +107,12 @@ inline constexpr int sum_lanes = 8;
   return ed * ln2_hi + ((2.0 * s) * (z * p) + (ed * ln2_lo + 2.0 * s));
 }
 
-/// NaN -> -FLT_MAX, +-Inf -> +-FLT_MAX (the reference's sanitise), branch-free.
+/// NaN -> -FLT_MAX, +-Inf -> +-FLT_MAX (the reference's sanitise), branch-free: a NaN fails
+/// the first compare, so the two selects are exactly maxps / minps (which return their second
+/// operand for a NaN) and vectorise to two instructions.
 [[nodiscard]] inline float sanitize(float x) noexcept {
-  x = x != x ? -FLT_MAX : x;
-  return x < -FLT_MAX ? -FLT_MAX : (x > FLT_MAX ? FLT_MAX : x);
+  const float a = x > -FLT_MAX ? x : -FLT_MAX;
+  return a < FLT_MAX ? a : FLT_MAX;
 }
 
 /// 1 when x is NaN or +-Inf.
@@ -212,19 +214,83 @@ using i32n = std::int32_t __attribute__((vector_size(4 * native_lanes)));
   return s;
 }
 
+/// native_lanes elements as floats: float and bf16 as whole vectors (bf16 a widen and a shift),
+/// half one by one.
+template <class Element>
+[[nodiscard]] inline f32n load_lanes(const Element* __restrict p) noexcept {
+  f32n v = {};
+  if constexpr (std::is_same_v<Element, float>) {
+    std::memcpy(&v, p, sizeof v);
+  } else if constexpr (std::is_same_v<Element, bf16_bits>) {
+    using u16n = std::uint16_t __attribute__((vector_size(2 * native_lanes)));
+    using u32n = std::uint32_t __attribute__((vector_size(4 * native_lanes)));
+    u16n b;
+    std::memcpy(&b, p, sizeof b);
+    v = (f32n)(__builtin_convertvector(b, u32n) << 16);
+  } else {
+    for (std::int32_t l = 0; l < native_lanes; ++l) v[l] = load(p[l]);
+  }
+  return v;
+}
+
 /// @brief x[i] = sanitize(row[i]) for i < n; returns the max of x and adds the count of
-///        non-finite inputs to `bad`. (Simple loops over fixed lanes so that they vectorise.)
+///        non-finite inputs to `bad`. One pass over whole registers: copied, with the max and
+///        the largest exponent field taken on the way; only a row with a NaN or an Inf (an
+///        all-ones exponent) is passed again, sanitised and counted (sanitize() leaves a finite
+///        value as it is).
 template <class Element>
 [[nodiscard]] inline float load_row(const Element* __restrict row, std::int32_t n,
                                     float* __restrict x, std::int64_t& bad) noexcept {
+  constexpr std::int32_t exponent = 0x7F800000;
+  f32n lane = f32n{} - FLT_MAX;
+  i32n top = {};  // per lane, the largest exponent field seen
+  std::int32_t i = 0;
+  for (; i + native_lanes <= n; i += native_lanes) {
+    const f32n v = load_lanes(row + i);
+    const i32n e = (i32n)v & exponent;
+    top = top > e ? top : e;
+    std::memcpy(x + i, &v, sizeof v);
+    lane = lane > v ? lane : v;
+  }
+  i32n nfv = {};
+  bool clean = true;
+  for (std::int32_t l = 0; l < native_lanes; ++l) clean &= top[l] != exponent;
+  if (!clean) {  // NaN or Inf: the row again, sanitised and counted (a true lane is -1)
+    lane = f32n{} - FLT_MAX;
+    for (std::int32_t j = 0; j < i; j += native_lanes) {
+      const f32n v = load_lanes(row + j);
+      nfv -= ((i32n)v & exponent) == exponent;
+      const f32n a = v > -FLT_MAX ? v : -FLT_MAX;
+      const f32n c = a < FLT_MAX ? a : FLT_MAX;
+      std::memcpy(x + j, &c, sizeof c);
+      lane = lane > c ? lane : c;
+    }
+  }
   std::int32_t nf = 0;
-  for (std::int32_t i = 0; i < n; ++i) {
+  for (std::int32_t l = 0; l < native_lanes; ++l) nf += nfv[l];
+  float m = max_of_lanes(lane);
+  if constexpr (native_lanes > 8) {  // a row of 8 (Mixtral) or a tail of 8 in half a register
+    if (i + 8 <= n) {
+      f32x8 c = {};
+      for (std::int32_t l = 0; l < 8; ++l) {
+        const float v = load(row[i + l]);
+        nf += nonfinite(v);
+        c[l] = sanitize(v);
+      }
+      std::memcpy(x + i, &c, sizeof c);
+      const float h = max_of_lanes(c);
+      m = m > h ? m : h;
+      i += 8;
+    }
+  }
+  for (; i < n; ++i) {
     const float v = load(row[i]);
     nf += nonfinite(v);
     x[i] = sanitize(v);
+    m = m > x[i] ? m : x[i];
   }
   bad += nf;
-  return max_row(x, n);
+  return m;
 }
 
 /// @brief The sum of v[0, n) in double: four chains of 8 lanes (element i in chain i / 8 % 4,
@@ -249,23 +315,62 @@ template <class Element>
   return s;
 }
 
-/// @brief ex[i] = exp(x[i] - m) for i < n; returns sum_row(ex).
+/// @brief ex[i] = exp(x[i] - m) for i < n; returns sum_row(ex). With AVX-512 each 16 exps are
+///        added to sum_row's chains while in a register (the same chains, the same bits).
 [[nodiscard]] inline double exp_row(const float* __restrict x, std::int32_t n, float m,
                                     float* __restrict ex) noexcept {
 #if defined(__AVX512F__)
   const __m512 mv = _mm512_set1_ps(m);
+  f64x8 lane[4] = {};
+  // e's halves into chains c and c + 1 (generic vectors: the intrinsics' undefined
+  // pass-through operands trip GCC 12's -Wmaybe-uninitialized)
+  const auto add = [&lane](int c, __m512 e) {
+    const auto v = (f32x16)e;
+    lane[c] +=
+        __builtin_convertvector(__builtin_shufflevector(v, v, 0, 1, 2, 3, 4, 5, 6, 7), f64x8);
+    lane[c + 1] +=
+        __builtin_convertvector(__builtin_shufflevector(v, v, 8, 9, 10, 11, 12, 13, 14, 15), f64x8);
+  };
   std::int32_t i = 0;
-  for (; i + 16 <= n; i += 16)
-    _mm512_storeu_ps(ex + i, exp16(_mm512_sub_ps(_mm512_loadu_ps(x + i), mv)));
-  if (i < n) {
-    const auto live = static_cast<__mmask16>((1u << (n - i)) - 1u);
-    _mm512_mask_storeu_ps(ex + i, live,
-                          exp16(_mm512_sub_ps(_mm512_maskz_loadu_ps(live, x + i), mv)));
+  for (; i + 32 <= n; i += 32) {
+    const __m512 e0 = exp16(_mm512_sub_ps(_mm512_loadu_ps(x + i), mv));
+    const __m512 e1 = exp16(_mm512_sub_ps(_mm512_loadu_ps(x + i + 16), mv));
+    _mm512_storeu_ps(ex + i, e0);
+    _mm512_storeu_ps(ex + i + 16, e1);
+    add(0, e0);
+    add(2, e1);
   }
+  if (i + 16 <= n) {
+    const __m512 e0 = exp16(_mm512_sub_ps(_mm512_loadu_ps(x + i), mv));
+    _mm512_storeu_ps(ex + i, e0);
+    add(0, e0);
+    i += 16;
+  }
+  if (i == n) return fold_sum((lane[0] + lane[1]) + (lane[2] + lane[3]));
+  const auto live = static_cast<__mmask16>((1u << (n - i)) - 1u);
+  const __m512 e = exp16(_mm512_sub_ps(_mm512_maskz_loadu_ps(live, x + i), mv));
+  _mm512_mask_storeu_ps(ex + i, live, e);
+  // the tail as sum_row takes it: a whole group of 8 into the next chain (i is a multiple of
+  // 16 here: chain 0 or 2, chosen by a branch, as an array index would put the chains in
+  // memory), then one by one
+  if (i + sum_lanes <= n) {
+    const auto v = (f32x16)e;
+    const f64x8 t =
+        __builtin_convertvector(__builtin_shufflevector(v, v, 0, 1, 2, 3, 4, 5, 6, 7), f64x8);
+    if (i % 32 == 0) {
+      lane[0] += t;
+    } else {
+      lane[2] += t;
+    }
+    i += sum_lanes;
+  }
+  double s = fold_sum((lane[0] + lane[1]) + (lane[2] + lane[3]));
+  for (; i < n; ++i) s += static_cast<double>(ex[i]);
+  return s;
 #else
   for (std::int32_t i = 0; i < n; ++i) ex[i] = exp(x[i] - m);
-#endif
   return sum_row(ex, n);
+#endif
 }
 
 /// @brief p[i] = float(ex[i] / sum) for i < n (by a multiply with 1 / sum in double).
