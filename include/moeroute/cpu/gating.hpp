@@ -119,6 +119,7 @@ struct gating_task_space {
   std::uint8_t* allowed;  // [E] group limit mask
   std::int32_t* order;    // [E] selection ids for large k, group-limit scratch
   std::int64_t* keys;     // [key_capacity(E)] selection keys
+  float* gathered;        // [E] the kept groups' selection values side by side
 };
 
 /// The gating workspace: per-task partials and per-slot scratch rows, carved in one fixed
@@ -131,7 +132,7 @@ struct gating_space {
   double* z = nullptr;              // [tasks]
   std::int64_t* valid = nullptr;    // [tasks]
   std::int64_t* bad = nullptr;      // [tasks]
-  float* rows = nullptr;            // [tasks, tile, 6, E]
+  float* rows = nullptr;            // [tasks, tile, 7, E]
   std::uint8_t* allowed = nullptr;  // [tasks, tile, E]
   std::int32_t* order = nullptr;    // [tasks, tile, E]
   std::int64_t* keys = nullptr;     // [tasks, tile, key_capacity(E)]
@@ -140,14 +141,15 @@ struct gating_space {
   [[nodiscard]] gating_task_space task(std::int64_t i, std::int32_t slot) const noexcept {
     const std::size_t e = static_cast<std::size_t>(experts), u = static_cast<std::size_t>(i);
     const std::size_t w = u * static_cast<std::size_t>(tile) + static_cast<std::size_t>(slot);
-    float* r = rows + w * 6 * e;
+    float* r = rows + w * 7 * e;
     return {scores + u * e, counts + u * e,
             z + u,          valid + u,
             bad + u,        r,
             r + e,          r + 2 * e,
             r + 3 * e,      r + 4 * e,
             r + 5 * e,      allowed + w * e,
-            order + w * e,  keys + w * static_cast<std::size_t>(key_capacity(experts))};
+            order + w * e,  keys + w * static_cast<std::size_t>(key_capacity(experts)),
+            r + 6 * e};
   }
 };
 
@@ -165,7 +167,7 @@ inline gating_space carve_gating_space(workspace_carver& w, const gating_plan& p
   s.z = w.take<double>(n);
   s.valid = w.take<std::int64_t>(n);
   s.bad = w.take<std::int64_t>(n);
-  s.rows = w.take<float>(slots * 6 * e);
+  s.rows = w.take<float>(slots * 7 * e);
   s.allowed = w.take<std::uint8_t>(slots * e);
   s.order = w.take<std::int32_t>(slots * e);
   s.keys = w.take<std::int64_t>(slots * static_cast<std::size_t>(key_capacity(E)));
@@ -182,6 +184,9 @@ struct token_state {
   const float* gate_scores = nullptr;
   const float* sel = nullptr;             // the selection values
   const std::uint8_t* allowed = nullptr;  // the group limit's mask (null: all)
+  std::int32_t size = 0;                  // of sel: E, or the kept groups' when gathered
+  std::int32_t kept_groups = 0;           // > 0: sel holds these groups of the row (gathered)
+  std::int32_t kept[16];                  // the kept groups, in increasing order
   std::int32_t* ids = nullptr;            // the k + R chosen, best first: `chosen` or scratch
   std::int32_t chosen[select_small_max];
 };
@@ -198,6 +203,7 @@ struct gating_agent {
   std::size_t row_bytes;  // of one token's logits
   bool softmax_score, softmax_after, noise, noisy_gates, wants_priority, random_second;
   bool defer_p;  // P is made in the aux pass: nothing reads it, or overwrites s.ex, before
+  bool gathers;  // the group limit's kept groups are copied side by side and selected from
 
   gating_agent(const routing_config& c, const gating_params<Element>& params) : cfg(c), p(params) {
     const auto& g = cfg.gating;
@@ -215,6 +221,9 @@ struct gating_agent {
     random_second = g.second_expert.policy == second_expert_policy::random;
     // (the group limit takes s.ex as scratch, and so do scores of noisy logits)
     defer_p = softmax_after && G == 1 && !(noise && g.select == select_from::scores);
+    // (a selection over half the row with no mask: DeepSeek-V3 keeps 4 of 8 groups)
+    gathers = G > 1 && group_limit_by_top2(cfg, E, G) &&
+              g.second_expert.policy != second_expert_policy::sampling && !selects_by_columns(cfg);
   }
 
   /// scores of n values under the configured (per-expert or softmax) score function
@@ -322,9 +331,16 @@ struct gating_agent {
       sel = s.sel;
     }
 
-    // 4. group limit
+    // 4. group limit: the kept groups gathered, or a mask
     const std::uint8_t* allowed = nullptr;
-    if (G > 1) {
+    st.size = E;
+    st.kept_groups = 0;
+    if (gathers) {
+      st.kept_groups = group_kept_top2(cfg, sel, G, per_group, st.kept);
+      gather_groups(sel, per_group, st.kept, st.kept_groups, s.gathered);
+      sel = s.gathered;
+      st.size = st.kept_groups * per_group;
+    } else if (G > 1) {
       group_mask(cfg, sel, E, G, s.ex, s.order, s.keys, s.allowed);
       allowed = s.allowed;
     }
@@ -353,7 +369,8 @@ struct gating_agent {
   void select(const gating_task_space& s, token_state& st) const {
     const std::int32_t n = k + R;
     std::int32_t* ids = n <= select_small_max ? st.chosen : s.order;
-    top_n(st.sel, E, st.allowed, n, nullptr, ids, s.keys);
+    top_n(st.sel, st.size, st.allowed, n, nullptr, ids, s.keys);
+    if (st.kept_groups > 0) ungather_ids(per_group, st.kept, n, ids);
     write_ids(st, ids);
   }
 #if defined(MOEROUTE_CPU_SELECT_COLUMNS)

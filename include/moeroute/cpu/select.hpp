@@ -244,8 +244,23 @@ inline void top2_of_values(const float* v, std::int32_t size, std::int32_t* ids)
   using i32x16 = std::int32_t __attribute__((vector_size(64)));
   math::f32x16 lane16;
   std::memcpy(&lane16, m, sizeof lane16);
+#if defined(__AVX512F__)
+  // (intrinsics: the generic form below costs five instructions a lane, this two and a
+  // broadcast load; two counts so that the adds do not form one chain)
+  const __m512 mv = _mm512_load_ps(m);
+  const __m512i one = _mm512_set1_epi32(1);
+  __m512i above0 = _mm512_setzero_si512(), above1 = _mm512_setzero_si512();
+  for (std::int32_t l = 0; l < 16; l += 2) {
+    above0 = _mm512_mask_add_epi32(above0, _mm512_cmp_ps_mask(mv, _mm512_set1_ps(m[l]), _CMP_LT_OQ),
+                                   above0, one);
+    above1 = _mm512_mask_add_epi32(
+        above1, _mm512_cmp_ps_mask(mv, _mm512_set1_ps(m[l + 1]), _CMP_LT_OQ), above1, one);
+  }
+  const auto above = (i32x16)_mm512_add_epi32(above0, above1);
+#else
   i32x16 above = {};
   for (std::int32_t l = 0; l < 16; ++l) above -= lane16 < (math::f32x16{} + m[l]);
+#endif
   const math::f32x16 e16 = above < n ? lane16 : math::f32x16{} + inf;
   const math::f32x8 a8 = __builtin_shufflevector(e16, e16, 0, 1, 2, 3, 4, 5, 6, 7);
   const math::f32x8 b8 = __builtin_shufflevector(e16, e16, 8, 9, 10, 11, 12, 13, 14, 15);
@@ -260,78 +275,63 @@ inline void top2_of_values(const float* v, std::int32_t size, std::int32_t* ids)
 #define MOEROUTE_CPU_SELECT_AVX512 1
 /// @brief The n best (3 <= n <= 16) of v[0, size) among allowed entries, best first, by a
 ///        threshold: the entries at or above threshold_of() (usually under 2n) are compressed
-///        as (ordered float bits, index) pairs in index order and ranked by counting the larger
-///        values (or equal ones at a lower index), 16 lanes of int32 per compare. Returns
+///        with their indices, in index order, and ranked by counting the better ones (a larger
+///        value, or an equal one at a lower index), 16 lanes of int32 per compare. Returns
 ///        false, having written nothing, when more than 16 entries pass (the caller then
 ///        selects by 64-bit keys).
 [[nodiscard]] inline bool top_n_by_threshold(const float* v, std::int32_t size,
                                              const std::uint8_t* allowed, std::int32_t n,
                                              std::int32_t* ids) noexcept {
-  if (size > 1024) return false;  // the masks below live on the stack
   const __m512 t = _mm512_set1_ps(threshold_of(v, size, allowed, n));
-  // 1. which entries pass, chunk by chunk: independent compares, then one count
-  const std::int32_t chunks = (size + 15) / 16;
-  std::uint32_t pass[64];
+  // 1. each chunk's passing entries compressed and stored whole at the running count (the
+  //    next chunk's store overwrites the tail): two shuffles and two stores a chunk, no chain
+  //    between chunks but the count. Stores start at most at 16, so they stay in the buffers;
+  //    more than 16 passing is the fallback anyway.
+  alignas(64) float cand[32];
+  alignas(64) std::int32_t where[32];
+  const __m512i lanes = _mm512_set_epi32(15, 14, 13, 12, 11, 10, 9, 8, 7, 6, 5, 4, 3, 2, 1, 0);
   std::int32_t c = 0;
-  for (std::int32_t q = 0; q < chunks; ++q) {
-    const std::int32_t i = q * 16;
+  for (std::int32_t i = 0; i < size; i += 16) {
     const auto live = static_cast<__mmask16>(size - i >= 16 ? 0xffffu : (1u << (size - i)) - 1u);
-    auto m = static_cast<std::uint32_t>(
-        _mm512_mask_cmp_ps_mask(live, _mm512_maskz_loadu_ps(live, v + i), t, _CMP_GE_OQ));
+    const __m512 x = _mm512_maskz_loadu_ps(live, v + i);
+    __mmask16 m = _mm512_mask_cmp_ps_mask(live, x, t, _CMP_GE_OQ);
     if (allowed != nullptr)
-      m &= static_cast<std::uint32_t>(_mm512_mask_test_epi32_mask(
-          live, _mm512_maskz_cvtepu8_epi32(0xffff, _mm_maskz_loadu_epi8(live, allowed + i)),
-          _mm512_set1_epi32(0xff)));
-    pass[q] = m;
-    c += std::popcount(m);
+      m = _mm512_mask_test_epi32_mask(
+          m, _mm512_maskz_cvtepu8_epi32(0xffff, _mm_maskz_loadu_epi8(live, allowed + i)),
+          _mm512_set1_epi32(0xff));
+    const std::int32_t at = std::min(c, 16);
+    _mm512_storeu_ps(cand + at, _mm512_maskz_compress_ps(m, x));
+    _mm512_storeu_si512(
+        where + at, _mm512_maskz_compress_epi32(m, _mm512_add_epi32(lanes, _mm512_set1_epi32(i))));
+    c += std::popcount(static_cast<std::uint32_t>(m));
   }
   if (c > 16) return false;
-  // 2. the passing entries as (ordered float bits, index) in registers, in index order: each
-  //    chunk's compressed, rotated up to its offset and blended in (offsets known, so the
-  //    chunks do not wait on each other); padding ranks below every real value (the ordered
-  //    bits of -inf are above INT32_MIN)
-  const __m512i sign_off = _mm512_set1_epi32(0x7fffffff);
-  const __m512i lanes = _mm512_set_epi32(15, 14, 13, 12, 11, 10, 9, 8, 7, 6, 5, 4, 3, 2, 1, 0);
-  __m512i h = _mm512_set1_epi32(std::numeric_limits<std::int32_t>::min());
-  __m512i idx = _mm512_setzero_si512();
-  std::int32_t at = 0;
-  for (std::int32_t q = 0; q < chunks; ++q) {
-    const std::uint32_t m = pass[q];
-    const std::int32_t got = std::popcount(m);
-    const auto mk = static_cast<__mmask16>(m);
-    const __m512i b = _mm512_castps_si512(
-        _mm512_add_ps(_mm512_maskz_loadu_ps(mk, v + q * 16), _mm512_setzero_ps()));
-    const __m512i ordered =
-        _mm512_xor_si512(b, _mm512_and_si512(_mm512_maskz_srai_epi32(0xffff, b, 31), sign_off));
-    const __m512i up =
-        _mm512_and_si512(_mm512_sub_epi32(lanes, _mm512_set1_epi32(at)), _mm512_set1_epi32(15));
-    const auto into = static_cast<__mmask16>(((1u << got) - 1u) << at);
-    h = _mm512_mask_permutexvar_epi32(h, into, up, _mm512_maskz_compress_epi32(mk, ordered));
-    idx = _mm512_mask_permutexvar_epi32(
-        idx, into, up,
-        _mm512_maskz_compress_epi32(mk, _mm512_add_epi32(lanes, _mm512_set1_epi32(q * 16))));
-    at += got;
-  }
-  // 3. each candidate's rank: how many are better, a larger value or an equal one in a lower
-  //    lane (a lower index: the lanes are in index order), so the ranks are 0 .. 15, one each
-  //    (the padding, equal among itself, below every real value, ranks c .. 15); lane j
-  //    broadcast by a permute, two sums so that the adds do not form one chain
+  // 2. the candidates as ordered int32 (-0 folded onto +0, sign-magnitude made two's
+  //    complement), the lanes from c on below every real value (the ordered bits of -inf are
+  //    above INT32_MIN)
+  const auto real = static_cast<__mmask16>((1u << c) - 1u);
+  const __m512i b = _mm512_castps_si512(_mm512_add_ps(_mm512_load_ps(cand), _mm512_setzero_ps()));
+  const __m512i h = _mm512_mask_xor_epi32(
+      _mm512_set1_epi32(std::numeric_limits<std::int32_t>::min()), real, b,
+      _mm512_and_si512(_mm512_maskz_srai_epi32(0xffff, b, 31), _mm512_set1_epi32(0x7fffffff)));
+  alignas(64) std::int32_t hs[16];
+  _mm512_store_si512(hs, h);
+  // 3. each candidate's rank: how many are better. Lane i is beaten by lane j when h_i < h_j,
+  //    or h_i == h_j and j < i (candidates are in index order): h_i < h_j + (i > j), one
+  //    compare. Ranks are 0 .. 15, one each (the padding, equal among itself, ranks c .. 15).
+  //    Two sums so that the adds do not form one chain.
   __m512i rank0 = _mm512_setzero_si512(), rank1 = _mm512_setzero_si512();
   const __m512i one = _mm512_set1_epi32(1);
   for (std::int32_t j = 0; j < 16; j += 2) {
-    const __m512i h0 = _mm512_maskz_permutexvar_epi32(0xffff, _mm512_set1_epi32(j), h);
-    const __m512i h1 = _mm512_maskz_permutexvar_epi32(0xffff, _mm512_set1_epi32(j + 1), h);
-    const auto after0 = static_cast<__mmask16>(0xfffeu << j);  // lanes above j
-    const auto after1 = static_cast<__mmask16>(0xfffcu << j);
-    rank0 = _mm512_mask_add_epi32(
-        rank0, _mm512_cmplt_epi32_mask(h, h0) | _mm512_mask_cmpeq_epi32_mask(after0, h, h0), rank0,
-        one);
-    rank1 = _mm512_mask_add_epi32(
-        rank1, _mm512_cmplt_epi32_mask(h, h1) | _mm512_mask_cmpeq_epi32_mask(after1, h, h1), rank1,
-        one);
+    const __m512i b0 = _mm512_set1_epi32(hs[j]), b1 = _mm512_set1_epi32(hs[j + 1]);
+    const __m512i b0i = _mm512_mask_add_epi32(b0, static_cast<__mmask16>(0xfffeu << j), b0, one);
+    const __m512i b1i = _mm512_mask_add_epi32(b1, static_cast<__mmask16>(0xfffcu << j), b1, one);
+    rank0 = _mm512_mask_add_epi32(rank0, _mm512_cmplt_epi32_mask(h, b0i), rank0, one);
+    rank1 = _mm512_mask_add_epi32(rank1, _mm512_cmplt_epi32_mask(h, b1i), rank1, one);
   }
   const __m512i rank = _mm512_add_epi32(rank0, rank1);
   // the j-th best: the index in the lane ranked j (one lane per rank)
+  const __m512i idx = _mm512_load_si512(where);
   for (std::int32_t j = 0; j < n; ++j)
     ids[j] = _mm512_cvtsi512_si32(
         _mm512_maskz_compress_epi32(_mm512_cmpeq_epi32_mask(rank, _mm512_set1_epi32(j)), idx));
@@ -422,15 +422,23 @@ inline void top_n(const float* v, std::int32_t size, const std::uint8_t* allowed
     for (std::int32_t j = 0; j < n; ++j) vals[j] = v[ids[j]];
 }
 
-/// @brief group_mask for groups scored by their best one or two values (DeepSeek-V3: the sum
-///        of the top 2 of 32), groups a multiple of 16 wide, G <= 16: the score needs the values,
-///        not which entries hold them, so each group keeps a per-lane largest and second largest
-///        and folds its lanes, with no keys and no selection; the allowed groups are those with
-///        fewer than group_topk better groups (larger score, or equal and a lower index).
-///        The same scores (sum in double, best first) and groups as the general path.
-inline void group_mask_top2(const routing_config& cfg, const float* sel, std::int32_t G,
-                            std::int32_t per_group, std::int32_t take,
-                            std::uint8_t* allowed) noexcept {
+/// True when group_kept_top2 applies: groups scored by their best one or two values (DeepSeek-V3:
+/// the sum of the top 2 of 32), groups a multiple of 16 wide, G <= 16.
+[[nodiscard]] inline bool group_limit_by_top2(const routing_config& cfg, std::int32_t E,
+                                              std::int32_t G) noexcept {
+  return group_score_take(cfg) <= 2 && (E / G) % 16 == 0 && G <= 16;
+}
+
+/// @brief The group limit's kept groups for groups scored by their best one or two values
+///        (group_limit_by_top2): the score needs the values, not which entries hold them, so
+///        each group keeps a per-lane largest and second largest and folds its lanes, with no
+///        keys and no selection. The kept groups are those with fewer than group_topk better
+///        groups (larger score, or equal and a lower index), written to kept[] in increasing
+///        order; returns how many (group_topk). The same scores (sum in double, best first) and
+///        groups as the general path of group_mask.
+inline std::int32_t group_kept_top2(const routing_config& cfg, const float* sel, std::int32_t G,
+                                    std::int32_t per_group, std::int32_t* kept) noexcept {
+  const std::int32_t take = group_score_take(cfg);
   using math::f32x16, math::f32x4, math::f32x8;
   // lane-wise: the largest and second largest of the pairs (a1, a2) and (b1, b2) (each its
   // largest first) (results by reference: vectors by value would change the ABI per ISA)
@@ -475,13 +483,32 @@ inline void group_mask_top2(const routing_config& cfg, const float* sel, std::in
     score[grp] = static_cast<float>(s);
   }
   const std::int32_t keep = cfg.gating.group_limit.group_topk;
+  std::int32_t count = 0;
   for (std::int32_t grp = 0; grp < G; ++grp) {
     std::int32_t better = 0;
     for (std::int32_t h = 0; h < G; ++h)
       better += (score[h] > score[grp] || (score[h] == score[grp] && h < grp)) ? 1 : 0;
-    std::memset(allowed + grp * per_group, better < keep ? 1 : 0,
-                static_cast<std::size_t>(per_group));
+    kept[count] = grp;
+    count += better < keep ? 1 : 0;
   }
+  return count;
+}
+
+/// @brief The kept groups' values side by side: out[j * per_group + i] = sel[kept[j] * per_group
+///        + i]. Their order is the index order of the row, so a selection over `out` ranks
+///        (ties included) as one over the kept entries of the row does.
+inline void gather_groups(const float* sel, std::int32_t per_group, const std::int32_t* kept,
+                          std::int32_t count, float* out) noexcept {
+  for (std::int32_t j = 0; j < count; ++j)
+    std::memcpy(out + j * per_group, sel + kept[j] * per_group,
+                static_cast<std::size_t>(per_group) * sizeof(float));
+}
+
+/// @brief ids selected from gather_groups' row back to the row's indices.
+inline void ungather_ids(std::int32_t per_group, const std::int32_t* kept, std::int32_t n,
+                         std::int32_t* ids) noexcept {
+  for (std::int32_t j = 0; j < n; ++j)
+    ids[j] = kept[ids[j] / per_group] * per_group + ids[j] % per_group;
 }
 
 /// @brief The group limit: each of G groups of E / G experts scores the sum (in double, best
@@ -492,8 +519,13 @@ inline void group_mask(const routing_config& cfg, const float* sel, std::int32_t
                        float* group_scores, std::int32_t* ids, std::int64_t* keys,
                        std::uint8_t* allowed) {
   const std::int32_t per_group = E / G, take = group_score_take(cfg);
-  if (take <= 2 && per_group % 16 == 0 && G <= 16) {
-    group_mask_top2(cfg, sel, G, per_group, take, allowed);
+  if (group_limit_by_top2(cfg, E, G)) {
+    std::int32_t kept[16];
+    const std::int32_t count = group_kept_top2(cfg, sel, G, per_group, kept);
+    std::fill(allowed, allowed + E, std::uint8_t{0});
+    for (std::int32_t j = 0; j < count; ++j)
+      std::fill(allowed + kept[j] * per_group, allowed + (kept[j] + 1) * per_group,
+                std::uint8_t{1});
     return;
   }
   for (std::int32_t grp = 0; grp < G; ++grp) {
