@@ -319,7 +319,66 @@ TEST_CASE("cpu group mask of top-1 / top-2 group scores equals the plain definit
             INFO("per " << per << " G " << G << " rep " << rep << " group " << g);
             for (std::int32_t e = g * per; e < (g + 1) * per; ++e) REQUIRE(allowed[e] == want);
           }
+          // the kept groups gathered side by side select as the masked row does
+          if (detail::group_limit_by_top2(cfg, E, G)) {
+            std::int32_t kept[16];
+            const std::int32_t count = detail::group_kept_top2(cfg, v.data(), G, per, kept);
+            REQUIRE(count == cfg.gating.group_limit.group_topk);
+            std::vector<float> gathered(static_cast<std::size_t>(count * per));
+            detail::gather_groups(v.data(), per, kept, count, gathered.data());
+            const std::int32_t n = std::min(8, count * per);
+            detail::top_n(gathered.data(), count * per, nullptr, n, nullptr, ids.data(),
+                          keys.data());
+            detail::ungather_ids(per, kept, n, ids.data());
+            REQUIRE(std::vector<std::int32_t>(ids.begin(), ids.begin() + n) ==
+                    plain_top(v, allowed.data(), n));
+          }
           ++cases;
         }
   CHECK(cases == 3 * 4 * 2 * 30);
 }
+
+#if defined(MOEROUTE_CPU_SELECT_AVX512)
+TEST_CASE("cpu selection of four rows side by side equals a stable sort per row", "[cpu][math]") {
+  // top_n_rows_by_threshold: continuous rows (the ranking), rows with exact ties and -0 / +0
+  // on top, and rows of few distinct values (more than 16 pass: ok false, ids untouched)
+  std::mt19937 rng(29);
+  std::normal_distribution<float> normal;
+  std::int64_t ranked = 0, fallen_back = 0;
+  for (const std::int32_t size : {32, 64, 128, 256, 1024})
+    for (int rep = 0; rep < 30; ++rep)
+      for (std::int32_t n = 3; n <= 16; ++n) {
+        std::vector<float> v(static_cast<std::size_t>(4 * size));
+        for (std::size_t j = 0; j < v.size(); ++j) {
+          const auto r = static_cast<int>(j / static_cast<std::size_t>(size));
+          v[j] = (rep + r) % 3 == 0   ? normal(rng)
+                 : (rep + r) % 3 == 1 ? static_cast<float>(rng() % 4) - 2.0f
+                                      : (rng() % 9 == 0 ? (rng() % 2 ? -0.0f : 0.0f)
+                                                        : -std::abs(normal(rng)) - 1.0f);
+        }
+        const float* rows[4];
+        std::int32_t* out[4];
+        std::vector<std::int32_t> ids(static_cast<std::size_t>(4 * n), -7);
+        for (std::int32_t r = 0; r < 4; ++r) {
+          rows[r] = v.data() + r * size;
+          out[r] = ids.data() + r * n;
+        }
+        bool ok[4];
+        detail::top_n_rows_by_threshold<4>(rows, size, n, out, ok);
+        for (std::int32_t r = 0; r < 4; ++r) {
+          INFO("size " << size << " rep " << rep << " n " << n << " row " << r);
+          const std::vector<float> row(rows[r], rows[r] + size);
+          const std::vector<std::int32_t> got(out[r], out[r] + n);
+          if (ok[r]) {
+            REQUIRE(got == plain_top(row, nullptr, n));
+            ++ranked;
+          } else {
+            REQUIRE(got == std::vector<std::int32_t>(static_cast<std::size_t>(n), -7));
+            ++fallen_back;
+          }
+        }
+      }
+  CHECK(ranked > 3000);
+  CHECK(fallen_back > 1000);
+}
+#endif

@@ -264,11 +264,13 @@ struct gating_agent {
   // 1. sanitise, exp(x - max), logsumexp; aux P (softmax of the clean logits) too when it is
   //    the gate score (clean gates taken before the top-k), else the aux pass (7) makes it
   void load(const gating_task_space& s, token_state& st) const {
-    // rows of 1 KiB and more: the row two tokens on asked for now, as the hardware's stream
-    // prefetch alone leaves the first touch of each row waiting (DeepSeek-V3: 8 % of gating;
-    // Qwen3's and Switch's 512-byte rows: no change measured)
-    if (row_bytes >= 1024 && st.t + 2 < p.tokens) {
-      const auto* ahead = reinterpret_cast<const char*>(p.d_logits + (st.t + 2) * E);
+    // the row eight tokens on asked for now (rows of 256 bytes and more): the hardware's
+    // stream prefetch alone leaves the first touch of each row waiting on memory (at
+    // T = 16384 about a tenth of Qwen3's gating was that load; 8 rows on: Qwen3 -4 %, Switch
+    // -8 %, DeepSeek-V3 as with 2; 4 and 16 measured no better)
+    constexpr std::int64_t ahead_rows = 8;
+    if (row_bytes >= 256 && st.t + ahead_rows < p.tokens) {
+      const auto* ahead = reinterpret_cast<const char*>(p.d_logits + (st.t + ahead_rows) * E);
       for (std::size_t b = 0; b < row_bytes; b += 64) __builtin_prefetch(ahead + b);
     }
     st.m = math::load_row(p.d_logits + st.t * E, E, s.x, *s.bad);
@@ -372,6 +374,35 @@ struct gating_agent {
     top_n(st.sel, st.size, st.allowed, n, nullptr, ids, s.keys);
     if (st.kept_groups > 0) ungather_ids(per_group, st.kept, n, ids);
     write_ids(st, ids);
+  }
+  // the same for the `count` tokens of a tile: four rows side by side by a threshold where
+  // that path applies to all of them (the rows' chains of dependent steps overlap), else row
+  // by row; the same ids either way
+  void select_tile(const gating_task_space* s, token_state* st, std::int32_t count) const {
+#if defined(MOEROUTE_CPU_SELECT_AVX512)
+    constexpr std::int32_t rows = 4;
+    const std::int32_t n = k + R, size = st[0].size;
+    bool side_by_side = count == rows && n >= 3 && n <= select_small_max && size % 16 == 0 &&
+                        size >= 32 && size <= 1024;
+    for (std::int32_t r = 0; r < count; ++r) side_by_side &= st[r].allowed == nullptr;
+    if (side_by_side) {
+      const float* v[rows];
+      std::int32_t* ids[rows];
+      bool ok[rows];
+      for (std::int32_t r = 0; r < rows; ++r) {
+        v[r] = st[r].sel;
+        ids[r] = st[r].chosen;
+      }
+      top_n_rows_by_threshold<rows>(v, size, n, ids, ok);
+      for (std::int32_t r = 0; r < rows; ++r) {
+        if (!ok[r]) top_n(st[r].sel, size, nullptr, n, nullptr, st[r].chosen, s[r].keys);
+        if (st[r].kept_groups > 0) ungather_ids(per_group, st[r].kept, n, st[r].chosen);
+        write_ids(st[r], st[r].chosen);
+      }
+      return;
+    }
+#endif
+    for (std::int32_t r = 0; r < count; ++r) select(s[r], st[r]);
   }
 #if defined(MOEROUTE_CPU_SELECT_COLUMNS)
   // the same for `count` tokens of a tile at once (selects_by_columns)
@@ -633,7 +664,7 @@ template <class Element>
         agent.select_columns(st, n);
       else
 #endif
-        for (std::int32_t r = 0; r < n; ++r) agent.select(slot[r], st[r]);
+        agent.select_tile(slot, st, n);
       for (std::int32_t r = 0; r < n; ++r) {
         bool valid = false;
         agent.finish(slot[r], st[r], valid, direct ? seq_scores : nullptr,

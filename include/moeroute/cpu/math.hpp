@@ -322,14 +322,15 @@ template <class Element>
 #if defined(__AVX512F__)
   const __m512 mv = _mm512_set1_ps(m);
   f64x8 lane[4] = {};
-  // e's halves into chains c and c + 1 (generic vectors: the intrinsics' undefined
-  // pass-through operands trip GCC 12's -Wmaybe-uninitialized)
-  const auto add = [&lane](int c, __m512 e) {
-    const auto v = (f32x16)e;
-    lane[c] +=
-        __builtin_convertvector(__builtin_shufflevector(v, v, 0, 1, 2, 3, 4, 5, 6, 7), f64x8);
-    lane[c + 1] +=
-        __builtin_convertvector(__builtin_shufflevector(v, v, 8, 9, 10, 11, 12, 13, 14, 15), f64x8);
+  // e's halves into chains c and c + 1 (the maskz forms: the plain ones trip GCC 12's
+  // -Wmaybe-uninitialized, and generic vectors convert a quarter register at a time)
+  const auto half = [](__m512 v, int h) {  // AVX-512F only (no DQ)
+    return h == 0 ? _mm256_castpd_ps(_mm512_maskz_extractf64x4_pd(0xff, _mm512_castps_pd(v), 0))
+                  : _mm256_castpd_ps(_mm512_maskz_extractf64x4_pd(0xff, _mm512_castps_pd(v), 1));
+  };
+  const auto add = [&lane, &half](int c, __m512 e) {
+    lane[c] += (f64x8)_mm512_maskz_cvtps_pd(0xff, half(e, 0));
+    lane[c + 1] += (f64x8)_mm512_maskz_cvtps_pd(0xff, half(e, 1));
   };
   std::int32_t i = 0;
   for (; i + 32 <= n; i += 32) {
@@ -354,9 +355,7 @@ template <class Element>
   // 16 here: chain 0 or 2, chosen by a branch, as an array index would put the chains in
   // memory), then one by one
   if (i + sum_lanes <= n) {
-    const auto v = (f32x16)e;
-    const f64x8 t =
-        __builtin_convertvector(__builtin_shufflevector(v, v, 0, 1, 2, 3, 4, 5, 6, 7), f64x8);
+    const auto t = (f64x8)_mm512_maskz_cvtps_pd(0xff, half(e, 0));
     if (i % 32 == 0) {
       lane[0] += t;
     } else {
