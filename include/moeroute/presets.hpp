@@ -430,7 +430,7 @@ inline constexpr preset_info registry[] = {
      256, 8, false, 7168},
     {"qwen_moe", "Qwen3-MoE: softmax, top-8 of 128, renormalised (d=2048)", 128, 8, false, 2048},
     {"qwen2_moe", "Qwen2-MoE: softmax, top-8 of 64, not renormalised (d=3584)", 64, 8, false, 3584},
-    {"olmoe", "OLMoE: softmax, top-8 of 64, no renormalisation, z-loss (d=2048)", 64, 8, false,
+    {"olmoe", "OLMoE: softmax, top-8 of 64, no renormalisation, no z-loss (d=2048)", 64, 8, false,
      2048},
 };
 
