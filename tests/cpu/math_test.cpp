@@ -364,7 +364,8 @@ TEST_CASE("cpu selection of four rows side by side equals a stable sort per row"
           out[r] = ids.data() + r * n;
         }
         bool ok[4];
-        detail::top_n_rows_by_threshold<4>(rows, size, n, out, ok);
+        const std::uint8_t* const unmasked[4] = {};
+        detail::top_n_rows_by_threshold<4>(rows, unmasked, size, n, out, ok);
         for (std::int32_t r = 0; r < 4; ++r) {
           INFO("size " << size << " rep " << rep << " n " << n << " row " << r);
           const std::vector<float> row(rows[r], rows[r] + size);

@@ -184,7 +184,6 @@ struct token_state {
   const float* gate_scores = nullptr;
   const float* sel = nullptr;             // the selection values
   const std::uint8_t* allowed = nullptr;  // the group limit's mask (null: all)
-  std::int32_t size = 0;                  // of sel: E, or the kept groups' when gathered
   std::int32_t kept_groups = 0;           // > 0: sel holds these groups of the row (gathered)
   std::int32_t kept[16];                  // the kept groups, in increasing order
   std::int32_t* ids = nullptr;            // the k + R chosen, best first: `chosen` or scratch
@@ -335,13 +334,11 @@ struct gating_agent {
 
     // 4. group limit: the kept groups gathered, or a mask
     const std::uint8_t* allowed = nullptr;
-    st.size = E;
     st.kept_groups = 0;
     if (gathers) {
       st.kept_groups = group_kept_top2(cfg, sel, G, per_group, st.kept);
       gather_groups(sel, per_group, st.kept, st.kept_groups, s.gathered);
       sel = s.gathered;
-      st.size = st.kept_groups * per_group;
     } else if (G > 1) {
       group_mask(cfg, sel, E, G, s.ex, s.order, s.keys, s.allowed);
       allowed = s.allowed;
@@ -367,35 +364,39 @@ struct gating_agent {
     st.allowed = allowed;
   }
 
+  // the length of a token's selection row: the kept groups' when gathered
+  std::int32_t size_of(const token_state& st) const {
+    return st.kept_groups > 0 ? st.kept_groups * per_group : E;
+  }
+
   // 5. top-k (+ R), best first, ties to the lower index
   void select(const gating_task_space& s, token_state& st) const {
     const std::int32_t n = k + R;
     std::int32_t* ids = n <= select_small_max ? st.chosen : s.order;
-    top_n(st.sel, st.size, st.allowed, n, nullptr, ids, s.keys);
+    top_n(st.sel, size_of(st), st.allowed, n, nullptr, ids, s.keys);
     if (st.kept_groups > 0) ungather_ids(per_group, st.kept, n, ids);
     write_ids(st, ids);
   }
   // the same for the `count` tokens of a tile: four rows side by side by a threshold where
-  // that path applies to all of them (the rows' chains of dependent steps overlap), else row
-  // by row; the same ids either way
+  // top_n takes that path (the rows' chains of dependent steps overlap), else row by row; the
+  // same ids either way
   void select_tile(const gating_task_space* s, token_state* st, std::int32_t count) const {
 #if defined(MOEROUTE_CPU_SELECT_AVX512)
     constexpr std::int32_t rows = 4;
-    const std::int32_t n = k + R, size = st[0].size;
-    bool side_by_side = count == rows && n >= 3 && n <= select_small_max && size % 16 == 0 &&
-                        size >= 32 && size <= 1024;
-    for (std::int32_t r = 0; r < count; ++r) side_by_side &= st[r].allowed == nullptr;
-    if (side_by_side) {
+    const std::int32_t n = k + R, size = size_of(st[0]);
+    if (count == rows && n >= 3 && n <= select_small_max && size >= 32) {
       const float* v[rows];
+      const std::uint8_t* allowed[rows];
       std::int32_t* ids[rows];
       bool ok[rows];
       for (std::int32_t r = 0; r < rows; ++r) {
         v[r] = st[r].sel;
+        allowed[r] = st[r].allowed;
         ids[r] = st[r].chosen;
       }
-      top_n_rows_by_threshold<rows>(v, size, n, ids, ok);
+      top_n_rows_by_threshold<rows>(v, allowed, size, n, ids, ok);
       for (std::int32_t r = 0; r < rows; ++r) {
-        if (!ok[r]) top_n(st[r].sel, size, nullptr, n, nullptr, st[r].chosen, s[r].keys);
+        if (!ok[r]) top_n(st[r].sel, size, st[r].allowed, n, nullptr, st[r].chosen, s[r].keys);
         if (st[r].kept_groups > 0) ungather_ids(per_group, st[r].kept, n, st[r].chosen);
         write_ids(st[r], st[r].chosen);
       }

@@ -277,129 +277,24 @@ inline void top2_of_values(const float* v, std::int32_t size, std::int32_t* ids)
 
 #if defined(__AVX512F__) && defined(__AVX512BW__) && defined(__AVX512VL__)
 #define MOEROUTE_CPU_SELECT_AVX512 1
-/// @brief The n best (3 <= n <= 16) of v[0, size) among allowed entries, best first, by a
-///        threshold: the entries at or above threshold_of() (usually under 2n) are compressed
-///        with their indices, in index order, and ranked by counting the better ones (a larger
-///        value, or an equal one at a lower index), 16 lanes of int32 per compare. Returns
-///        false, having written nothing, when more than 16 entries pass (the caller then
-///        selects by 64-bit keys).
-[[nodiscard]] inline bool top_n_by_threshold(const float* v, std::int32_t size,
-                                             const std::uint8_t* allowed, std::int32_t n,
-                                             std::int32_t* ids) noexcept {
-  const __m512 t = _mm512_set1_ps(threshold_of(v, size, allowed, n));
-  // 1. each chunk's passing entries compressed and stored whole at the running count (the
-  //    next chunk's store overwrites the tail): two shuffles and two stores a chunk, no chain
-  //    between chunks but the count. Stores start at most at 16, so they stay in the buffers;
-  //    more than 16 passing is the fallback anyway.
-  alignas(64) float cand[32];
-  alignas(64) std::int32_t where[32];
-  const __m512i lanes = _mm512_set_epi32(15, 14, 13, 12, 11, 10, 9, 8, 7, 6, 5, 4, 3, 2, 1, 0);
-  std::int32_t c = 0;
-  for (std::int32_t i = 0; i < size; i += 16) {
-    const auto live = static_cast<__mmask16>(size - i >= 16 ? 0xffffu : (1u << (size - i)) - 1u);
-    const __m512 x = _mm512_maskz_loadu_ps(live, v + i);
-    __mmask16 m = _mm512_mask_cmp_ps_mask(live, x, t, _CMP_GE_OQ);
-    if (allowed != nullptr)
-      m = _mm512_mask_test_epi32_mask(
-          m, _mm512_maskz_cvtepu8_epi32(0xffff, _mm_maskz_loadu_epi8(live, allowed + i)),
-          _mm512_set1_epi32(0xff));
-    const std::int32_t at = std::min(c, 16);
-    _mm512_storeu_ps(cand + at, _mm512_maskz_compress_ps(m, x));
-    _mm512_storeu_si512(
-        where + at, _mm512_maskz_compress_epi32(m, _mm512_add_epi32(lanes, _mm512_set1_epi32(i))));
-    c += std::popcount(static_cast<std::uint32_t>(m));
-  }
-  if (c > 16) return false;
-  // 2. the candidates as ordered int32 (-0 folded onto +0, sign-magnitude made two's
-  //    complement), the lanes from c on below every real value (the ordered bits of -inf are
-  //    above INT32_MIN)
-  const auto real = static_cast<__mmask16>((1u << c) - 1u);
-  const __m512i b = _mm512_castps_si512(_mm512_add_ps(_mm512_load_ps(cand), _mm512_setzero_ps()));
-  const __m512i h = _mm512_mask_xor_epi32(
-      _mm512_set1_epi32(std::numeric_limits<std::int32_t>::min()), real, b,
-      _mm512_and_si512(_mm512_maskz_srai_epi32(0xffff, b, 31), _mm512_set1_epi32(0x7fffffff)));
-  alignas(64) std::int32_t hs[16];
-  _mm512_store_si512(hs, h);
-  // 3. each candidate's rank: how many are better. Lane i is beaten by lane j when h_i < h_j,
-  //    or h_i == h_j and j < i (candidates are in index order): h_i < h_j + (i > j), one
-  //    compare. Ranks are 0 .. 15, one each (the padding, equal among itself, ranks c .. 15).
-  //    Two sums so that the adds do not form one chain.
-  __m512i rank0 = _mm512_setzero_si512(), rank1 = _mm512_setzero_si512();
-  const __m512i one = _mm512_set1_epi32(1);
-  for (std::int32_t j = 0; j < 16; j += 2) {
-    const __m512i b0 = _mm512_set1_epi32(hs[j]), b1 = _mm512_set1_epi32(hs[j + 1]);
-    const __m512i b0i = _mm512_mask_add_epi32(b0, static_cast<__mmask16>(0xfffeu << j), b0, one);
-    const __m512i b1i = _mm512_mask_add_epi32(b1, static_cast<__mmask16>(0xfffcu << j), b1, one);
-    rank0 = _mm512_mask_add_epi32(rank0, _mm512_cmplt_epi32_mask(h, b0i), rank0, one);
-    rank1 = _mm512_mask_add_epi32(rank1, _mm512_cmplt_epi32_mask(h, b1i), rank1, one);
-  }
-  const __m512i rank = _mm512_add_epi32(rank0, rank1);
-  // the j-th best: the index in the lane ranked j (one lane per rank)
-  const __m512i idx = _mm512_load_si512(where);
-  for (std::int32_t j = 0; j < n; ++j)
-    ids[j] = _mm512_cvtsi512_si32(
-        _mm512_maskz_compress_epi32(_mm512_cmpeq_epi32_mask(rank, _mm512_set1_epi32(j)), idx));
-  return true;
-}
-#endif
-
-/// @brief top_n_by_threshold for R rows at once, each phase for every row before the next
-///        (no mask; size a multiple of 16, 32 to 1024): one row's selection is a chain of
-///        dependent steps (lane maxima, their ranks, the threshold, the compares, the running
-///        count, the store and reload of the candidates, their ranks), and those of R rows
-///        overlap in the core only side by side in the instruction stream (measured: top-8 of
-///        128 from 79 to ~45 ns a row with 4 rows). ok[r] is false, with ids[r] unwritten, where
-///        more than 16 entries of row r pass (the caller selects that row otherwise). The
-///        same ids as top_n_by_threshold, row by row.
+/// @brief The n best of each of R rows' candidates, best first: row r's c[r] candidate values
+///        cand[r][0, c[r]) and their indices where[r][0, c[r]), in index order. Each candidate's
+///        rank is how many are better: as ordered int32 (-0 folded onto +0, sign-magnitude made
+///        two's complement), lane i is beaten by lane j when h_i < h_j, or h_i == h_j and j < i
+///        (a lower index): h_i < h_j + (i > j), one compare. The lanes from c[r] on rank below
+///        every real value (the ordered bits of -inf are above INT32_MIN), so the ranks are
+///        0 .. 15, one each. Rows with more than 16 candidates are left unwritten. Each row's
+///        two sums (even and odd j) keep the adds from forming one chain; the rows go side by
+///        side.
 template <std::int32_t R>
-inline void top_n_rows_by_threshold(const float* const* v, std::int32_t size, std::int32_t n,
-                                    std::int32_t* const* ids, bool* ok) noexcept {
-  constexpr float inf = std::numeric_limits<float>::infinity();
+[[gnu::always_inline]] inline void order_candidates(const float (*cand)[32],
+                                                    const std::int32_t (*where)[32],
+                                                    const std::int32_t* c, std::int32_t n,
+                                                    std::int32_t* const* ids) noexcept {
   const __m512i one = _mm512_set1_epi32(1);
-  // 1. thresholds: each row's lane maxima and the n-th largest of them (threshold_of)
-  __m512 lane[R];
-  for (std::int32_t r = 0; r < R; ++r) lane[r] = _mm512_set1_ps(-inf);
-  for (std::int32_t i = 0; i < size; i += 16)
-    for (std::int32_t r = 0; r < R; ++r)
-      lane[r] = _mm512_maskz_max_ps(0xffff, lane[r], _mm512_loadu_ps(v[r] + i));
-  alignas(64) float m[R][16];
-  __m512i above[R];
-  for (std::int32_t r = 0; r < R; ++r) {
-    _mm512_store_ps(m[r], lane[r]);
-    above[r] = _mm512_setzero_si512();
-  }
-  for (std::int32_t l = 0; l < 16; ++l)
-    for (std::int32_t r = 0; r < R; ++r)
-      above[r] = _mm512_mask_add_epi32(
-          above[r], _mm512_cmp_ps_mask(lane[r], _mm512_set1_ps(m[r][l]), _CMP_LT_OQ), above[r],
-          one);
-  __m512 t[R];
-  for (std::int32_t r = 0; r < R; ++r) {
-    const __m512 e = _mm512_mask_mov_ps(
-        _mm512_set1_ps(inf), _mm512_cmplt_epi32_mask(above[r], _mm512_set1_epi32(n)), lane[r]);
-    t[r] = _mm512_set1_ps(min_of_lanes((math::f32x16)e));
-  }
-  // 2. each chunk's passing entries compressed and stored at the row's running count
-  alignas(64) float cand[R][32];
-  alignas(64) std::int32_t where[R][32];
-  std::int32_t c[R] = {};
-  const __m512i lanes = _mm512_set_epi32(15, 14, 13, 12, 11, 10, 9, 8, 7, 6, 5, 4, 3, 2, 1, 0);
-  for (std::int32_t i = 0; i < size; i += 16) {
-    const __m512i at_i = _mm512_add_epi32(lanes, _mm512_set1_epi32(i));
-    for (std::int32_t r = 0; r < R; ++r) {
-      const __m512 x = _mm512_loadu_ps(v[r] + i);
-      const __mmask16 k = _mm512_cmp_ps_mask(x, t[r], _CMP_GE_OQ);
-      const std::int32_t at = std::min(c[r], 16);
-      _mm512_storeu_ps(cand[r] + at, _mm512_maskz_compress_ps(k, x));
-      _mm512_storeu_si512(where[r] + at, _mm512_maskz_compress_epi32(k, at_i));
-      c[r] += std::popcount(static_cast<std::uint32_t>(k));
-    }
-  }
-  // 3. ranks (as top_n_by_threshold), the rows side by side
-  __m512i h[R], rank[R];
+  __m512i h[R], rank0[R], rank1[R];
   alignas(64) std::int32_t hs[R][16];
   for (std::int32_t r = 0; r < R; ++r) {
-    ok[r] = c[r] <= 16;
     const auto real = static_cast<__mmask16>((1u << std::min(c[r], 16)) - 1u);
     const __m512i b =
         _mm512_castps_si512(_mm512_add_ps(_mm512_load_ps(cand[r]), _mm512_setzero_ps()));
@@ -407,25 +302,87 @@ inline void top_n_rows_by_threshold(const float* const* v, std::int32_t size, st
         _mm512_set1_epi32(std::numeric_limits<std::int32_t>::min()), real, b,
         _mm512_and_si512(_mm512_maskz_srai_epi32(0xffff, b, 31), _mm512_set1_epi32(0x7fffffff)));
     _mm512_store_si512(hs[r], h[r]);
-    rank[r] = _mm512_setzero_si512();
+    rank0[r] = rank1[r] = _mm512_setzero_si512();
   }
-  for (std::int32_t j = 0; j < 16; ++j) {
-    const auto after = static_cast<__mmask16>(0xfffeu << j);
+  for (std::int32_t j = 0; j < 16; j += 2) {
+    const auto after0 = static_cast<__mmask16>(0xfffeu << j);  // lanes above j
+    const auto after1 = static_cast<__mmask16>(0xfffcu << j);  // lanes above j + 1
     for (std::int32_t r = 0; r < R; ++r) {
-      const __m512i bj = _mm512_set1_epi32(hs[r][j]);
-      rank[r] = _mm512_mask_add_epi32(
-          rank[r], _mm512_cmplt_epi32_mask(h[r], _mm512_mask_add_epi32(bj, after, bj, one)),
-          rank[r], one);
+      const __m512i b0 = _mm512_set1_epi32(hs[r][j]), b1 = _mm512_set1_epi32(hs[r][j + 1]);
+      rank0[r] = _mm512_mask_add_epi32(
+          rank0[r], _mm512_cmplt_epi32_mask(h[r], _mm512_mask_add_epi32(b0, after0, b0, one)),
+          rank0[r], one);
+      rank1[r] = _mm512_mask_add_epi32(
+          rank1[r], _mm512_cmplt_epi32_mask(h[r], _mm512_mask_add_epi32(b1, after1, b1, one)),
+          rank1[r], one);
     }
   }
+  // the j-th best: the index in the lane ranked j (one lane per rank)
   for (std::int32_t r = 0; r < R; ++r) {
-    if (!ok[r]) continue;
+    if (c[r] > 16) continue;
+    const __m512i rank = _mm512_add_epi32(rank0[r], rank1[r]);
     const __m512i idx = _mm512_load_si512(where[r]);
     for (std::int32_t j = 0; j < n; ++j)
       ids[r][j] = _mm512_cvtsi512_si32(
-          _mm512_maskz_compress_epi32(_mm512_cmpeq_epi32_mask(rank[r], _mm512_set1_epi32(j)), idx));
+          _mm512_maskz_compress_epi32(_mm512_cmpeq_epi32_mask(rank, _mm512_set1_epi32(j)), idx));
   }
 }
+
+/// @brief The n best (3 <= n <= 16) of each of R rows v[r][0, size) among its allowed entries
+///        (allowed[r], null: all), best first, by a threshold: the entries at or above
+///        threshold_of() (usually under 2n) are compressed with their indices, in index order,
+///        and ranked by counting the better ones (order_candidates). ok[r] is false, with
+///        ids[r] unwritten, where more than 16 entries of row r pass (the caller then selects
+///        that row by 64-bit keys). Each phase goes through every row before the next: one
+///        row's selection is a chain of dependent steps (lane maxima, their ranks, the
+///        threshold, the compares, the running count, the store and reload of the candidates,
+///        their ranks), and those of R rows overlap in the core only side by side in the
+///        instruction stream (measured: top-8 of 128 from 79 to about 58 ns a row with 4 rows).
+template <std::int32_t R>
+inline void top_n_rows_by_threshold(const float* const* v, const std::uint8_t* const* allowed,
+                                    std::int32_t size, std::int32_t n, std::int32_t* const* ids,
+                                    bool* ok) noexcept {
+  __m512 t[R];
+  for (std::int32_t r = 0; r < R; ++r)
+    t[r] = _mm512_set1_ps(threshold_of(v[r], size, allowed[r], n));
+  // each chunk's passing entries compressed and stored whole at the row's running count (the
+  // next chunk's store overwrites the tail): two shuffles and two stores a chunk, no chain
+  // between chunks but the count. Stores start at most at 16, so they stay in the buffers;
+  // more than 16 passing is the fallback anyway.
+  alignas(64) float cand[R][32];
+  alignas(64) std::int32_t where[R][32];
+  std::int32_t c[R] = {};
+  const __m512i lanes = _mm512_set_epi32(15, 14, 13, 12, 11, 10, 9, 8, 7, 6, 5, 4, 3, 2, 1, 0);
+  for (std::int32_t i = 0; i < size; i += 16) {
+    const auto live = static_cast<__mmask16>(size - i >= 16 ? 0xffffu : (1u << (size - i)) - 1u);
+    const __m512i at_i = _mm512_add_epi32(lanes, _mm512_set1_epi32(i));
+    for (std::int32_t r = 0; r < R; ++r) {
+      const __m512 x = _mm512_maskz_loadu_ps(live, v[r] + i);
+      __mmask16 k = _mm512_mask_cmp_ps_mask(live, x, t[r], _CMP_GE_OQ);
+      if (allowed[r] != nullptr)
+        k = _mm512_mask_test_epi32_mask(
+            k, _mm512_maskz_cvtepu8_epi32(0xffff, _mm_maskz_loadu_epi8(live, allowed[r] + i)),
+            _mm512_set1_epi32(0xff));
+      const std::int32_t at = std::min(c[r], 16);
+      _mm512_storeu_ps(cand[r] + at, _mm512_maskz_compress_ps(k, x));
+      _mm512_storeu_si512(where[r] + at, _mm512_maskz_compress_epi32(k, at_i));
+      c[r] += std::popcount(static_cast<std::uint32_t>(k));
+    }
+  }
+  for (std::int32_t r = 0; r < R; ++r) ok[r] = c[r] <= 16;
+  order_candidates<R>(cand, where, c, n, ids);
+}
+
+/// @brief top_n_rows_by_threshold for one row; false (nothing written) where more than 16
+///        entries pass.
+[[nodiscard]] inline bool top_n_by_threshold(const float* v, std::int32_t size,
+                                             const std::uint8_t* allowed, std::int32_t n,
+                                             std::int32_t* ids) noexcept {
+  bool ok = false;
+  top_n_rows_by_threshold<1>(&v, &allowed, size, n, &ids, &ok);
+  return ok;
+}
+#endif
 
 /// @brief The keys of the allowed entries of v at or above `bound`, in index order, into
 ///        keys[0, count); returns count. Writes stay within keys[0, size).
