@@ -35,6 +35,8 @@ TEST_CASE("cpu fuzz corpus: every kept input, cpu backend == reference", "[cpu][
     REQUIRE_NOTHROW(moeroute::fuzz::cpu_one(bytes.data(), bytes.size()));
   }
   CHECK(moeroute::fuzz::cpu_reached().compared > before.compared);
+  // noisy_near_tie (found by fuzz_cpu): off-grid noisy softmax scores, two ids one ulp apart
+  CHECK(moeroute::fuzz::cpu_reached().near_ties > before.near_ties);
 }
 
 TEST_CASE("cpu fuzz sweep: fixed-seed random inputs, cpu backend == reference", "[cpu][fuzz]") {

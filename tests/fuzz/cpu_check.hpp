@@ -2,10 +2,17 @@
 // The differential fuzz harness: the CPU backend against the reference on the same decoded
 // input (fuzz_input.hpp). Gating runs on the logits moved onto a 1/64 grid in [-16, 16]
 // (NaN / Inf kept), where distinct selection values are far apart compared with the scores'
-// rounding, so ids must match exactly; floats within 1e-5 relative. Dispatch, both layouts,
-// permute, combine, their backward passes and the losses run on the reference's own gating
-// and must equal the reference bit for bit (d weight within fp32 rounding). Shared by the
-// libFuzzer target (fuzz_cpu.cpp) and the replay test (tests/cpu/fuzz_cpu_test.cpp).
+// rounding, so ids must match exactly; floats within 1e-5 relative. Noise moves the logits off
+// the grid: where the selection values are scores of noisy logits, two may lie within the
+// scores' rounding of each other (the backend's exp is within 2 ulp; glibc's expf is not
+// always correctly rounded), and the backend's documented contract lets their order differ.
+// Such an input passes the gating comparison only when every differing id is such a near-tie
+// (the reference's selection values of the two experts within 1e-6 relative), and is counted;
+// its other gating outputs, which follow the ids, are then not compared (its later stages
+// are, on the reference's gating).
+// Dispatch, both layouts, permute, combine, their backward passes and the losses run on the
+// reference's own gating and must equal the reference bit for bit (d weight within fp32 rounding).
+// Shared by the libFuzzer target (fuzz_cpu.cpp) and the replay test (tests/cpu/fuzz_cpu_test.cpp).
 #pragma once
 
 #include <cmath>
@@ -40,6 +47,7 @@ namespace moeroute::fuzz {
 /// How far the differential harness got, over all inputs so far.
 struct cpu_reach {
   std::int64_t inputs = 0, compared = 0, with_drops = 0, with_reroutes = 0;
+  std::int64_t near_ties = 0;  ///< inputs whose ids differed by near-ties of noisy scores only
 };
 inline cpu_reach& cpu_reached() {
   static cpu_reach r;
@@ -106,6 +114,52 @@ inline test::gating_outputs run_cpu_gating(const routing_config& cfg,
   std::vector<unsigned char> ws(cpu::gating_workspace_bytes(cfg, T));
   g.st = cpu::gating(cfg, p, ws.data(), ws.size(), cpu::executor::serial());
   return g;
+}
+
+/// True when every id (and reroute id) of `got` that differs from the reference's `want` is a
+/// near-tie: the reference's selection values of the two experts (scores of the noisy logits,
+/// + bias, as reference::gating makes them) within 1e-6 relative; false when none differs.
+/// For noisy configs that select from scores.
+inline bool differs_by_near_ties_only(const routing_config& cfg, const std::vector<float>& logits,
+                                      const std::vector<float>& bias,
+                                      const reference::gating_output& want,
+                                      const test::gating_outputs& got) {
+  const auto& g = cfg.gating;
+  const std::int32_t E = cfg.num_experts, k = cfg.top_k, R = cfg.candidates_per_token() - k;
+  if (!got.st.ok() || got.ids.size() != want.ids.size() ||
+      got.reroute_ids.size() != want.reroute_ids.size())
+    return false;
+  std::vector<float> xn(static_cast<std::size_t>(E)), sel(static_cast<std::size_t>(E));
+  bool differs = false;
+  for (std::int64_t t = 0; t < want.tokens; ++t) {
+    const auto id = [&](const auto& o, std::int32_t j) {
+      return j < k ? o.ids[t * k + j] : o.reroute_ids[t * R + (j - k)];
+    };
+    bool row_differs = false;
+    for (std::int32_t j = 0; j < k + R; ++j) row_differs |= id(want, j) != id(got, j);
+    if (!row_differs) continue;
+    differs = true;
+    for (std::int32_t e = 0; e < E; ++e) {
+      const auto r = rng::draw(g.noise.seed, g.noise.offset, rng::stream_gating_noise,
+                               static_cast<std::uint64_t>(t) * E + e);
+      const float z =
+          g.noise.kind == noise_kind::gaussian ? rng::normal(r.v[0], r.v[1]) : rng::gumbel(r.v[0]);
+      const float x = reference::detail::sanitize(logits[static_cast<std::size_t>(t * E + e)]);
+      xn[e] = reference::detail::sanitize(x + g.noise.scale * z);
+    }
+    reference::detail::scores_row(g.score, xn.data(), E, sel.data());
+    if (g.expert_bias)
+      for (std::int32_t e = 0; e < E; ++e)
+        sel[e] = reference::detail::sanitize(sel[e] + bias[static_cast<std::size_t>(e)]);
+    for (std::int32_t j = 0; j < k + R; ++j) {
+      const std::int32_t a = id(want, j), b = id(got, j);
+      if (a == b) continue;
+      if (b < 0 || b >= E) return false;
+      const double va = sel[a], vb = sel[b];
+      if (!(std::fabs(va - vb) <= 1e-6 * std::fmax(std::fabs(va), std::fabs(vb)))) return false;
+    }
+  }
+  return differs;
 }
 
 /// The CPU stages after gating on the reference's gating `g`, against the reference.
@@ -245,8 +299,13 @@ inline int cpu_one(const std::uint8_t* data, std::size_t size) {
   const auto g = reference::gating<float>(c.cfg, std::span<const float>(logits), c.tokens,
                                           std::span<const float>(bias),
                                           std::span<const std::uint8_t>(c.valid));
-  const std::string m =
-      test::compare(g, detail::run_cpu_gating(c.cfg, logits, c.tokens, bias, c.valid));
+  const auto got = detail::run_cpu_gating(c.cfg, logits, c.tokens, bias, c.valid);
+  std::string m = test::compare(g, got);
+  if (!m.empty() && c.cfg.noise_active() && c.cfg.gating.select == select_from::scores &&
+      detail::differs_by_near_ties_only(c.cfg, logits, bias, g, got)) {
+    ++cpu_reached().near_ties;  // off-grid noisy scores within rounding: see the file comment
+    m.clear();
+  }
   detail::expect(m.empty(), "gating: " + m);
   // the later stages on the reference's gating
   detail::check_stages(c, g, reference::dispatch(c.cfg, g));
