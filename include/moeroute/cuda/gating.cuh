@@ -51,7 +51,7 @@ template <class Element, int Lanes, int Slots, int Warps, bool Generic>
     a.slots = Slots;
   }
   const launch_shape shape{static_cast<unsigned>(a.plan.chunks), Warps * 32,
-                           kernels::gating_kernel_smem(Lanes, Warps, Generic, E)};
+                           kernels::gating_kernel_smem(Lanes, Slots, Warps, Generic, E)};
   return launch("gating_kernel", kernels::gating_kernel<Element, Lanes, Slots, Warps, Generic>,
                 shape, stream, a);
 }

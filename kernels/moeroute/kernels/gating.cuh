@@ -23,28 +23,40 @@
 namespace moeroute::kernels {
 
 /// @brief Bytes of dynamic shared memory gating_kernel<..., Lanes, Slots, Warps, Generic> uses:
-///        Groups * E doubles (unless Generic) + Groups doubles + E ints, Groups = Warps * 32 /
-///        Lanes.
-inline std::size_t gating_kernel_smem(int lanes, int warps, bool generic, int experts) {
+///        Groups * Lanes * Slots doubles (unless Generic) + Groups doubles + E ints, Groups =
+///        Warps * 32 / Lanes.
+inline std::size_t gating_kernel_smem(int lanes, int slots, int warps, bool generic, int experts) {
   const std::size_t groups = static_cast<std::size_t>(warps) * (32 / lanes);
+  const std::size_t row = static_cast<std::size_t>(lanes) * static_cast<std::size_t>(slots);
   const std::size_t e = static_cast<std::size_t>(experts);
-  return (generic ? 0 : groups * e * sizeof(double)) + groups * sizeof(double) + e * sizeof(int);
+  return (generic ? 0 : groups * row * sizeof(double)) + groups * sizeof(double) + e * sizeof(int);
+}
+
+/// @brief Where a register kernel's group keeps expert e's running P sum: slot-major (slot s
+///        of lane l at s * Lanes + l), so that a slot's add touches consecutive doubles across
+///        the lanes. In expert order a lane's Vec experts sit side by side and the lanes' adds
+///        hit the same banks (16-way for bf16 rows: 80 % of the kernel's shared wavefronts).
+template <class Row, int Lanes>
+__device__ __forceinline__ int gating_acc_position(int e) {
+  return Row::owner_slot(e) * Lanes + Row::owner_lane(e);
 }
 
 /// @brief The gating kernel. Grid: one block per chunk; Warps * 32 threads; dynamic shared
-///        memory gating_kernel_smem(Lanes, Warps, Generic, E).
+///        memory gating_kernel_smem(Lanes, Slots, Warps, Generic, E).
 ///        The arguments are __grid_constant__: the agent keeps a reference to them, which
 ///        otherwise makes nvcc copy the whole struct into local memory in every thread.
 template <class Element, int Lanes, int Slots, int Warps, bool Generic>
 __global__ void __launch_bounds__(Warps * 32)
     gating_kernel(const __grid_constant__ gating_kernel_args<Element> a) {
   constexpr int Groups = Warps * (32 / Lanes);
+  constexpr int Row = Lanes * Slots;  // a group's accumulator row (register kernels)
+  using agent_type = gating_agent<Element, Lanes, Slots, Generic>;
   const int E = a.sem.experts;
   const int tid = static_cast<int>(threadIdx.x);
   const int grp = tid / Lanes;  // token group inside the block
 
-  double* s_acc = dynamic_shared<double>();              // [Groups, E] (register kernels)
-  double* s_z = s_acc + (Generic ? 0 : Groups * E);      // [Groups]
+  double* s_acc = dynamic_shared<double>();              // [Groups, Row] (register kernels)
+  double* s_z = s_acc + (Generic ? 0 : Groups * Row);    // [Groups]
   int* s_counts = reinterpret_cast<int*>(s_z + Groups);  // [E]
   __shared__ unsigned long long s_valid, s_nonfinite;
 
@@ -54,7 +66,7 @@ __global__ void __launch_bounds__(Warps * 32)
 
   double* g_acc = a.part.d_scores + c * E;  // the generic kernel accumulates here (lane-owned)
   if constexpr (!Generic) {
-    for (int i = tid; i < Groups * E; i += Warps * 32) s_acc[i] = 0.0;
+    for (int i = tid; i < Groups * Row; i += Warps * 32) s_acc[i] = 0.0;
   } else {
     for (int i = tid; i < E; i += Warps * 32) g_acc[i] = 0.0;
   }
@@ -66,7 +78,7 @@ __global__ void __launch_bounds__(Warps * 32)
   }
   __syncthreads();
 
-  gating_agent<Element, Lanes, Slots, Generic> agent(a, tid % Lanes);
+  agent_type agent(a, tid % Lanes);
   double z_acc = 0.0;
   for (std::int64_t base = begin; base < end; base += Groups) {  // block-uniform trip count
     const std::int64_t v = base + grp;
@@ -94,7 +106,7 @@ __global__ void __launch_bounds__(Warps * 32)
         if constexpr (Generic) {
           g_acc[e] += static_cast<double>(agent.sel[s]);
         } else {
-          s_acc[grp * E + e] += static_cast<double>(agent.sel[s]);
+          s_acc[grp * Row + s * Lanes + agent.lane] += static_cast<double>(agent.sel[s]);
         }
       });
       if (agent.lane == 0) {
@@ -120,7 +132,8 @@ __global__ void __launch_bounds__(Warps * 32)
   for (int e = tid; e < E; e += Warps * 32) {
     if constexpr (!Generic) {
       double v = 0.0;
-      for (int g = 0; g < Groups; ++g) v += s_acc[g * E + e];
+      const int at = gating_acc_position<typename agent_type::row_layout, Lanes>(e);
+      for (int g = 0; g < Groups; ++g) v += s_acc[g * Row + at];
       a.part.d_scores[c * E + e] = v;
     }
     a.part.d_counts[c * E + e] = s_counts[e];

@@ -188,16 +188,22 @@ struct gating_agent {
   // --- 4. group limit ---------------------------------------------------------------------------
 
   /// Group score = sum (double, descending) of its top group_take selection values; the
-  /// group_topk best groups' experts become allowed.
+  /// group_topk best groups' experts become allowed (ties: the lower group index).
   __device__ __forceinline__ void group_limit() {
+    if (groups_by_lanes()) {
+      group_limit_by_lanes();
+      return;
+    }
+    // (a range test instead of the division, or a per-slot group array, costs the register
+    // kernels 15 registers: E = 128 drops from 3 blocks an SM to 2)
+    const auto in_group = [&](int s, int g) {
+      const int e = expert(s);
+      return e < E && e / sem.per_group == g;
+    };
     for (int g = 0; g < sem.groups; ++g) {
       double gsum = 0.0;
       warp::topk<row_layout, Lanes, Slots, Generic>(
-          sel, ns, sem.group_take,
-          [&](int s) {
-            const int e = expert(s);
-            return e < E && e / sem.per_group == g;
-          },
+          sel, ns, sem.group_take, [&](int s) { return in_group(s, g); },
           [&](int, float value, int) { gsum += static_cast<double>(value); });
       if (g % Lanes == lane)
         warp::slot_set<Slots, Generic>(rv, g / Lanes, static_cast<float>(gsum));
@@ -208,10 +214,73 @@ struct gating_agent {
         rv, ns, sem.group_topk, [&](int s) { return s * Lanes + lane < sem.groups; },
         [&](int, float, int group) {
           for_slots([&](int s) {
-            const int e = expert(s);
-            if (e < E && e / sem.per_group == group) allowed.set(s);
+            if (in_group(s, group)) allowed.set(s);
           });
         });
+  }
+
+  /// True when group_limit_by_lanes applies: a full register row whose groups are whole runs
+  /// of lanes inside one 16-byte block column (E = Lanes * Slots, per_group a multiple of Vec
+  /// dividing Lanes * Vec, so each lane's Vec values of a block lie in one group and a group's
+  /// lanes are an aligned power-of-two run), scored by its top one or two values (DeepSeek-V3,
+  /// Megatron's group-limited routing with k / topk_group <= 2).
+  __device__ __forceinline__ bool groups_by_lanes() const {
+    if constexpr (Generic) {
+      return false;
+    } else {
+      const int per = sem.per_group;
+      return sem.group_take <= 2 && E == Lanes * Slots && per * sem.groups == E && per % Vec == 0 &&
+             (Lanes * Vec) % per == 0;
+    }
+  }
+
+  /// group_limit with no top-n pass per group: each lane keeps the top two of its Vec values
+  /// per block, a butterfly over the group's lanes merges them (top two of a multiset: only
+  /// values enter the score, and the double sum of two floats is exact in either order, so it
+  /// equals the reference's descending sum), and each block's group counts the groups that
+  /// beat it (larger score, or equal and lower index): rank < group_topk is kept. A few dozen
+  /// instructions a block instead of a top-n pass over the whole row for every group.
+  __device__ __forceinline__ void group_limit_by_lanes() {
+    constexpr int Blocks = Slots / Vec;
+    const int per = sem.per_group;
+    const int run = per / Vec;          // lanes of one group in a block (a power of two)
+    const int per_block = Lanes / run;  // groups in one block column
+    int shift = 0;                      // log2(per_block)
+    while ((1 << shift) < per_block) ++shift;
+    const bool two = sem.group_take == 2;
+    float score[Blocks];
+    int mine[Blocks];
+#pragma unroll
+    for (int b = 0; b < Blocks; ++b) {
+      float t1 = -INFINITY, t2 = -INFINITY;
+#pragma unroll
+      for (int i = 0; i < Vec; ++i) {
+        const float v = sel[b * Vec + i];
+        t2 = fmaxf(t2, fminf(t1, v));
+        t1 = fmaxf(t1, v);
+      }
+      for (int o = 1; o < run; o <<= 1) {  // the same trip count on every lane
+        const float u1 = __shfl_xor_sync(warp::full_mask, t1, o, Lanes);
+        const float u2 = __shfl_xor_sync(warp::full_mask, t2, o, Lanes);
+        t2 = fmaxf(fmaxf(t2, u2), fminf(t1, u1));
+        t1 = fmaxf(t1, u1);
+      }
+      score[b] = two ? static_cast<float>(static_cast<double>(t1) + static_cast<double>(t2)) : t1;
+      mine[b] = (b << shift) + lane / run;
+    }
+    int rank[Blocks];
+#pragma unroll
+    for (int b = 0; b < Blocks; ++b) rank[b] = 0;
+    for (int h = 0; h < sem.groups; ++h) {
+      const float hv =
+          __shfl_sync(warp::full_mask, warp::slot_get<Blocks, false>(score, h >> shift),
+                      (h & (per_block - 1)) * run, Lanes);
+#pragma unroll
+      for (int b = 0; b < Blocks; ++b) rank[b] += warp::better(hv, h, score[b], mine[b]) ? 1 : 0;
+    }
+#pragma unroll
+    for (int s = 0; s < Slots; ++s)
+      if (rank[s / Vec] < sem.group_topk) allowed.set(s);
   }
 
   // --- 4b. NLLB second-expert sampling -------------------------------------------------------
