@@ -6,10 +6,8 @@
 // fixed xor butterfly (warp::group_sum: every lane ends with the same bits). One thread per token
 // for every E, as this kernel began, ran E-long serial passes of double exp: 0.2-0.7 ms at any T on
 // an H200 for E >= 64; a warp per token for E = 8 left three quarters of each warp idle (24 -> 67
-// us at T = 16384), so small E keeps a thread per token where the batch fills the GPU, and
-// below that a warp per token whose sums go lane by lane in expert order (Ordered: the thread's
-// order, so both give the same bits; H200, Mixtral: 13 us against 19 at T <= 1024).
-// Formulas: docs/numerics.md ("Gradients"); semantics: reference::gating_backward.
+// us at T = 16384), so small E keeps a thread per token. Formulas: docs/numerics.md ("Gradients");
+// semantics: reference::gating_backward.
 #pragma once
 
 #include <cfloat>
@@ -73,15 +71,11 @@ __device__ inline double load_logit(const gating_backward_args<Element>& a, std:
 
 /// Lanes (1 or 32) threads per token; per element the routing, aux, sequence-aux and z terms,
 /// each computed in double, rounded to float and added in that order (the order of
-/// reference::gating_backward). Ordered (E <= Lanes): the lanes' sums are added in expert
-/// order, as one thread per token adds them. Block: whole warps.
-template <class Element, int Lanes, bool Ordered = false>
+/// reference::gating_backward). Block: whole warps.
+template <class Element, int Lanes>
 __global__ void gating_backward_kernel(const gating_backward_args<Element> a) {
   const gating_semantics& sem = a.sem;
   const std::int32_t E = sem.experts, k = sem.k;
-  const auto lanes_sum = [E](double v) {
-    return Ordered ? warp::ordered_sum<Lanes>(v, E) : warp::group_sum<Lanes>(v);
-  };
   const std::int64_t* d_valid_tokens = a.gated.sums.d_valid_tokens;
   const std::int64_t* aux_count = a.aux_weight != 0.0 ? a.gated.sums.d_aux_count : nullptr;
   const std::int64_t Tvalid = d_valid_tokens ? *d_valid_tokens : a.tokens;
@@ -160,7 +154,7 @@ __global__ void gating_backward_kernel(const gating_backward_args<Element> a) {
         for (std::int32_t e = lane; e < E; e += Lanes) gm = fmax(gm, xg(e));
         gm = warp::group_max<Lanes>(gm);
         for (std::int32_t e = lane; e < E; e += Lanes) gsum += exp(xg(e) - gm);
-        gsum = lanes_sum(gsum);
+        gsum = warp::group_sum<Lanes>(gsum);
       }
       if (sem.before_drop) {
         double sum = 0.0;
@@ -226,11 +220,11 @@ __global__ void gating_backward_kernel(const gating_backward_args<Element> a) {
       for (std::int32_t e = lane; e < E; e += Lanes) cm = fmax(cm, clean(e));
       cm = warp::group_max<Lanes>(cm);
       for (std::int32_t e = lane; e < E; e += Lanes) cse += exp(clean(e) - cm);
-      cse = lanes_sum(cse);
+      cse = warp::group_sum<Lanes>(cse);
     }
     if ((aux || seq) && sem.score != score_function::softmax) {
       for (std::int32_t e = lane; e < E; e += Lanes) ssum += bwd::score(sem.score, clean(e));
-      ssum = lanes_sum(ssum);
+      ssum = warp::group_sum<Lanes>(ssum);
     }
     auto P_of = [&](std::int32_t e) {
       return sem.score == score_function::softmax
@@ -240,11 +234,11 @@ __global__ void gating_backward_kernel(const gating_backward_args<Element> a) {
     if (aux) {
       for (std::int32_t e = lane; e < E; e += Lanes)
         dot_aux += c_aux * static_cast<double>(aux_count[e]) * P_of(e);
-      dot_aux = lanes_sum(dot_aux);
+      dot_aux = warp::group_sum<Lanes>(dot_aux);
     }
     if (seq) {
       for (std::int32_t e = lane; e < E; e += Lanes) dot_seq += gp_seq(e) * P_of(e);
-      dot_seq = lanes_sum(dot_seq);
+      dot_seq = warp::group_sum<Lanes>(dot_seq);
     }
     // backward of P for a given dL/dP (gp) and sum_i gp_i P_i (dot)
     auto p_backward = [&](std::int32_t e, double gp, double dot) {

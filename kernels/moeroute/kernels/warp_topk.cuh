@@ -47,15 +47,6 @@ __device__ __forceinline__ T group_sum(T v) {
   return v;
 }
 
-/// Sum of lanes 0 .. n-1's values (n <= Width) added one after another in lane order, from
-/// zero: the bits one thread gets adding the same values in a loop. Every lane gets the result.
-template <int Width, class T>
-__device__ __forceinline__ T ordered_sum(T v, int n) {
-  T sum = T(0);
-  for (int l = 0; l < n; ++l) sum += __shfl_sync(full_mask, v, l, Width);
-  return sum;
-}
-
 /// @brief Arg-max over the group: on return every lane holds the best (value, index) of the
 ///        group under `better` (ties to the lower index).
 template <int Width>
