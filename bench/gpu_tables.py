@@ -2,11 +2,13 @@
 # SPDX-License-Identifier: Apache-2.0
 """The GPU tables of docs/performance.md from one `./build.sh gpu-check DIR` output folder.
 
-Usage: python3 bench/gpu_tables.py DIR  (DIR holds bench_kernels_cuda.json and
+Usage: python3 bench/gpu_tables.py DIR [--check DOC]  (DIR holds bench_kernels_cuda.json and
 torch_gpu_baseline.jsonl, as docs/gpu-results/ does). Prints three markdown tables: prefill
 (T = 16384) and decode (T = 1) per launcher and model -- moeroute us, the % of 4.8 TB/s where it
 is 1 % or more, and the torch stage's us with the ratio -- then the CUDA-graph decode rows
-(gating / gating + losses + dispatch, torch's captured route in brackets).
+(gating / gating + losses + dispatch, torch's captured route in brackets). With --check, prints
+nothing but the rows DOC lacks and exits 1 if any (ctest docs_gpu_tables: performance.md shows
+the numbers of the raw files committed beside it).
 """
 import json
 import sys
@@ -52,25 +54,43 @@ def cell(bench, torch, launcher, model, T):
     return text
 
 
-def main():
-    if len(sys.argv) != 2:
-        sys.exit("usage: gpu_tables.py DIR")
-    bench, torch = load(sys.argv[1])
-    head = "| launcher | " + " | ".join(MODELS) + " |\n|---|" + "---|" * len(MODELS)
+def tables(folder):
+    """The three tables' lines."""
+    bench, torch = load(folder)
+    out = []
+    head = ["| launcher | " + " | ".join(MODELS) + " |", "|---|" + "---|" * len(MODELS)]
     for T in (16384, 1):
-        print(f"T = {T}\n\n{head}")
+        out += [f"T = {T}", ""] + head
         for launcher in STAGE:
             row = " | ".join(cell(bench, torch, launcher, m, T) for m in MODELS)
-            print(f"| {launcher} | {row} |")
-        print()
-    print("| T | " + " | ".join(MODELS) + " |\n|---|" + "---|" * len(MODELS))
+            out.append(f"| {launcher} | {row} |")
+        out.append("")
+    out += ["| T | " + " | ".join(MODELS) + " |", "|---|" + "---|" * len(MODELS)]
     for T in (1, 16, 128):
         row = []
         for m in MODELS:
             g = bench[("cuda_gating_graph", m, T)]["real_time"]
             r = bench[("cuda_route_graph", m, T)]["real_time"]
             row.append(f"{g:.1f} / {r:.1f} ({torch[('route_graph', m, T)]:.0f})")
-        print(f"| {T} | " + " | ".join(row) + " |")
+        out.append(f"| {T} | " + " | ".join(row) + " |")
+    return out
+
+
+def main():
+    args = sys.argv[1:]
+    if len(args) not in (1, 3) or (len(args) == 3 and args[1] != "--check"):
+        sys.exit("usage: gpu_tables.py DIR [--check DOC]")
+    lines = tables(args[0])
+    if len(args) == 1:
+        print("\n".join(lines))
+        return
+    doc = set(open(args[2]).read().splitlines())
+    # the data rows (the header rows repeat, so they prove nothing)
+    missing = [l for l in lines if l.startswith("| ") and not l.startswith("| launcher")
+               and not l.startswith("| T |") and l not in doc]
+    for l in missing:
+        print(f"{args[2]} lacks: {l}")
+    sys.exit(1 if missing else 0)
 
 
 if __name__ == "__main__":
