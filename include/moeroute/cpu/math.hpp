@@ -185,6 +185,22 @@ using i32n = std::int32_t __attribute__((vector_size(4 * native_lanes)));
   return max_of_lanes(a > b ? a : b);
 }
 
+/// The least of the lanes (no NaN), folded by halves in registers.
+[[nodiscard]] inline float min_of_lanes(const f32x4& v) noexcept {
+  const float a = v[0] < v[2] ? v[0] : v[2], b = v[1] < v[3] ? v[1] : v[3];
+  return a < b ? a : b;
+}
+[[nodiscard]] inline float min_of_lanes(const f32x8& v) noexcept {
+  const f32x4 a = __builtin_shufflevector(v, v, 0, 1, 2, 3);
+  const f32x4 b = __builtin_shufflevector(v, v, 4, 5, 6, 7);
+  return min_of_lanes(a < b ? a : b);
+}
+[[nodiscard]] inline float min_of_lanes(const f32x16& v) noexcept {
+  const f32x8 a = __builtin_shufflevector(v, v, 0, 1, 2, 3, 4, 5, 6, 7);
+  const f32x8 b = __builtin_shufflevector(v, v, 8, 9, 10, 11, 12, 13, 14, 15);
+  return min_of_lanes(a < b ? a : b);
+}
+
 /// @brief The max of v[0, n) (no NaN): native lanes, folded by halves, then the tail.
 [[nodiscard]] inline float max_row(const float* __restrict v, std::int32_t n) noexcept {
   f32n lane = f32n{} - FLT_MAX;

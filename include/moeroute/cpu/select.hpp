@@ -207,17 +207,6 @@ inline void top2_of_values(const float* v, std::int32_t size, std::int32_t* ids)
 #if defined(__AVX512F__) || defined(__AVX2__)
 // Selection by a threshold, where a vector compare yields a bit mask (AVX2, AVX-512).
 
-/// The least of 16 lanes (no NaN), by halves in registers.
-[[nodiscard]] inline float min_of_lanes(const math::f32x16& e16) noexcept {
-  const math::f32x8 a8 = __builtin_shufflevector(e16, e16, 0, 1, 2, 3, 4, 5, 6, 7);
-  const math::f32x8 b8 = __builtin_shufflevector(e16, e16, 8, 9, 10, 11, 12, 13, 14, 15);
-  const math::f32x8 e8 = a8 < b8 ? a8 : b8;
-  const math::f32x4 a4 = __builtin_shufflevector(e8, e8, 0, 1, 2, 3);
-  const math::f32x4 b4 = __builtin_shufflevector(e8, e8, 4, 5, 6, 7);
-  const math::f32x4 e4 = a4 < b4 ? a4 : b4;
-  return std::min(std::min(e4[0], e4[1]), std::min(e4[2], e4[3]));
-}
-
 /// @brief A lower bound on the n-th best of v among allowed entries (n <= 16): the n-th
 ///        largest of 16 lane maxima, lane l holding the entries i with i % 16 == l (excluded
 ///        entries count as -inf). The n lanes whose maxima are at or above it hold n distinct
@@ -272,7 +261,7 @@ inline void top2_of_values(const float* v, std::int32_t size, std::int32_t* ids)
   i32x16 above = {};
   for (std::int32_t l = 0; l < 16; ++l) above -= lane16 < (math::f32x16{} + m[l]);
 #endif
-  return min_of_lanes(above < n ? lane16 : math::f32x16{} + inf);
+  return math::min_of_lanes(above < n ? lane16 : math::f32x16{} + inf);
 }
 
 #if defined(__AVX512F__) && defined(__AVX512BW__) && defined(__AVX512VL__)

@@ -32,13 +32,13 @@ inline std::size_t gating_kernel_smem(int lanes, int slots, int warps, bool gene
   return (generic ? 0 : groups * row * sizeof(double)) + groups * sizeof(double) + e * sizeof(int);
 }
 
-/// @brief Where a register kernel's group keeps expert e's running P sum: slot-major (slot s
-///        of lane l at s * Lanes + l), so that a slot's add touches consecutive doubles across
-///        the lanes. In expert order a lane's Vec experts sit side by side and the lanes' adds
-///        hit the same banks (16-way for bf16 rows: 80 % of the kernel's shared wavefronts).
-template <class Row, int Lanes>
-__device__ __forceinline__ int gating_acc_position(int e) {
-  return Row::owner_slot(e) * Lanes + Row::owner_lane(e);
+/// @brief Where a register kernel's group keeps the running P sum of slot s of lane l:
+///        slot-major, so that a slot's add touches consecutive doubles across the lanes. In
+///        expert order a lane's Vec experts sit side by side and the lanes' adds hit the same
+///        banks (16-way for bf16 rows: 80 % of the kernel's shared wavefronts).
+template <int Lanes>
+__device__ __forceinline__ int gating_acc_position(int s, int l) {
+  return s * Lanes + l;
 }
 
 /// @brief The gating kernel. Grid: one block per chunk; Warps * 32 threads; dynamic shared
@@ -106,7 +106,8 @@ __global__ void __launch_bounds__(Warps * 32)
         if constexpr (Generic) {
           g_acc[e] += static_cast<double>(agent.sel[s]);
         } else {
-          s_acc[grp * Row + s * Lanes + agent.lane] += static_cast<double>(agent.sel[s]);
+          s_acc[grp * Row + gating_acc_position<Lanes>(s, agent.lane)] +=
+              static_cast<double>(agent.sel[s]);
         }
       });
       if (agent.lane == 0) {
@@ -132,7 +133,8 @@ __global__ void __launch_bounds__(Warps * 32)
   for (int e = tid; e < E; e += Warps * 32) {
     if constexpr (!Generic) {
       double v = 0.0;
-      const int at = gating_acc_position<typename agent_type::row_layout, Lanes>(e);
+      using row = typename agent_type::row_layout;
+      const int at = gating_acc_position<Lanes>(row::owner_slot(e), row::owner_lane(e));
       for (int g = 0; g < Groups; ++g) v += s_acc[g * Row + at];
       a.part.d_scores[c * E + e] = v;
     }
