@@ -3,7 +3,8 @@
 // bound (2 ulp) and monotonic over every 61st float of [-104, 89]; math::log within 1e-15 of
 // libm's over every binade; the selection (top_n, with and without a mask, every n up to 16 and
 // the index-sort path; top_n_columns, 16 rows at once, where AVX-512 has it) equal to a stable
-// sort by (value desc, index asc) on rows full of ties, -inf, -FLT_MAX and +-FLT_MAX.
+// sort by (value desc, index asc) on rows full of ties, -inf, -FLT_MAX and +-FLT_MAX; the row
+// kernels' 16-column bf16 load / store bit for bit equal to dtype's conversions.
 #include <catch2/catch.hpp>
 
 #include <algorithm>
@@ -18,8 +19,10 @@
 #include <vector>
 
 #include <moeroute/cpu/math.hpp>
+#include <moeroute/cpu/rows.hpp>
 #include <moeroute/cpu/select.hpp>
 #include <moeroute/cpu/select_columns.hpp>
+#include <moeroute/dtype.hpp>
 
 using namespace moeroute::cpu;
 
@@ -383,3 +386,51 @@ TEST_CASE("cpu selection of four rows side by side equals a stable sort per row"
   CHECK(fallen_back > 1000);
 }
 #endif
+
+TEST_CASE("cpu row kernels' 16-column bf16 load and store equal the scalar conversions",
+          "[cpu][math]") {
+  // load16: every bf16 bit pattern widens to to_float's float
+  for (std::uint32_t hi = 0; hi < 65536; hi += 16) {
+    moeroute::bf16_bits in[16];
+    for (std::uint32_t l = 0; l < 16; ++l) in[l].bits = static_cast<std::uint16_t>(hi + l);
+    rows::f32x16 v;
+    rows::load16(in, v);
+    for (std::uint32_t l = 0; l < 16; ++l) {
+      const float want = moeroute::to_float(in[l]);
+      INFO("bf16 bits " << hi + l);
+      REQUIRE(std::bit_cast<std::uint32_t>(v[l]) == std::bit_cast<std::uint32_t>(want));
+    }
+  }
+  // store16: registers of floats around every bf16 value (the rounding boundary 0x8000, its
+  // neighbours, NaN payloads, infinities, overflow to inf) against dtype's to_bf16; every
+  // fourth register mixes in subnormals and zeros (the AVX512-BF16 path's fallback), the
+  // others hold none
+  const std::uint32_t lows[] = {0x0000u, 0x0001u, 0x7FFFu, 0x8000u, 0x8001u, 0xFFFFu};
+  std::mt19937 rng(11);
+  std::int64_t checked = 0, subnormal_registers = 0;
+  for (std::uint32_t hi = 0; hi < 65536; ++hi)
+    for (const std::uint32_t lo : lows) {
+      const std::uint32_t u = hi << 16 | lo;
+      rows::f32x16 v;
+      const bool mixed = (hi + lo) % 4 == 0;
+      for (std::int32_t l = 0; l < 16; ++l) {
+        std::uint32_t b =
+            (u + static_cast<std::uint32_t>(l) * 0x10001u * static_cast<std::uint32_t>(rng() % 3)) ^
+            (l % 2 == 1 ? 0x80000000u : 0u);
+        if (mixed && l % 5 == 2)
+          b = static_cast<std::uint32_t>(rng() % 0x00800000u) | (l % 2 == 0 ? 0x80000000u : 0u);
+        v[l] = std::bit_cast<float>(b);
+      }
+      subnormal_registers += mixed ? 1 : 0;
+      moeroute::bf16_bits out[16];
+      rows::store16(v, out);
+      for (std::int32_t l = 0; l < 16; ++l) {
+        const std::uint32_t b = std::bit_cast<std::uint32_t>(v[l]);
+        INFO("float bits " << b);
+        REQUIRE(out[l].bits == moeroute::to_bf16(v[l]).bits);
+        ++checked;
+      }
+    }
+  CHECK(checked == 65536 * 6 * 16);
+  CHECK(subnormal_registers > 90000);
+}

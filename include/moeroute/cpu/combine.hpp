@@ -80,6 +80,9 @@ template <class Element>
             for (std::int32_t j = 0; j < k; ++j)
               if (const std::int64_t row = rows_of[(t + 1) * k + j]; row >= 0)
                 next_ptr[next++] = p.d_expert_out + row * d;
+          // (the row's address held in a local: stores through Element* may alias p's fields,
+          // which the compiler would otherwise reload every 16 columns)
+          Element* const y = p.d_y + t * d;
           for (; c0 + 16 <= d; c0 += 16) {
             for (std::int32_t j = 0; j < next; ++j) rows::prefetch_along(next_ptr[j], c0);
             rows::f32x16 a = {}, x;
@@ -87,7 +90,7 @@ template <class Element>
               rows::load16(row_ptr[j] + c0, x);
               a += wt[j] * x;
             }
-            rows::store16(a, p.d_y + t * d + c0);
+            rows::store16(a, y + c0);
           }
         }
       }
