@@ -129,7 +129,7 @@ inline bool differs_by_near_ties_only(const routing_config& cfg, const std::vect
   if (!got.st.ok() || got.ids.size() != want.ids.size() ||
       got.reroute_ids.size() != want.reroute_ids.size())
     return false;
-  std::vector<float> xn(static_cast<std::size_t>(E)), sel(static_cast<std::size_t>(E));
+  std::vector<float> x(static_cast<std::size_t>(E)), xn(x.size()), sel(x.size());
   bool differs = false;
   for (std::int64_t t = 0; t < want.tokens; ++t) {
     const auto id = [&](const auto& o, std::int32_t j) {
@@ -139,14 +139,9 @@ inline bool differs_by_near_ties_only(const routing_config& cfg, const std::vect
     for (std::int32_t j = 0; j < k + R; ++j) row_differs |= id(want, j) != id(got, j);
     if (!row_differs) continue;
     differs = true;
-    for (std::int32_t e = 0; e < E; ++e) {
-      const auto r = rng::draw(g.noise.seed, g.noise.offset, rng::stream_gating_noise,
-                               static_cast<std::uint64_t>(t) * E + e);
-      const float z =
-          g.noise.kind == noise_kind::gaussian ? rng::normal(r.v[0], r.v[1]) : rng::gumbel(r.v[0]);
-      const float x = reference::detail::sanitize(logits[static_cast<std::size_t>(t * E + e)]);
-      xn[e] = reference::detail::sanitize(x + g.noise.scale * z);
-    }
+    for (std::int32_t e = 0; e < E; ++e)
+      x[e] = reference::detail::sanitize(logits[static_cast<std::size_t>(t * E + e)]);
+    reference::detail::noisy_logits(g.noise, x.data(), t, E, xn.data());
     reference::detail::scores_row(g.score, xn.data(), E, sel.data());
     if (g.expert_bias)
       for (std::int32_t e = 0; e < E; ++e)

@@ -100,6 +100,19 @@ inline void scores_row(score_function f, const float* x, std::int64_t n, float* 
   }
 }
 
+/// Step 2 of gating: xn[e] = x[e] + scale * z, z drawn by Philox per (token t, expert e),
+/// re-sanitised so huge noise cannot overflow. x: token t's sanitised logits [E].
+inline void noisy_logits(const noise_config& n, const float* x, std::int64_t t, std::int32_t E,
+                         float* xn) {
+  for (std::int32_t e = 0; e < E; ++e) {
+    const auto r = rng::draw(n.seed, n.offset, rng::stream_gating_noise,
+                             static_cast<std::uint64_t>(t) * E + e);
+    const float z =
+        n.kind == noise_kind::gaussian ? rng::normal(r.v[0], r.v[1]) : rng::gumbel(r.v[0]);
+    xn[e] = sanitize(x[e] + n.scale * z);
+  }
+}
+
 /// Strict "better than" for selection: larger value, then lower index.
 inline bool better(float va, std::int32_t a, float vb, std::int32_t b) {
   return va > vb || (va == vb && a < b);
@@ -221,15 +234,7 @@ gating_output gating(const routing_config& cfg, std::span<const In> logits, std:
 
     // 2. noise (Philox per (token, expert)), re-sanitised so huge noise cannot overflow
     xn = x;
-    if (noise) {
-      for (std::int32_t e = 0; e < E; ++e) {
-        const auto r = rng::draw(g.noise.seed, g.noise.offset, rng::stream_gating_noise,
-                                 static_cast<std::uint64_t>(t) * E + e);
-        const float z = g.noise.kind == noise_kind::gaussian ? rng::normal(r.v[0], r.v[1])
-                                                             : rng::gumbel(r.v[0]);
-        xn[e] = detail::sanitize(x[e] + g.noise.scale * z);
-      }
-    }
+    if (noise) detail::noisy_logits(g.noise, x.data(), t, E, xn.data());
     const bool noisy_gates = noise && g.noise.target == noise_target::selection_and_gates;
     const std::vector<float>& gate_logits = noisy_gates ? xn : x;
 
