@@ -2,9 +2,10 @@
 // The CPU backend's building blocks against plain definitions: math::exp within its documented
 // bound (2 ulp) and monotonic over every 61st float of [-104, 89]; math::log within 1e-15 of
 // libm's over every binade; the selection (top_n, with and without a mask, every n up to 16 and
-// the index-sort path; top_n_columns, 16 rows at once, where AVX-512 has it) equal to a stable
-// sort by (value desc, index asc) on rows full of ties, -inf, -FLT_MAX and +-FLT_MAX; the row
-// kernels' 16-column bf16 load / store bit for bit equal to dtype's conversions.
+// the index-sort path; top_n_columns, 16 rows at once by insertion or by sorting networks,
+// where AVX-512 has it) equal to a stable sort by (value desc, index asc) on rows full of ties,
+// -inf, -FLT_MAX and +-FLT_MAX; the row kernels' 16-column bf16 load / store bit for bit equal
+// to dtype's conversions; the row copy byte for byte.
 #include <catch2/catch.hpp>
 
 #include <algorithm>
@@ -433,4 +434,29 @@ TEST_CASE("cpu row kernels' 16-column bf16 load and store equal the scalar conve
     }
   CHECK(checked == 65536 * 6 * 16);
   CHECK(subnormal_registers > 90000);
+}
+
+TEST_CASE("cpu row copy moves exactly the bytes asked for, at any size and alignment",
+          "[cpu][math]") {
+  // rows::copy_bytes (permute's row copy): every size 0 .. 700 (the 256-byte steps, the
+  // 64-byte ones and the libc tail) from and to every offset within a cache line, with and
+  // without a row to prefetch; the bytes around the destination stay as they were
+  std::vector<unsigned char> src(1024), dst(1024), want(1024);
+  for (std::size_t i = 0; i < src.size(); ++i) src[i] = static_cast<unsigned char>(i * 7 + 3);
+  std::int64_t copies = 0;
+  for (std::size_t bytes = 0; bytes <= 700; ++bytes)
+    for (std::size_t from = 0; from < 64; from += 13)
+      for (std::size_t to = 0; to < 64; to += 17)
+        for (const bool next : {false, true}) {
+          std::fill(dst.begin(), dst.end(), static_cast<unsigned char>(0xA5));
+          want = dst;
+          std::copy_n(src.begin() + static_cast<std::ptrdiff_t>(from), bytes,
+                      want.begin() + static_cast<std::ptrdiff_t>(to));
+          rows::copy_bytes(dst.data() + to, src.data() + from, bytes,
+                           next ? src.data() + 64 : nullptr);
+          INFO("bytes " << bytes << " from " << from << " to " << to);
+          REQUIRE(dst == want);
+          ++copies;
+        }
+  CHECK(copies == 701 * 5 * 4 * 2);
 }
