@@ -172,5 +172,17 @@ MOEROUTE_HOST_DEVICE inline float gumbel(std::uint32_t a) {
   return -portable_log(-portable_log(uniform_open(a)));
 }
 
+/// @brief The gating noise z of expert e of token t (rows of E experts): Philox on
+///        stream_gating_noise at element t * E + e, a standard normal (gaussian) or Gumbel.
+///        Every backend's gating and gating backward draw it here, so they add the same noise.
+MOEROUTE_HOST_DEVICE inline float gating_noise(std::uint64_t seed, std::uint64_t offset,
+                                               bool gaussian, std::int64_t t, std::int32_t E,
+                                               std::int32_t e) {
+  const u32x4 r = draw(seed, offset, stream_gating_noise,
+                       static_cast<std::uint64_t>(t) * static_cast<std::uint64_t>(E) +
+                           static_cast<std::uint64_t>(e));
+  return gaussian ? normal(r.v[0], r.v[1]) : gumbel(r.v[0]);
+}
+
 }  // namespace moeroute::rng
 MOEROUTE_PRECISE_FP_END

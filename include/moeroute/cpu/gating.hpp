@@ -291,10 +291,8 @@ struct gating_agent {
     const float* gate_logits = x;
     if (noise) {
       for (std::int32_t e = 0; e < E; ++e) {
-        const auto r = rng::draw(g.noise.seed, g.noise.offset, rng::stream_gating_noise,
-                                 static_cast<std::uint64_t>(t) * E + e);
-        const float z = g.noise.kind == noise_kind::gaussian ? rng::normal(r.v[0], r.v[1])
-                                                             : rng::gumbel(r.v[0]);
+        const float z = rng::gating_noise(g.noise.seed, g.noise.offset,
+                                          g.noise.kind == noise_kind::gaussian, t, E, e);
         s.xn[e] = noisy_logit(x[e], g.noise.scale, z);
       }
       if (noisy_gates) gate_logits = s.xn;

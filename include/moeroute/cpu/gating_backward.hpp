@@ -122,10 +122,8 @@ struct gating_backward_agent {
     const auto xg = [&](std::int32_t e) {  // gate logits: noisy with selection_and_gates
       double x = clean(e);
       if (noisy_gates) {
-        const auto r = rng::draw(g.noise.seed, g.noise.offset, rng::stream_gating_noise,
-                                 static_cast<std::uint64_t>(t) * E + e);
-        const float z = g.noise.kind == noise_kind::gaussian ? rng::normal(r.v[0], r.v[1])
-                                                             : rng::gumbel(r.v[0]);
+        const float z = rng::gating_noise(g.noise.seed, g.noise.offset,
+                                          g.noise.kind == noise_kind::gaussian, t, E, e);
         x = bwd::sanitize(x + static_cast<double>(g.noise.scale) * z);
       }
       return x;

@@ -105,10 +105,7 @@ inline void scores_row(score_function f, const float* x, std::int64_t n, float* 
 inline void noisy_logits(const noise_config& n, const float* x, std::int64_t t, std::int32_t E,
                          float* xn) {
   for (std::int32_t e = 0; e < E; ++e) {
-    const auto r = rng::draw(n.seed, n.offset, rng::stream_gating_noise,
-                             static_cast<std::uint64_t>(t) * E + e);
-    const float z =
-        n.kind == noise_kind::gaussian ? rng::normal(r.v[0], r.v[1]) : rng::gumbel(r.v[0]);
+    const float z = rng::gating_noise(n.seed, n.offset, n.kind == noise_kind::gaussian, t, E, e);
     xn[e] = sanitize(x[e] + n.scale * z);
   }
 }

@@ -204,10 +204,8 @@ void routing_backward(const routing_config& cfg, grad_cspan<F> logits, const gat
     detail::load_row<F>(logits, t, E, x, finite);
     if (noisy_gates) {  // the same Philox draw as the forward; d(noisy)/d(x) = 1
       for (std::int32_t e = 0; e < E; ++e) {
-        const auto r = rng::draw(gc.noise.seed, gc.noise.offset, rng::stream_gating_noise,
-                                 static_cast<std::uint64_t>(t) * E + e);
-        const float z = gc.noise.kind == noise_kind::gaussian ? rng::normal(r.v[0], r.v[1])
-                                                              : rng::gumbel(r.v[0]);
+        const float z = rng::gating_noise(gc.noise.seed, gc.noise.offset,
+                                          gc.noise.kind == noise_kind::gaussian, t, E, e);
         x[e] = detail::sanitize_d(x[e] + static_cast<double>(gc.noise.scale) * z);
       }
     }

@@ -159,10 +159,7 @@ struct gating_agent {
       sel[s] = x[s];
       const int e = expert(s);
       if (sem.noise && e < E) {
-        const auto r = rng::draw(sem.noise_seed, sem.noise_offset, rng::stream_gating_noise,
-                                 static_cast<std::uint64_t>(t) * static_cast<std::uint64_t>(E) +
-                                     static_cast<std::uint64_t>(e));
-        const float z = sem.gaussian ? rng::normal(r.v[0], r.v[1]) : rng::gumbel(r.v[0]);
+        const float z = rng::gating_noise(sem.noise_seed, sem.noise_offset, sem.gaussian, t, E, e);
         sel[s] = gating_math::sanitize(__fadd_rn(x[s], __fmul_rn(sem.noise_scale, z)));
       }
       gsrc[s] = sem.noisy_gates ? sel[s] : x[s];

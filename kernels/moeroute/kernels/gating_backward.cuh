@@ -108,9 +108,7 @@ __global__ void gating_backward_kernel(const gating_backward_args<Element> a) {
     auto xg = [&](std::int32_t e) {
       double x = bwd::sanitize(load_logit<Element>(a, t, e));
       if (sem.noisy_gates) {
-        const auto r = rng::draw(sem.noise_seed, sem.noise_offset, rng::stream_gating_noise,
-                                 static_cast<std::uint64_t>(t) * E + e);
-        const float z = sem.gaussian ? rng::normal(r.v[0], r.v[1]) : rng::gumbel(r.v[0]);
+        const float z = rng::gating_noise(sem.noise_seed, sem.noise_offset, sem.gaussian, t, E, e);
         x = bwd::sanitize(x + static_cast<double>(sem.noise_scale) * z);
       }
       return x;
