@@ -184,5 +184,23 @@ MOEROUTE_HOST_DEVICE inline float gating_noise(std::uint64_t seed, std::uint64_t
   return gaussian ? normal(r.v[0], r.v[1]) : gumbel(r.v[0]);
 }
 
+/// @brief NLLB's "sampling" second expert: the Gumbel draw added to expert e's logit of
+///        token t (rows of E experts), on stream_second_expert at element t * E + e.
+MOEROUTE_HOST_DEVICE inline float second_expert_gumbel(std::uint64_t seed, std::uint64_t offset,
+                                                       std::int64_t t, std::int32_t E,
+                                                       std::int32_t e) {
+  const u32x4 r = draw(seed, offset, stream_second_expert,
+                       static_cast<std::uint64_t>(t) * static_cast<std::uint64_t>(E) +
+                           static_cast<std::uint64_t>(e));
+  return gumbel(r.v[0]);
+}
+
+/// @brief NLLB's "random" second expert: token t's uniform in (0, 1), on stream_second_expert
+///        at element t (token t keeps its second choice when 2 * p2 > this).
+MOEROUTE_HOST_DEVICE inline float second_expert_uniform(std::uint64_t seed, std::uint64_t offset,
+                                                        std::int64_t t) {
+  return uniform_open(draw(seed, offset, stream_second_expert, static_cast<std::uint64_t>(t)).v[0]);
+}
+
 }  // namespace moeroute::rng
 MOEROUTE_PRECISE_FP_END

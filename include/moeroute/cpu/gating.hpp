@@ -350,9 +350,9 @@ struct gating_agent {
           s.sel[e] = FLT_MAX;
           continue;
         }
-        const auto r = rng::draw(g.second_expert.seed, g.second_expert.offset,
-                                 rng::stream_second_expert, static_cast<std::uint64_t>(t) * E + e);
-        s.sel[e] = math::sanitize(x[e] + rng::gumbel(r.v[0]));
+        s.sel[e] =
+            math::sanitize(x[e] + rng::second_expert_gumbel(g.second_expert.seed,
+                                                            g.second_expert.offset, t, E, e));
       }
     }
 
@@ -470,9 +470,8 @@ struct gating_agent {
     }
     if (random_second) {
       const float p2 = softmax_score ? gate_scores[ids[1]] : score_one(gate_logits[ids[1]]);
-      const auto r = rng::draw(g.second_expert.seed, g.second_expert.offset,
-                               rng::stream_second_expert, static_cast<std::uint64_t>(t));
-      o.d_second_skipped[t] = 2.0f * p2 > rng::uniform_open(r.v[0]) ? 0 : 1;
+      const float u = rng::second_expert_uniform(g.second_expert.seed, g.second_expert.offset, t);
+      o.d_second_skipped[t] = 2.0f * p2 > u ? 0 : 1;
     }
     if (g.renorm != renormalize::after_drop)
       for (std::int32_t j = 0; j < k; ++j) gt[j] *= g.scaling_factor;

@@ -280,9 +280,9 @@ gating_output gating(const routing_config& cfg, std::span<const In> logits, std:
           sel[e] = FLT_MAX;
           continue;
         }
-        const auto r = rng::draw(g.second_expert.seed, g.second_expert.offset,
-                                 rng::stream_second_expert, static_cast<std::uint64_t>(t) * E + e);
-        sel[e] = detail::sanitize(x[e] + rng::gumbel(r.v[0]));
+        sel[e] =
+            detail::sanitize(x[e] + rng::second_expert_gumbel(g.second_expert.seed,
+                                                              g.second_expert.offset, t, E, e));
       }
     }
 
@@ -309,9 +309,8 @@ gating_output gating(const routing_config& cfg, std::span<const In> logits, std:
     // NLLB "random": keep the second choice when 2 * p2 > u (p2 before renormalisation)
     if (second == second_expert_policy::random) {
       const float p2 = gate_scores[order[1]];
-      const auto r = rng::draw(g.second_expert.seed, g.second_expert.offset,
-                               rng::stream_second_expert, static_cast<std::uint64_t>(t));
-      out.second_skipped[t] = 2.0f * p2 > rng::uniform_open(r.v[0]) ? 0 : 1;
+      const float u = rng::second_expert_uniform(g.second_expert.seed, g.second_expert.offset, t);
+      out.second_skipped[t] = 2.0f * p2 > u ? 0 : 1;
     }
     if (g.renorm != renormalize::after_drop)
       for (std::int32_t j = 0; j < k; ++j) gt[j] *= g.scaling_factor;

@@ -296,10 +296,8 @@ struct gating_agent {
         sel[s] = FLT_MAX;
         return;
       }
-      const auto r = rng::draw(sem.second_seed, sem.second_offset, rng::stream_second_expert,
-                               static_cast<std::uint64_t>(t) * static_cast<std::uint64_t>(E) +
-                                   static_cast<std::uint64_t>(e));
-      sel[s] = gating_math::sanitize(__fadd_rn(x[s], rng::gumbel(r.v[0])));
+      sel[s] = gating_math::sanitize(
+          __fadd_rn(x[s], rng::second_expert_gumbel(sem.second_seed, sem.second_offset, t, E, e)));
     });
   }
 
@@ -329,9 +327,8 @@ struct gating_agent {
           }
         });
     if (sem.second_random && active && lane == 0) {
-      const auto r = rng::draw(sem.second_seed, sem.second_offset, rng::stream_second_expert,
-                               static_cast<std::uint64_t>(t));
-      a.out.d_second_skipped[t] = __fmul_rn(2.0f, second_score) > rng::uniform_open(r.v[0]) ? 0 : 1;
+      const float u = rng::second_expert_uniform(sem.second_seed, sem.second_offset, t);
+      a.out.d_second_skipped[t] = __fmul_rn(2.0f, second_score) > u ? 0 : 1;
     }
     if (sem.softmax_after) {
       for_slots([&](int s) {
