@@ -31,6 +31,26 @@ template <class Element>
   return check_params(cfg, p);
 }
 
+namespace detail {
+/// @brief Columns [c, c + 16 Q) of one token's output: y = 0 + w0 v0 + w1 v1 + ... over its
+///        `live` rows, in Q registers side by side (the reference's order and rounding), the
+///        next token's rows asked for along the way (rows::prefetch_along).
+template <std::int32_t Q, class Element>
+[[gnu::always_inline]] inline void combine_step(const Element* const* row_ptr, const float* wt,
+                                                std::int32_t live, const Element* const* next_ptr,
+                                                std::int32_t next, std::int64_t c,
+                                                Element* y) noexcept {
+  for (std::int32_t j = 0; j < next; ++j)
+    for (std::int32_t q = 0; q < Q; ++q) rows::prefetch_along(next_ptr[j], c + 16 * q);
+  rows::f32x16 a[Q] = {}, x[Q];
+  for (std::int32_t j = 0; j < live; ++j) {
+    for (std::int32_t q = 0; q < Q; ++q) rows::load16(row_ptr[j] + c + 16 * q, x[q]);
+    for (std::int32_t q = 0; q < Q; ++q) a[q] += wt[j] * x[q];
+  }
+  for (std::int32_t q = 0; q < Q; ++q) rows::store16(a[q], y + c + 16 * q);
+}
+}  // namespace detail
+
 /// @brief y[t] = sum over j = 0..k-1 of weight[t, j] * expert_out[row(t, j)], in fp32 in rank
 ///        order (bit-identical to reference::combine); drop_policy::residual: a valid token
 ///        with no row gets y[t] = x[t] (copied). Tokens run in fixed blocks on `ex`.
@@ -85,25 +105,10 @@ template <class Element>
           Element* const y = p.d_y + t * d;
           // 64 columns a step, four sums side by side: one 16-column sum a step left each
           // load's latency exposed (Switch-Base combine: 50 -> 55-61 % of a memcpy)
-          for (; c0 + 64 <= d; c0 += 64) {
-            for (std::int32_t j = 0; j < next; ++j)
-              for (std::int32_t q = 0; q < 4; ++q) rows::prefetch_along(next_ptr[j], c0 + 16 * q);
-            rows::f32x16 a[4] = {}, x[4];
-            for (std::int32_t j = 0; j < live; ++j) {
-              for (std::int32_t q = 0; q < 4; ++q) rows::load16(row_ptr[j] + c0 + 16 * q, x[q]);
-              for (std::int32_t q = 0; q < 4; ++q) a[q] += wt[j] * x[q];
-            }
-            for (std::int32_t q = 0; q < 4; ++q) rows::store16(a[q], y + c0 + 16 * q);
-          }
-          for (; c0 + 16 <= d; c0 += 16) {
-            for (std::int32_t j = 0; j < next; ++j) rows::prefetch_along(next_ptr[j], c0);
-            rows::f32x16 a = {}, x;
-            for (std::int32_t j = 0; j < live; ++j) {
-              rows::load16(row_ptr[j] + c0, x);
-              a += wt[j] * x;
-            }
-            rows::store16(a, y + c0);
-          }
+          for (; c0 + 64 <= d; c0 += 64)
+            detail::combine_step<4>(row_ptr, wt, live, next_ptr, next, c0, y);
+          for (; c0 + 16 <= d; c0 += 16)
+            detail::combine_step<1>(row_ptr, wt, live, next_ptr, next, c0, y);
         }
       }
       for (; c0 < d; c0 += rows::tile) {
