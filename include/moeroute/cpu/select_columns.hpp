@@ -164,7 +164,7 @@ inline void top_n_columns_fixed(const float* const* rows, const std::uint8_t* co
       }
     }
   }
-  alignas(64) std::int64_t out[L][16];
+  alignas(64) std::int64_t out[N][16];
   for (std::int32_t j = 0; j < N; ++j) {
     _mm512_store_si512(out[j], best[0][j]);
     _mm512_store_si512(out[j] + 8, best[1][j]);
