@@ -172,15 +172,21 @@ MOEROUTE_HOST_DEVICE inline float gumbel(std::uint32_t a) {
   return -portable_log(-portable_log(uniform_open(a)));
 }
 
+/// The element index of expert e of token t in rows of E experts: the counter of the
+/// per-(token, expert) draws below.
+MOEROUTE_HOST_DEVICE inline std::uint64_t row_element(std::int64_t t, std::int32_t E,
+                                                      std::int32_t e) {
+  return static_cast<std::uint64_t>(t) * static_cast<std::uint64_t>(E) +
+         static_cast<std::uint64_t>(e);
+}
+
 /// @brief The gating noise z of expert e of token t (rows of E experts): Philox on
 ///        stream_gating_noise at element t * E + e, a standard normal (gaussian) or Gumbel.
 ///        Every backend's gating and gating backward draw it here, so they add the same noise.
 MOEROUTE_HOST_DEVICE inline float gating_noise(std::uint64_t seed, std::uint64_t offset,
                                                bool gaussian, std::int64_t t, std::int32_t E,
                                                std::int32_t e) {
-  const u32x4 r = draw(seed, offset, stream_gating_noise,
-                       static_cast<std::uint64_t>(t) * static_cast<std::uint64_t>(E) +
-                           static_cast<std::uint64_t>(e));
+  const u32x4 r = draw(seed, offset, stream_gating_noise, row_element(t, E, e));
   return gaussian ? normal(r.v[0], r.v[1]) : gumbel(r.v[0]);
 }
 
@@ -189,9 +195,7 @@ MOEROUTE_HOST_DEVICE inline float gating_noise(std::uint64_t seed, std::uint64_t
 MOEROUTE_HOST_DEVICE inline float second_expert_gumbel(std::uint64_t seed, std::uint64_t offset,
                                                        std::int64_t t, std::int32_t E,
                                                        std::int32_t e) {
-  const u32x4 r = draw(seed, offset, stream_second_expert,
-                       static_cast<std::uint64_t>(t) * static_cast<std::uint64_t>(E) +
-                           static_cast<std::uint64_t>(e));
+  const u32x4 r = draw(seed, offset, stream_second_expert, row_element(t, E, e));
   return gumbel(r.v[0]);
 }
 
@@ -200,6 +204,13 @@ MOEROUTE_HOST_DEVICE inline float second_expert_gumbel(std::uint64_t seed, std::
 MOEROUTE_HOST_DEVICE inline float second_expert_uniform(std::uint64_t seed, std::uint64_t offset,
                                                         std::int64_t t) {
   return uniform_open(draw(seed, offset, stream_second_expert, static_cast<std::uint64_t>(t)).v[0]);
+}
+
+/// @brief priority::random's key of expert e's assignment of token t (rows of E experts):
+///        a uniform in (0, 1) on stream_random_priority at element t * E + e.
+MOEROUTE_HOST_DEVICE inline float random_priority(std::uint64_t seed, std::uint64_t offset,
+                                                  std::int64_t t, std::int32_t E, std::int32_t e) {
+  return uniform_open(draw(seed, offset, stream_random_priority, row_element(t, E, e)).v[0]);
 }
 
 }  // namespace moeroute::rng

@@ -68,10 +68,8 @@ namespace moeroute::cpu::detail {
   if (d.prio == priority::score_per_expert) {
     v = p.gated.d_gates[a];
   } else if (d.prio == priority::random) {
-    const auto r =
-        rng::draw(d.random_seed, d.random_offset, rng::stream_random_priority,
-                  static_cast<std::uint64_t>(a / k) * cfg.num_experts + p.gated.d_ids[a]);
-    v = rng::uniform_open(r.v[0]);
+    v = rng::random_priority(d.random_seed, d.random_offset, a / k, cfg.num_experts,
+                             p.gated.d_ids[a]);
   } else {
     v = p.gated.d_token_priority[a / k];
   }

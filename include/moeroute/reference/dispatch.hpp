@@ -86,10 +86,8 @@ struct priority_key {
 };
 
 inline float random_priority(const routing_config& cfg, std::int64_t t, std::int32_t e) {
-  const auto r =
-      rng::draw(cfg.dispatch.random_seed, cfg.dispatch.random_offset, rng::stream_random_priority,
-                static_cast<std::uint64_t>(t) * cfg.num_experts + e);
-  return rng::uniform_open(r.v[0]);
+  return rng::random_priority(cfg.dispatch.random_seed, cfg.dispatch.random_offset, t,
+                              cfg.num_experts, e);
 }
 
 /// Combine weights of a decided dispatch: the gate of every assignment that holds a row,

@@ -168,11 +168,7 @@ __global__ void __launch_bounds__(Threads)
         key = descending_key(s.gated.d_gates[a]);
         break;
       case priority::random: {
-        const auto r =
-            rng::draw(seed, offset, rng::stream_random_priority,
-                      static_cast<std::uint64_t>(t) * static_cast<std::uint64_t>(s.experts) +
-                          static_cast<std::uint64_t>(e));
-        key = descending_key(rng::uniform_open(r.v[0]));
+        key = descending_key(rng::random_priority(seed, offset, t, s.experts, e));
         break;
       }
       case priority::batch_prioritized:
