@@ -13,6 +13,7 @@
 #include <cstring>
 #include <span>
 #include <string>
+#include <type_traits>
 #include <vector>
 
 #include <moeroute/cpu.hpp>
@@ -24,10 +25,12 @@ namespace moeroute::bench {
 struct gating_variant {
   std::int32_t reroute_candidates = 0;
   bool prioritized = false;
+  bool z_loss = false;  ///< the logsumexp and z sum are computed
   friend bool operator==(const gating_variant&, const gating_variant&) = default;
 };
 inline gating_variant variant_of(const routing_config& cfg) {
-  return {cfg.candidates_per_token() - cfg.top_k, cfg.dispatch.prio == priority::batch_prioritized};
+  return {cfg.candidates_per_token() - cfg.top_k, cfg.dispatch.prio == priority::batch_prioritized,
+          cfg.loss.z_coefficient != 0.0f};
 }
 
 /// One cpu::gating of a batch, owning its outputs.
@@ -40,13 +43,22 @@ struct cpu_gated {
   double us = 0.0;  ///< best time of one cpu::gating call, microseconds
   status st;
 
-  [[nodiscard]] const_gating_result view() const {
+  /// The outputs: the logsumexp and z sum only with a z-loss (else g.logsumexp is empty and
+  /// the pointers null, as an engine without one passes them).
+  [[nodiscard]] gating_result outputs() { return outputs_of(*this); }
+  [[nodiscard]] const_gating_result view() const { return outputs_of(*this); }
+
+ private:
+  template <class Self>
+  static basic_gating_result<std::is_const_v<Self>> outputs_of(Self& s) {
+    auto& g = s.g;
+    const bool z = s.variant.z_loss;
     return {g.ids.data(),
             g.gates.data(),
             g.reroute_ids.data(),
-            g.logsumexp.data(),
-            {g.aux_score_sum.data(), g.aux_count.data(), &g.valid_tokens, &z_sum, &nonfinite,
-             g.seq_score_sum.data(), g.seq_count.data(), g.seq_tokens.data()},
+            z ? g.logsumexp.data() : nullptr,
+            {g.aux_score_sum.data(), g.aux_count.data(), &g.valid_tokens, z ? &s.z_sum : nullptr,
+             &s.nonfinite, g.seq_score_sum.data(), g.seq_count.data(), g.seq_tokens.data()},
             g.token_priority.data(),
             g.second_skipped.data()};
   }
@@ -83,7 +95,7 @@ inline cpu_gated cpu_gate(const routing_config& cfg, std::span<const float> logi
   g.ids.resize(t * k);
   g.gates.resize(t * k);
   g.reroute_ids.resize(t * R);
-  g.logsumexp.resize(t);
+  g.logsumexp.resize(r.variant.z_loss ? t : 0);
   g.token_priority.resize(r.variant.prioritized ? t : 0);
   g.second_skipped.resize(cfg.gating.second_expert.policy == second_expert_policy::random ? t : 0);
   g.valid.assign(t, 1);
@@ -97,14 +109,7 @@ inline cpu_gated cpu_gate(const routing_config& cfg, std::span<const float> logi
   p.d_logits = logits.data();
   p.tokens = T;
   p.d_bias = bias.empty() ? nullptr : bias.data();
-  p.out = {g.ids.data(),
-           g.gates.data(),
-           g.reroute_ids.data(),
-           g.logsumexp.data(),
-           {g.aux_score_sum.data(), g.aux_count.data(), &g.valid_tokens, &r.z_sum, &r.nonfinite,
-            g.seq_score_sum.data(), g.seq_count.data(), g.seq_tokens.data()},
-           g.token_priority.data(),
-           g.second_skipped.data()};
+  p.out = r.outputs();
   std::vector<std::byte> ws(cpu::gating_workspace_bytes(cfg, T));
   r.us = best_us(repeats, [&] { r.st = cpu::gating(cfg, p, ws.data(), ws.size(), ex); });
   g.nonfinite_logits = r.nonfinite;

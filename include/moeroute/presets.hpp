@@ -290,7 +290,8 @@ inline routing_config mixtral(std::int32_t experts = 8, std::int32_t k = 2) {
 /// and topk_group are), top-8 of 256, renormalised (norm_topk_prob), scaled by
 /// routed_scaling_factor 2.5, dropless (config.json of deepseek-ai/DeepSeek-V3). The paper's
 /// complementary balance loss is sequence-wise with alpha = 1e-4: set loss.sequence_length to
-/// the sequence length to get it as losses().sequence_aux. Megatron's group score (the top
+/// the sequence length to get it as losses().sequence_aux. DeepSeek-V3 has no z-loss
+/// (z_coefficient 0: gating then needs no logsumexp). Megatron's group score (the top
 /// k / topk_group) is presets::megatron with groups.
 inline routing_config deepseek_v3(std::int32_t experts = 256, std::int32_t k = 8,
                                   std::int32_t groups = 8, std::int32_t group_topk = 4) {
@@ -307,6 +308,7 @@ inline routing_config deepseek_v3(std::int32_t experts = 256, std::int32_t k = 8
                           top_n};
   c.capacity.mode = capacity_mode::unbounded;
   c.loss.aux_coefficient = 1e-4f;
+  c.loss.z_coefficient = 0.0f;
   return c;
 }
 
@@ -322,6 +324,7 @@ inline routing_config qwen_moe(std::int32_t experts = 128, std::int32_t k = 8,
                           aux_counts::all_k, aux_scale::e_times_sum);
   c.capacity.mode = capacity_mode::unbounded;
   c.loss.aux_coefficient = 0.001f;
+  c.loss.z_coefficient = 0.0f;  // the HF routers compute no z-loss
   return c;
 }
 

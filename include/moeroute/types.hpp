@@ -79,10 +79,12 @@ struct basic_gating_sums {
   detail::view_ptr<double, Const> d_aux_score_sum = nullptr;       ///< [E] f64 sum_t P[t, e]
   detail::view_ptr<std::int64_t, Const> d_aux_count = nullptr;     ///< [E] int64 aux-loss counts
   detail::view_ptr<std::int64_t, Const> d_valid_tokens = nullptr;  ///< [1] int64 valid tokens
-  detail::view_ptr<double, Const> d_z_sum_squares = nullptr;       ///< [1] f64 sum_t logsumexp^2
-  detail::view_ptr<std::int64_t, Const> d_nonfinite = nullptr;     ///< [1] int64 NaN/Inf logits
-                                                                   ///< seen (optional)
-  detail::view_ptr<double, Const> d_seq_score_sum = nullptr;       ///< [S, E] f64 (sequences only)
+  /// [1] f64 sum_t logsumexp^2 over valid tokens: needed iff loss.z_coefficient != 0 (null:
+  /// not computed; a config without a z-loss then skips the logsumexp of per-expert scores)
+  detail::view_ptr<double, Const> d_z_sum_squares = nullptr;
+  detail::view_ptr<std::int64_t, Const> d_nonfinite = nullptr;   ///< [1] int64 NaN/Inf logits
+                                                                 ///< seen (optional)
+  detail::view_ptr<double, Const> d_seq_score_sum = nullptr;     ///< [S, E] f64 (sequences only)
   detail::view_ptr<std::int64_t, Const> d_seq_count = nullptr;   ///< [S, E] int64 (sequences only)
   detail::view_ptr<std::int64_t, Const> d_seq_tokens = nullptr;  ///< [S] int64 (sequences only)
 
@@ -101,8 +103,9 @@ struct basic_gating_result {
   detail::view_ptr<std::int32_t, Const> d_ids = nullptr;  ///< [T, k] int32 expert ids, best first
   detail::view_ptr<float, Const> d_gates = nullptr;       ///< [T, k] f32 pre-drop gates
   detail::view_ptr<std::int32_t, Const> d_reroute_ids = nullptr;  ///< [T, R] int32 (next_choice)
-  detail::view_ptr<float, Const> d_logsumexp = nullptr;  ///< [T] f32 logsumexp of the logits
-  basic_gating_sums<Const> sums{};                       ///< the loss sums
+  /// [T] f32 logsumexp of the clean logits (optional: null = not written)
+  detail::view_ptr<float, Const> d_logsumexp = nullptr;
+  basic_gating_sums<Const> sums{};  ///< the loss sums
   /// [T] f32 the token's top-1 clean score (priority::batch_prioritized only, else unused)
   detail::view_ptr<float, Const> d_token_priority = nullptr;
   /// [T] uint8 1 = the second choice lost the draw (second_expert_policy::random only)

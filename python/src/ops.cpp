@@ -130,11 +130,12 @@ void gating(const routing_config& cfg, py::dict arrays, int threads,
   gating_result o;
   o.d_ids = a.out<std::int32_t>(find_spec(specs, "ids"), true);
   o.d_gates = a.out<float>(find_spec(specs, "gates"), true);
-  o.d_logsumexp = a.out<float>(find_spec(specs, "logsumexp"), true);
+  o.d_logsumexp = a.out<float>(find_spec(specs, "logsumexp"), false);
   o.sums.d_aux_score_sum = a.out<double>(find_spec(specs, "aux_score_sum"), true);
   o.sums.d_aux_count = a.out<std::int64_t>(find_spec(specs, "aux_count"), true);
   o.sums.d_valid_tokens = a.out<std::int64_t>(find_spec(specs, "valid_tokens"), true);
-  o.sums.d_z_sum_squares = a.out<double>(find_spec(specs, "z_sum_squares"), true);
+  o.sums.d_z_sum_squares =
+      a.out<double>(find_spec(specs, "z_sum_squares"), cfg.loss.z_coefficient != 0.0f);
   o.sums.d_nonfinite = a.out<std::int64_t>(find_spec(specs, "nonfinite"), false);
   if (lists(specs, "reroute_ids"))
     o.d_reroute_ids = a.out<std::int32_t>(find_spec(specs, "reroute_ids"), true);
@@ -309,7 +310,8 @@ void losses(const routing_config& cfg, py::dict arrays, std::int64_t tokens, int
   p.d_aux_loss = a.out<double>({"aux_loss", {1}, elem::f64}, false);
   p.d_sequence_aux_loss = a.out<double>({"sequence_aux_loss", {1}, elem::f64}, false);
   p.d_z_loss = a.out<double>({"z_loss", {1}, elem::f64}, false);
-  p.sums = sums_of(a, cfg, tokens, p.d_aux_loss != nullptr, p.d_z_loss != nullptr,
+  p.sums = sums_of(a, cfg, tokens, p.d_aux_loss != nullptr,
+                   p.d_z_loss != nullptr && cfg.loss.z_coefficient != 0.0f,
                    p.d_sequence_aux_loss != nullptr);
   const run_on on = where(a, threads, stream);
   run("losses", [&] {

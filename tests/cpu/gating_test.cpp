@@ -67,6 +67,19 @@ TEST_CASE("cpu gating: errors name the argument, and T = 0 writes nothing", "[cp
   REQUIRE(s.code == status_code::invalid_argument);
   REQUIRE(s.message.find("out.d_gates") != std::string::npos);
 
+  // the z sum is needed only with a z-loss (DeepSeek-V3 has none); the logsumexp never
+  REQUIRE(c.loss.z_coefficient == 0.0f);
+  auto no_lse = b.p;
+  no_lse.out.d_logsumexp = nullptr;
+  no_lse.out.sums.d_z_sum_squares = nullptr;
+  REQUIRE(cpu::gating(c, no_lse, b.workspace.data(), b.workspace.size()).ok());
+  routing_config with_z = c;
+  with_z.loss.z_coefficient = 0.001f;
+  s = cpu::gating(with_z, no_lse, b.workspace.data(), b.workspace.size());
+  REQUIRE(s.code == status_code::invalid_argument);
+  REQUIRE(s.message.find("out.sums.d_z_sum_squares") != std::string::npos);
+  REQUIRE(s.message.find("loss.z_coefficient") != std::string::npos);
+
   s = cpu::gating(c, b.p, b.workspace.data(), b.workspace.size() - 1);
   REQUIRE(s.code == status_code::workspace_too_small);
   REQUIRE(s.message.find("gating_workspace_bytes") != std::string::npos);

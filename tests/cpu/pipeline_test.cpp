@@ -205,6 +205,17 @@ TEST_CASE("cpu losses and expert-bias update equal the reference bit for bit", "
     p.sums.d_aux_count = nullptr;  // not needed without an aux output
     p.d_sequence_aux_loss = nullptr;
     REQUIRE(cpu::losses(cfg, p).ok());
+    // the z sum is needed only with a z-loss: without one it is not read, and z is 0
+    p.sums.d_z_sum_squares = nullptr;
+    const auto st = cpu::losses(cfg, p);
+    REQUIRE(st.code == status_code::invalid_argument);
+    REQUIRE(st.message.find("sums.d_z_sum_squares") != std::string::npos);
+    routing_config no_z = cfg;
+    no_z.loss.z_coefficient = 0.0f;
+    z = -1;
+    REQUIRE(cpu::losses(no_z, p).ok());
+    REQUIRE(z == 0.0);
+    REQUIRE(reference::losses(no_z, g).z.value == 0.0);
   }
   routing_config cfg;
   cfg.num_experts = 6;

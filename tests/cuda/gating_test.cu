@@ -136,3 +136,50 @@ TEST_CASE("gating: two runs and a CUDA graph replay give identical bits", "[cuda
     cudaStreamDestroy(stream);
   }
 }
+
+TEST_CASE("gating: the logsumexp is optional, and so is the z sum without a z-loss",
+          "[cuda][gating][quick]") {
+  for (std::int32_t E : {60, 256}) {
+    for (const float z_coefficient : {0.0f, 0.5f}) {
+      routing_config cfg = E == 256 ? presets::deepseek_v3() : variant(E, 4, 5);
+      cfg.loss.z_coefficient = z_coefficient;
+      INFO(describe(cfg, 1000));
+      const std::int64_t T = 1000;
+      const auto logits = grid_logits(T, E, 41);
+      const auto bias = cfg.gating.expert_bias ? grid_bias(E) : std::vector<float>{};
+      test::gating_buffers<float> b(cfg, logits, T, bias, some_padding(T));
+      const auto full = b.download(b.run(cfg));
+      REQUIRE(full.st.ok());
+
+      // without the z sum a z-loss is an error naming it
+      auto p = b.p;
+      p.out.d_logsumexp = nullptr;
+      p.out.sums.d_z_sum_squares = nullptr;
+      auto s = cuda::gating(cfg, p, b.workspace.get(), b.workspace_bytes);
+      if (z_coefficient != 0.0f) {
+        REQUIRE(s.code == status_code::invalid_argument);
+        REQUIRE(s.message.find("out.sums.d_z_sum_squares") != std::string::npos);
+        p.out.sums.d_z_sum_squares = b.p.out.sums.d_z_sum_squares;  // the lse alone skipped
+      }
+      b.lse.fill_bytes(0xAB);
+      b.z.fill_bytes(0xAB);
+      b.ids.fill_bytes(0);
+      b.aux_sum.fill_bytes(0);
+      auto lean = b.download(cuda::gating(cfg, p, b.workspace.get(), b.workspace_bytes));
+      REQUIRE(lean.st.ok());
+      for (const float v : lean.logsumexp) {
+        std::uint32_t bits;
+        std::memcpy(&bits, &v, sizeof bits);
+        REQUIRE(bits == 0xABABABABu);
+      }
+      if (z_coefficient == 0.0f) {
+        std::uint64_t bits;
+        std::memcpy(&bits, &lean.z_sum_squares, sizeof bits);
+        REQUIRE(bits == 0xABABABABABABABABull);
+        lean.z_sum_squares = full.z_sum_squares;
+      }
+      lean.logsumexp = full.logsumexp;
+      REQUIRE(same_bits(full, lean));
+    }
+  }
+}

@@ -191,6 +191,23 @@ TEST_CASE("losses: zero valid tokens give 0; bad params are rejected; T = 0 writ
   REQUIRE(s.code == status_code::invalid_argument);
   REQUIRE(s.message.find("sums.d_valid_tokens") != std::string::npos);
 
+  // the z sum: needed with a z-loss, unread (z = 0) without one
+  cuda::device_buffer<std::int64_t> valid(std::vector<std::int64_t>{16});
+  cuda::device_buffer<double> z_out(1);
+  cuda::loss_params z_only;
+  z_only.tokens = 16;
+  z_only.sums.d_valid_tokens = valid.get();
+  z_only.d_z_loss = z_out.get();
+  routing_config with_z = cfg;
+  with_z.loss.z_coefficient = 0.001f;
+  s = cuda::losses(with_z, z_only);
+  REQUIRE(s.code == status_code::invalid_argument);
+  REQUIRE(s.message.find("sums.d_z_sum_squares") != std::string::npos);
+  REQUIRE(cfg.loss.z_coefficient == 0.0f);  // Mixtral has no z-loss
+  z_out.fill_bytes(0x5A);
+  REQUIRE(cuda::losses(cfg, z_only).ok());
+  REQUIRE(z_out.download()[0] == 0.0);
+
   cuda::device_buffer<double> out(1);
   out.fill_bytes(0x5A);
   cuda::loss_params empty;

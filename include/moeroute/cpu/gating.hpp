@@ -1,7 +1,8 @@
 // SPDX-License-Identifier: Apache-2.0
 // CPU backend: fused gating. Router logits [T, E] (float, half_bits or bf16_bits) -> top-k
-// expert ids and gates, reroute candidates, logsumexp and the loss sums: the operation and
-// params of cuda::gating, one pass over each row. Formulas in docs/numerics.md ("Gating").
+// expert ids and gates, reroute candidates, logsumexp (when asked for) and the loss sums: the
+// operation and params of cuda::gating, one pass over each row. Formulas in docs/numerics.md
+// ("Gating").
 #pragma once
 
 #include <algorithm>
@@ -179,7 +180,8 @@ struct token_state {
   std::int64_t t = 0;  // the token
   std::int64_t q = 0;  // its sequence (0 without sequences)
   float m = 0.0f;      // the max of its sanitised logits
-  double sum = 0.0;    // the sum of exp(x - m)
+  double sum = 0.0;    // the sum of exp(x - m) (softmax scores, or a logsumexp asked for)
+  float lse = 0.0f;    // its logsumexp (when asked for)
   const float* gate_logits = nullptr;
   const float* gate_scores = nullptr;
   const float* sel = nullptr;             // the selection values
@@ -201,8 +203,9 @@ struct gating_agent {
   std::int32_t E, k, R, G, per_group;
   std::size_t row_bytes;  // of one token's logits
   bool softmax_score, softmax_after, noise, noisy_gates, wants_priority, random_second;
-  bool defer_p;  // P is made in the aux pass: nothing reads it, or overwrites s.ex, before
-  bool gathers;  // the group limit's kept groups are copied side by side and selected from
+  bool wants_lse;  // the logsumexp is written or summed (per-expert scores skip its exp pass)
+  bool defer_p;    // P is made in the aux pass: nothing reads it, or overwrites s.ex, before
+  bool gathers;    // the group limit's kept groups are copied side by side and selected from
 
   gating_agent(const routing_config& c, const gating_params<Element>& params) : cfg(c), p(params) {
     const auto& g = cfg.gating;
@@ -218,6 +221,7 @@ struct gating_agent {
     noisy_gates = noise && g.noise.target == noise_target::selection_and_gates;
     wants_priority = cfg.dispatch.prio == priority::batch_prioritized;
     random_second = g.second_expert.policy == second_expert_policy::random;
+    wants_lse = p.out.d_logsumexp != nullptr || p.out.sums.d_z_sum_squares != nullptr;
     // (the group limit takes s.ex as scratch, and so do scores of noisy logits)
     defer_p = softmax_after && G == 1 && !(noise && g.select == select_from::scores);
     // (a selection over half the row with no mask: DeepSeek-V3 keeps 4 of 8 groups)
@@ -275,10 +279,14 @@ struct gating_agent {
     st.m = math::load_row(p.d_logits + st.t * E, E, s.x, *s.bad);
   }
   void exponentiate(const gating_task_space& s, token_state& st) const {
-    st.sum = math::exp_row(s.x, E, st.m, s.ex);
+    // (DeepSeek-V3 without a z-loss: a fifth of its gating was this pass, measured)
+    if (softmax_score || wants_lse) st.sum = math::exp_row(s.x, E, st.m, s.ex);
   }
   void normalize(const gating_task_space& s, token_state& st) const {
-    p.out.d_logsumexp[st.t] = static_cast<float>(static_cast<double>(st.m) + math::log(st.sum));
+    if (wants_lse) {
+      st.lse = static_cast<float>(static_cast<double>(st.m) + math::log(st.sum));
+      if (p.out.d_logsumexp != nullptr) p.out.d_logsumexp[st.t] = st.lse;
+    }
     if (softmax_score && !defer_p) math::normalize_row(s.ex, E, st.sum, s.p);
   }
 
@@ -553,8 +561,8 @@ struct gating_agent {
           return s.p[a] > s.p[b] || (s.p[a] == s.p[b] && a < b);
         });
     }
-    const double lse = o.d_logsumexp[t];
-    *s.z += lse * lse;
+    const double lse = st.lse;
+    *s.z += lse * lse;  // (0 unless asked for; the sum is then written)
   }
 };
 
@@ -705,7 +713,7 @@ template <class Element>
     }
   }
   *sums.d_valid_tokens = valid;
-  *sums.d_z_sum_squares = z;
+  if (sums.d_z_sum_squares != nullptr) *sums.d_z_sum_squares = z;
   if (sums.d_nonfinite != nullptr) *sums.d_nonfinite = bad;
   return status::success();
 }

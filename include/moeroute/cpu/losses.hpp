@@ -45,7 +45,9 @@ using moeroute::loss_params;
     *p.d_aux_loss = n > 0 ? cfg.loss.aux_coefficient * scale * s : 0.0;
   }
   if (p.d_z_loss != nullptr)
-    *p.d_z_loss = n > 0 ? cfg.loss.z_coefficient * *p.sums.d_z_sum_squares / T : 0.0;
+    *p.d_z_loss = n > 0 && cfg.loss.z_coefficient != 0.0f
+                      ? cfg.loss.z_coefficient * *p.sums.d_z_sum_squares / T
+                      : 0.0;
   if (p.d_sequence_aux_loss != nullptr) {
     const std::int64_t L = cfg.loss.sequence_length;
     const std::int64_t S = L > 0 ? p.tokens / L : 0;

@@ -26,9 +26,10 @@ struct gating_params {
                                       ///< cfg.gating.expert_bias; finite (not checked)
   const std::uint8_t* d_valid =
       nullptr;  ///< [T] uint8 1 = real token, 0 = padding; null = all valid
-  /// Outputs: d_ids, d_gates [T, k]; d_reroute_ids [T, R] (needed iff R > 0); d_logsumexp [T];
-  /// sums: d_aux_score_sum, d_aux_count [E], d_valid_tokens, d_z_sum_squares [1],
-  /// d_nonfinite [1] (optional), d_seq_* (needed iff loss.sequence_length > 0);
+  /// Outputs: d_ids, d_gates [T, k]; d_reroute_ids [T, R] (needed iff R > 0); d_logsumexp [T]
+  /// (optional); sums: d_aux_score_sum, d_aux_count [E], d_valid_tokens [1], d_z_sum_squares
+  /// [1] (needed iff loss.z_coefficient != 0), d_nonfinite [1] (optional), d_seq_* (needed
+  /// iff loss.sequence_length > 0);
   /// d_token_priority [T] (needed iff dispatch.prio = batch_prioritized); d_second_skipped [T]
   /// (needed iff gating.second_expert.policy = random).
   gating_result out{};
@@ -53,13 +54,17 @@ template <class Element>
           "with tokens > 0", param_checks::required(p.d_logits, "d_logits"),
           param_checks::required(o.d_ids, "out.d_ids"),
           param_checks::required(o.d_gates, "out.d_gates"),
-          param_checks::required(o.d_logsumexp, "out.d_logsumexp"),
           param_checks::required(o.sums.d_aux_score_sum, "out.sums.d_aux_score_sum"),
           param_checks::required(o.sums.d_aux_count, "out.sums.d_aux_count"),
-          param_checks::required(o.sums.d_valid_tokens, "out.sums.d_valid_tokens"),
-          param_checks::required(o.sums.d_z_sum_squares, "out.sums.d_z_sum_squares"));
+          param_checks::required(o.sums.d_valid_tokens, "out.sums.d_valid_tokens"));
       !s)
     return s;
+  if (cfg.loss.z_coefficient != 0.0f)
+    if (auto s = param_checks::require_pointers(
+            "with loss.z_coefficient != 0",
+            param_checks::required(o.sums.d_z_sum_squares, "out.sums.d_z_sum_squares"));
+        !s)
+      return s;
   if (cfg.candidates_per_token() > cfg.top_k)
     if (auto s = param_checks::require_pointers(
             "with dispatch.dropped = next_choice (R > 0)",

@@ -21,11 +21,13 @@ struct loss_params {
   /// added over ranks (a sequence split by context parallelism) cover the whole batch's T.
   std::int64_t tokens = 0;
   const_gating_sums sums{};  ///< gating_params::out.sums, or such sums added over shards (d_seq_*
-                             ///< used iff loss.sequence_length > 0; d_aux_* only with d_aux_loss)
+                             ///< used iff loss.sequence_length > 0; d_aux_* only with d_aux_loss;
+                             ///< d_z_sum_squares only with d_z_loss and z_coefficient != 0)
   double* d_aux_loss = nullptr;           ///< [1] f64: coefficient * scale * sum_e f_e P_e
   double* d_sequence_aux_loss = nullptr;  ///< [1] f64: the per-sequence losses reduced by
                                           ///< loss.sequence_reduce (0 when sequence_length == 0)
-  double* d_z_loss = nullptr;             ///< [1] f64: z_coefficient * sum lse^2 / T
+  double* d_z_loss = nullptr;             ///< [1] f64: z_coefficient * sum lse^2 / T (0 when
+                                          ///< z_coefficient = 0: sums.d_z_sum_squares unread)
 };
 
 /// @brief Checks config, shape and pointers of a loss call; names the first bad field. Every
@@ -44,9 +46,9 @@ struct loss_params {
             param_checks::required(p.sums.d_aux_count, "sums.d_aux_count"));
         !s)
       return s;
-  if (p.d_z_loss != nullptr)
+  if (p.d_z_loss != nullptr && cfg.loss.z_coefficient != 0.0f)
     if (auto s = param_checks::require_pointers(
-            "with d_z_loss",
+            "with d_z_loss and loss.z_coefficient != 0",
             param_checks::required(p.sums.d_z_sum_squares, "sums.d_z_sum_squares"));
         !s)
       return s;

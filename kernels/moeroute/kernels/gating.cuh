@@ -1,7 +1,7 @@
 // SPDX-License-Identifier: Apache-2.0
 // The fused gating kernel: router logits [T, E] -> top-k ids and gates, reroute candidates,
-// logsumexp and per-chunk partial sums of the aux-loss inputs, in one pass. Semantics:
-// reference::gating (include/moeroute/reference/gating.hpp); the per-token arithmetic is
+// logsumexp (when asked for) and per-chunk partial sums of the aux-loss inputs, in one pass.
+// Semantics: reference::gating (include/moeroute/reference/gating.hpp); the per-token arithmetic is
 // gating_agent.cuh, the fixed-order reduction of the partials gating_reduce.cuh.
 //
 // Work split. The token axis is cut into chunks (moeroute/gating_plan.hpp); block c owns chunk
@@ -80,13 +80,16 @@ __global__ void __launch_bounds__(Warps * 32)
 
   agent_type agent(a, tid % Lanes);
   double z_acc = 0.0;
+  // the logsumexp only where written or summed (an exp per logit: configs without a z-loss
+  // skip it)
+  const bool wants_lse = a.out.d_logsumexp != nullptr || a.out.sums.d_z_sum_squares != nullptr;
   for (std::int64_t base = begin; base < end; base += Groups) {  // block-uniform trip count
     const std::int64_t v = base + grp;
     const bool active = v < end;
     const std::int64_t t = a.plan.token(active ? v : begin);  // idle groups recompute a real row
 
     const int nonfinite = agent.load_row(t);
-    const float lse = agent.logsumexp();
+    const float lse = wants_lse ? agent.logsumexp() : 0.0f;
     agent.noise_and_scores(t);
     if (a.sem.groups > 1) agent.group_limit();
     if (a.sem.second_sampling) agent.sample_second(t);

@@ -350,7 +350,7 @@ struct gating_agent {
     if (!sem.after_drop) for_slots([&](int s) { rv[s] = __fmul_rn(rv[s], sem.scaling); });
   }
 
-  /// Writes token t's ids, gates and logsumexp.
+  /// Writes token t's ids, gates and logsumexp (when asked for).
   __device__ __forceinline__ void write(std::int64_t t, float lse) const {
     for_slots([&](int s) {
       const int j = s * Lanes + lane;
@@ -359,7 +359,7 @@ struct gating_agent {
         a.out.d_gates[t * sem.k + j] = rv[s];
       }
     });
-    if (lane == 0) a.out.d_logsumexp[t] = lse;
+    if (lane == 0 && a.out.d_logsumexp != nullptr) a.out.d_logsumexp[t] = lse;
   }
 
   // --- 7. aux-loss inputs ---------------------------------------------------------------------

@@ -132,7 +132,7 @@ __global__ void __launch_bounds__(Threads)
       vt += s_valid[w];
       bt += s_bad[w];
     }
-    *out.d_z_sum_squares = zt;
+    if (out.d_z_sum_squares != nullptr) *out.d_z_sum_squares = zt;
     *out.d_valid_tokens = vt;
     if (out.d_nonfinite != nullptr) *out.d_nonfinite = bt;
   }

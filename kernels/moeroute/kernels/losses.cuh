@@ -60,7 +60,9 @@ __global__ void __launch_bounds__(Threads) loss_kernel(const loss_kernel_args a)
       *a.aux_loss = n > 0 ? __dmul_rn(__dmul_rn(a.aux_coefficient, a.aux_scale), s) : 0.0;
   }
   if (tid == 0 && a.z_loss != nullptr)
-    *a.z_loss = n > 0 ? __ddiv_rn(__dmul_rn(a.z_coefficient, *a.sums.d_z_sum_squares), T) : 0.0;
+    *a.z_loss = n > 0 && a.z_coefficient != 0.0
+                    ? __ddiv_rn(__dmul_rn(a.z_coefficient, *a.sums.d_z_sum_squares), T)
+                    : 0.0;
   if (a.sequence_aux_loss == nullptr) return;
   double* w_term = s_term + warp * 32;  // this warp's 32 terms (the aux loop above is done)
   double total = 0.0;
