@@ -177,11 +177,12 @@ inline gating_space carve_gating_space(workspace_carver& w, const gating_plan& p
 
 /// What one token carries from one step of gating_agent to the next.
 struct token_state {
-  std::int64_t t = 0;  // the token
-  std::int64_t q = 0;  // its sequence (0 without sequences)
-  float m = 0.0f;      // the max of its sanitised logits
-  double sum = 0.0;    // the sum of exp(x - m) (softmax scores, or a logsumexp asked for)
-  float lse = 0.0f;    // its logsumexp (when asked for)
+  std::int64_t t = 0;      // the token
+  std::int64_t q = 0;      // its sequence (0 without sequences)
+  float m = 0.0f;          // the max of its sanitised logits
+  double sum = 0.0;        // the sum of exp(x - m) (softmax scores, or a logsumexp asked for)
+  float lse = 0.0f;        // its logsumexp (when asked for)
+  float score_sum = 0.0f;  // sum_row_f32 of its scores (fused_sigmoid)
   const float* gate_logits = nullptr;
   const float* gate_scores = nullptr;
   const float* sel = nullptr;             // the selection values
@@ -203,9 +204,10 @@ struct gating_agent {
   std::int32_t E, k, R, G, per_group;
   std::size_t row_bytes;  // of one token's logits
   bool softmax_score, softmax_after, noise, noisy_gates, wants_priority, random_second;
-  bool wants_lse;  // the logsumexp is written or summed (per-expert scores skip its exp pass)
-  bool defer_p;    // P is made in the aux pass: nothing reads it, or overwrites s.ex, before
-  bool gathers;    // the group limit's kept groups are copied side by side and selected from
+  bool wants_lse;      // the logsumexp is written or summed (per-expert scores skip its exp pass)
+  bool fused_sigmoid;  // load makes x, the sigmoid scores, sel (+ bias) and their sum in one pass
+  bool defer_p;        // P is made in the aux pass: nothing reads it, or overwrites s.ex, before
+  bool gathers;        // the group limit's kept groups are copied side by side and selected from
 
   gating_agent(const routing_config& c, const gating_params<Element>& params) : cfg(c), p(params) {
     const auto& g = cfg.gating;
@@ -222,6 +224,13 @@ struct gating_agent {
     wants_priority = cfg.dispatch.prio == priority::batch_prioritized;
     random_second = g.second_expert.policy == second_expert_policy::random;
     wants_lse = p.out.d_logsumexp != nullptr || p.out.sums.d_z_sum_squares != nullptr;
+#if defined(__AVX512F__)
+    fused_sigmoid = g.score == score_function::sigmoid && !noise &&
+                    g.select == select_from::scores &&
+                    g.second_expert.policy != second_expert_policy::sampling && E % 16 == 0;
+#else
+    fused_sigmoid = false;
+#endif
     // (the group limit takes s.ex as scratch, and so do scores of noisy logits)
     defer_p = softmax_after && G == 1 && !(noise && g.select == select_from::scores);
     // (a selection over half the row with no mask: DeepSeek-V3 keeps 4 of 8 groups)
@@ -276,6 +285,14 @@ struct gating_agent {
       const auto* ahead = reinterpret_cast<const char*>(p.d_logits + (st.t + ahead_rows) * E);
       for (std::size_t b = 0; b < row_bytes; b += 64) __builtin_prefetch(ahead + b);
     }
+#if defined(__AVX512F__)
+    if (fused_sigmoid) {
+      st.m = math::sigmoid_row_fused(p.d_logits + st.t * E, E,
+                                     cfg.gating.expert_bias ? p.d_bias : nullptr, s.x,
+                                     s.gate_scores, s.sel, *s.bad, st.score_sum);
+      return;
+    }
+#endif
     st.m = math::load_row(p.d_logits + st.t * E, E, s.x, *s.bad);
   }
   void exponentiate(const gating_task_space& s, token_state& st) const {
@@ -288,6 +305,39 @@ struct gating_agent {
       if (p.out.d_logsumexp != nullptr) p.out.d_logsumexp[st.t] = st.lse;
     }
     if (softmax_score && !defer_p) math::normalize_row(s.ex, E, st.sum, s.p);
+  }
+
+  // 3. gate scores and selection values (+ bias) from gate_logits and xn (the noisy logits
+  //    where noise is on); gate_scores comes in as s.gate_scores
+  void select_values(const gating_task_space& s, const float* gate_logits, const float* xn,
+                     bool sampling, const float*& gate_scores, const float*& sel) const {
+    const auto& g = cfg.gating;
+    if (softmax_after) {
+      // the reference leaves its score row at 0 here; only these two read it
+      if (random_second || g.select == select_from::scores)
+        std::fill(s.gate_scores, s.gate_scores + E, 0.0f);
+    } else if (softmax_score && !noisy_gates) {
+      gate_scores = s.p;
+    } else {
+      scores(gate_logits, max_of(gate_logits), s.ex, s.gate_scores);
+    }
+    if (g.select == select_from::scores) {
+      if (noise && !noisy_gates) {
+        scores(xn, max_of(xn), s.ex, s.sel);
+        sel = s.sel;
+      } else {
+        sel = gate_scores;
+      }
+    } else {
+      sel = xn;
+    }
+    if (g.expert_bias) {  // + bias into the writable row (in place when sel is that row)
+      for (std::int32_t e = 0; e < E; ++e) s.sel[e] = math::sanitize(sel[e] + p.d_bias[e]);
+      sel = s.sel;
+    } else if (sampling) {  // a writable copy
+      if (sel != s.sel) std::copy(sel, sel + E, s.sel);
+      sel = s.sel;
+    }
   }
 
   void prepare(const gating_task_space& s, token_state& st) const {
@@ -307,35 +357,14 @@ struct gating_agent {
     }
     const float* xn = noise ? s.xn : x;
 
-    // 3. gate scores and selection values (+ bias)
+    // 3. gate scores and selection values (+ bias): made in load when fused
     const float* gate_scores = s.gate_scores;
-    if (softmax_after) {
-      // the reference leaves its score row at 0 here; only these two read it
-      if (random_second || g.select == select_from::scores)
-        std::fill(s.gate_scores, s.gate_scores + E, 0.0f);
-    } else if (softmax_score && !noisy_gates) {
-      gate_scores = s.p;
-    } else {
-      scores(gate_logits, max_of(gate_logits), s.ex, s.gate_scores);
-    }
     const float* sel = nullptr;
-    if (g.select == select_from::scores) {
-      if (noise && !noisy_gates) {
-        scores(xn, max_of(xn), s.ex, s.sel);
-        sel = s.sel;
-      } else {
-        sel = gate_scores;
-      }
-    } else {
-      sel = xn;
-    }
     const bool sampling = g.second_expert.policy == second_expert_policy::sampling;
-    if (g.expert_bias) {  // + bias into the writable row (in place when sel is that row)
-      for (std::int32_t e = 0; e < E; ++e) s.sel[e] = math::sanitize(sel[e] + p.d_bias[e]);
-      sel = s.sel;
-    } else if (sampling) {  // a writable copy
-      if (sel != s.sel) std::copy(sel, sel + E, s.sel);
-      sel = s.sel;
+    if (fused_sigmoid) {
+      sel = g.expert_bias ? s.sel : s.gate_scores;
+    } else {
+      select_values(s, gate_logits, xn, sampling, gate_scores, sel);
     }
 
     // 4. group limit: the kept groups gathered, or a mask
@@ -528,7 +557,7 @@ struct gating_agent {
         clean = s.p;
       }
       // (and compared with the routed ids' smallest, made first by the same expression)
-      const float denom = math::sum_row_f32(clean, E) + 1e-20f;
+      const float denom = (fused_sigmoid ? st.score_sum : math::sum_row_f32(clean, E)) + 1e-20f;
       float least = FLT_MAX;
       if (fresh_topk)
         for (std::int32_t j = 0; j < counted; ++j)

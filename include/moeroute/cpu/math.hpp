@@ -441,4 +441,47 @@ inline void sigmoid_row(const float* __restrict x, std::int32_t n, float* __rest
 #endif
 }
 
+#if defined(__AVX512F__)
+/// @brief A per-expert sigmoid row in one pass (DeepSeek-V3's scores): x[i] = sanitize(row[i])
+///        (the non-finite inputs added to `bad`), scores[i] = sigmoid(x[i]) as sigmoid_row
+///        computes it, and with a bias sel[i] = sanitize(scores[i] + bias[i]); returns the max
+///        of x and sets `sum` to sum_row_f32(scores, n) (the same lanes added in the same order:
+///        the same bits). n % 16 == 0. One pass where load_row, sigmoid_row, the bias and the
+///        aux denominator's sum took four.
+template <class Element>
+[[nodiscard]] inline float sigmoid_row_fused(const Element* __restrict row, std::int32_t n,
+                                             const float* __restrict bias, float* __restrict x,
+                                             float* __restrict scores, float* __restrict sel,
+                                             std::int64_t& bad, float& sum) noexcept {
+  constexpr std::int32_t exponent = 0x7F800000;
+  const __m512 one = _mm512_set1_ps(1.0f), zero = _mm512_setzero_ps();
+  f32x16 top = f32x16{} - FLT_MAX, total = {};
+  i32n nonfinite_lanes = {};
+  for (std::int32_t i = 0; i < n; i += 16) {
+    const f32n raw = load_lanes(row + i);
+    nonfinite_lanes -= ((i32n)raw & exponent) == exponent;  // (a true lane is -1)
+    const f32n a = raw > -FLT_MAX ? raw : -FLT_MAX;         // sanitize(), lane-wise
+    const f32n v = a < FLT_MAX ? a : FLT_MAX;
+    std::memcpy(x + i, &v, sizeof v);
+    top = top > v ? top : v;
+    const __m512 sv = _mm512_div_ps(one, _mm512_add_ps(one, exp16(_mm512_sub_ps(zero, (__m512)v))));
+    _mm512_storeu_ps(scores + i, sv);
+    total += (f32x16)sv;
+    if (bias != nullptr) {
+      f32x16 b;
+      std::memcpy(&b, bias + i, sizeof b);
+      const f32x16 t = (f32x16)sv + b;
+      const f32x16 c = t > -FLT_MAX ? t : -FLT_MAX;
+      const f32x16 d = c < FLT_MAX ? c : FLT_MAX;
+      std::memcpy(sel + i, &d, sizeof d);
+    }
+  }
+  std::int32_t nf = 0;
+  for (std::int32_t l = 0; l < native_lanes; ++l) nf += nonfinite_lanes[l];
+  bad += nf;
+  sum = fold_sum(total);
+  return max_of_lanes(top);
+}
+#endif
+
 }  // namespace moeroute::cpu::math
