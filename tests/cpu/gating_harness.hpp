@@ -2,8 +2,8 @@
 // Test harness for the CPU backend's gating: runs cpu::gating on host buffers and compares
 // every output with reference::gating (common/gating_compare.hpp). Every call runs the
 // backend three ways — serial, OpenMP, and a parallel-for hook that runs the tasks in
-// reverse order — and requires the three to agree bit for bit before comparing; a fourth
-// serial run without the optional logsumexp (and z sum) must agree on everything else.
+// reverse order — and requires the three to agree bit for bit before comparing; a fourth,
+// lean serial run without the optional outputs must agree on everything else.
 #pragma once
 
 #include <cstdint>
@@ -98,28 +98,42 @@ inline std::string same_bits(const gating_outputs& a, const gating_outputs& b, c
   return same ? "" : std::string("the ") + how + " run differs from the serial run";
 }
 
-/// The run without the optional logsumexp (and, for a config without a z-loss, without its
-/// sum): "" when it writes neither and the same bits as `serial` everywhere else.
+/// The lean run: without the optional outputs (the logsumexp, the per-token aux rows and count
+/// ids, and for a config without a z-loss the z sum), as an engine calls it. "" when it writes
+/// none of them and the same bits as `serial` everywhere else.
 template <class In>
-std::string check_without_logsumexp(const routing_config& cfg, cpu_gating_buffers<In>& b,
-                                    const gating_outputs& serial) {
+std::string check_lean(const routing_config& cfg, cpu_gating_buffers<In>& b,
+                       const gating_outputs& serial) {
   constexpr float unwritten = -7.0f;
   const bool no_z = cfg.loss.z_coefficient == 0.0f;
   b.g.logsumexp.assign(b.g.logsumexp.size(), unwritten);
+  b.g.aux_scores.assign(b.g.aux_scores.size(), unwritten);
+  b.g.aux_count_ids.assign(b.g.aux_count_ids.size(), -7);
   if (no_z) b.g.z_sum_squares = unwritten;
+  const gating_params<In> full = b.p;
   b.p.out.d_logsumexp = nullptr;
+  b.p.out.d_aux_scores = nullptr;
+  b.p.out.d_aux_count_ids = nullptr;
   if (no_z) b.p.out.sums.d_z_sum_squares = nullptr;
   gating_outputs r = b.run(cfg, cpu::executor::serial());
-  b.p.out.d_logsumexp = b.g.logsumexp.data();
-  b.p.out.sums.d_z_sum_squares = &b.g.z_sum_squares;
-  for (const float v : r.logsumexp)
-    if (std::memcmp(&v, &unwritten, sizeof v) != 0) return "logsumexp written with a null pointer";
+  b.p = full;
+  const auto untouched = [](const auto& v, auto mark) {
+    for (const auto& x : v)
+      if (std::memcmp(&x, &mark, sizeof x) != 0) return false;
+    return true;
+  };
+  if (!untouched(r.logsumexp, unwritten)) return "logsumexp written with a null pointer";
+  if (!untouched(r.aux_scores, unwritten)) return "aux_scores written with a null pointer";
+  if (!untouched(r.aux_count_ids, std::int32_t{-7}))
+    return "aux_count_ids written with a null pointer";
   if (no_z) {
     if (r.z_sum_squares != unwritten) return "z_sum_squares written with a null pointer";
     r.z_sum_squares = serial.z_sum_squares;
   }
   r.logsumexp = serial.logsumexp;
-  return same_bits(serial, r, "no-logsumexp");
+  r.aux_scores = serial.aux_scores;
+  r.aux_count_ids = serial.aux_count_ids;
+  return same_bits(serial, r, "lean");
 }
 
 /// Runs reference and CPU backend on the same inputs and compares; "" when they agree.
@@ -138,7 +152,7 @@ std::string check_gating(const routing_config& cfg, const std::vector<In>& logit
                          "reverse-order");
       !m.empty())
     return m;
-  if (auto m = check_without_logsumexp(cfg, b, serial); !m.empty()) return m;
+  if (auto m = check_lean(cfg, b, serial); !m.empty()) return m;
   return compare(ref, serial);
 }
 

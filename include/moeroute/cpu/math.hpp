@@ -395,10 +395,11 @@ inline void normalize_row(const float* __restrict ex, std::int32_t n, double sum
   for (std::int32_t i = 0; i < n; ++i) p[i] = static_cast<float>(static_cast<double>(ex[i]) * inv);
 }
 
-/// @brief The aux pass of a softmax row in one sweep: with Normalize, p[i] = float(ex[i] * inv)
-///        (normalize_row's bits, inv = 1 / sum), else p is read; acc[i] += p[i] in double;
-///        returns how many p[i] are at or above `least`.
-template <bool Normalize>
+/// @brief The aux pass of a softmax row in one sweep: with Normalize, v = float(ex[i] * inv)
+///        (normalize_row's bits, inv = 1 / sum), stored to p[i] when Keep (something reads
+///        the row later), else v = p[i]; acc[i] += v in double; returns how many v are at or
+///        above `least`.
+template <bool Normalize, bool Keep>
 [[nodiscard]] inline std::int32_t aux_row(const float* __restrict ex, std::int32_t n, double inv,
                                           float* __restrict p, double* __restrict acc,
                                           float least) noexcept {
@@ -407,10 +408,27 @@ template <bool Normalize>
     float v;
     if constexpr (Normalize) {
       v = static_cast<float>(static_cast<double>(ex[i]) * inv);
-      p[i] = v;
+      if constexpr (Keep) p[i] = v;
     } else {
       v = p[i];
     }
+    acc[i] += static_cast<double>(v);
+    at_least += v >= least ? 1 : 0;
+  }
+  return at_least;
+}
+
+/// @brief The aux pass of a per-expert score row: v = scores[i] / denom (the reference's
+///        expression), stored to p[i] when Keep (p may be scores: in place); acc[i] += v in
+///        double; returns how many v are at or above `least`.
+template <bool Keep>
+[[nodiscard]] inline std::int32_t aux_quotient_row(const float* scores, std::int32_t n, float denom,
+                                                   float* p, double* __restrict acc,
+                                                   float least) noexcept {
+  std::int32_t at_least = 0;
+  for (std::int32_t i = 0; i < n; ++i) {
+    const float v = scores[i] / denom;
+    if constexpr (Keep) p[i] = v;
     acc[i] += static_cast<double>(v);
     at_least += v >= least ? 1 : 0;
   }
