@@ -80,13 +80,14 @@ void register_gating() {
               const auto logits =
                   make_logits(scenario_kind::uniform, T, m.experts, scenario_params{});
               const std::vector<float> bias(cfg.gating.expert_bias ? m.experts : 0, 0.0f);
-              // the cpu::gating call alone (cpu_gate times it): allocating and zeroing the
-              // output vectors around it is serial work the library does not do
+              // the cpu::gating call alone, on outputs and a workspace allocated once (an
+              // engine's steady state: the same buffers every step)
+              cpu_gating_call call(cfg, logits, T, bias);
               for (auto _ : st) {
-                const cpu_gated g = cpu_gate(cfg, logits, T, bias, 1, executor_for(threads));
-                if (!g.st) st.SkipWithError(g.st.message.c_str());
-                benchmark::DoNotOptimize(g.g.ids.data());
-                st.SetIterationTime(g.us * 1e-6);
+                const double us = call.run(executor_for(threads));
+                if (!call.result().st) st.SkipWithError(call.result().st.message.c_str());
+                benchmark::DoNotOptimize(call.result().g.ids.data());
+                st.SetIterationTime(us * 1e-6);
               }
               set_rate(st, T, bytes);
               set_ns_per_logit(st, T, m.experts);
