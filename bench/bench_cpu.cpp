@@ -45,6 +45,13 @@ cpu::executor executor_for(int threads) {
   return threads == 1 ? cpu::executor::serial() : cpu::executor{};
 }
 const char* threads_name(int threads) { return threads == 1 ? "/threads=1" : "/threads=all"; }
+/// "/<model>/T=<T>", built by appending: GCC 12 warns a false -Wrestrict on the inlined
+/// `"/" + std::string(...)` (a known GCC 12 false positive in std::string's operator+).
+std::string shape_suffix(const model_shape& m, std::int64_t T) {
+  std::string s = "/";
+  s.append(m.name).append("/T=").append(std::to_string(T));
+  return s;
+}
 
 /// A single-thread memcpy moving `bytes` in all (bytes / 2 read, bytes / 2 written), counted as
 /// `bytes` per call like the operations it is the baseline of: the bandwidth columns compare
@@ -70,7 +77,7 @@ void register_memcpy(std::int64_t bytes) {
 void register_gating() {
   for (const std::int64_t T : {std::int64_t{4096}, std::int64_t{16384}}) {
     for (const model_shape& m : model_shapes) {
-      const std::string sfx = "/" + std::string(m.name) + "/T=" + std::to_string(T);
+      const std::string sfx = shape_suffix(m, T);
       const double bytes = static_cast<double>(T) * (m.experts * 4.0 + m.top_k * 8.0 + 4.0);
       for (const int threads : {1, 0}) {
         benchmark::RegisterBenchmark(
@@ -120,7 +127,7 @@ void register_gating() {
 void register_dispatch() {
   const std::int64_t T = 16384;
   for (const model_shape& m : model_shapes) {
-    const std::string sfx = "/" + std::string(m.name) + "/T=" + std::to_string(T);
+    const std::string sfx = shape_suffix(m, T);
     benchmark::RegisterBenchmark(
         ("cpu_dispatch_layout_losses_cf1.25" + sfx).c_str(),
         [m, T](benchmark::State& st) {
@@ -273,8 +280,7 @@ void register_rows() {
   const std::int64_t T = 4096, d = 2048;
   for (const model_shape& m : model_shapes) {
     if (m.top_k > 2 && m.experts > 128) continue;  // the DeepSeek-V3 buffer: 1.1 GB, skipped
-    const std::string sfx =
-        "/" + std::string(m.name) + "/T=" + std::to_string(T) + "/d=" + std::to_string(d);
+    const std::string sfx = shape_suffix(m, T) + "/d=" + std::to_string(d);
     const routed_rows probe = make_rows(m, T, 1);
     const double el = sizeof(bf16_bits);
     // bytes each op must move at the least (reads + writes of live rows / tokens)
