@@ -102,14 +102,35 @@ bool same_bits(const test::gpu_gating& a, const test::gpu_gating& b) {
 }
 }  // namespace
 
+namespace {
+/// A bit-level case: the config for E (DeepSeek-V3 at 256, else a grid variant; a test may
+/// change it), its logits (seed), its bias where the config takes one, and the buffers of one
+/// call with padding.
+struct bits_case {
+  routing_config cfg;
+  std::int64_t tokens;
+  std::vector<float> logits, bias;
+  bits_case(std::int32_t E, std::int64_t T, std::uint32_t seed)
+      : cfg(E == 256 ? presets::deepseek_v3() : variant(E, 4, 5)),
+        tokens(T),
+        logits(grid_logits(T, E, seed)) {
+    if (cfg.gating.expert_bias) bias = grid_bias(E);
+  }
+  [[nodiscard]] test::gating_buffers<float> buffers() const {
+    return {cfg, logits, tokens, bias, some_padding(tokens)};
+  }
+};
+}  // namespace
+
 TEST_CASE("gating: two runs and a CUDA graph replay give identical bits", "[cuda][gating]") {
   for (std::int32_t E : {60, 256, 600}) {
-    routing_config cfg = E == 256 ? presets::deepseek_v3() : variant(E, 4, 5);
-    cfg.loss.sequence_length = 500;
     const std::int64_t T = 2000;
-    const auto logits = grid_logits(T, E, 37);
-    const auto bias = cfg.gating.expert_bias ? grid_bias(E) : std::vector<float>{};
-    test::gating_buffers<float> b(cfg, logits, T, bias, some_padding(T));
+    bits_case c(E, T, 37);
+    c.cfg.loss.sequence_length = 500;
+    const routing_config& cfg = c.cfg;
+    const auto& logits = c.logits;
+    const auto& bias = c.bias;
+    auto b = c.buffers();
     const auto first = b.download(b.run(cfg));
     REQUIRE(first.st.ok());
     const auto ref = reference::gating<float>(cfg, std::span<const float>(logits), T,
@@ -141,13 +162,11 @@ TEST_CASE("gating: the logsumexp is optional, and so is the z sum without a z-lo
           "[cuda][gating][quick]") {
   for (std::int32_t E : {60, 256}) {
     for (const float z_coefficient : {0.0f, 0.5f}) {
-      routing_config cfg = E == 256 ? presets::deepseek_v3() : variant(E, 4, 5);
-      cfg.loss.z_coefficient = z_coefficient;
-      INFO(describe(cfg, 1000));
-      const std::int64_t T = 1000;
-      const auto logits = grid_logits(T, E, 41);
-      const auto bias = cfg.gating.expert_bias ? grid_bias(E) : std::vector<float>{};
-      test::gating_buffers<float> b(cfg, logits, T, bias, some_padding(T));
+      bits_case c(E, 1000, 41);
+      c.cfg.loss.z_coefficient = z_coefficient;
+      const routing_config& cfg = c.cfg;
+      INFO(describe(cfg, c.tokens));
+      auto b = c.buffers();
       const auto full = b.download(b.run(cfg));
       REQUIRE(full.st.ok());
 
