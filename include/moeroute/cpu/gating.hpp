@@ -205,6 +205,7 @@ struct gating_agent {
   std::int32_t E, k, R, G, per_group;
   std::size_t row_bytes;  // of one token's logits
   bool softmax_score, softmax_after, noise, noisy_gates, wants_priority, random_second;
+  bool sampling;       // NLLB's second expert by Gumbel sampling (a writable selection row)
   bool wants_lse;      // the logsumexp is written or summed (per-expert scores skip its exp pass)
   bool fused_sigmoid;  // load makes x, the sigmoid scores, sel (+ bias) and their sum in one pass
   bool defer_p;        // P is made in the aux pass: nothing reads it, or overwrites s.ex, before
@@ -224,19 +225,18 @@ struct gating_agent {
     noisy_gates = noise && g.noise.target == noise_target::selection_and_gates;
     wants_priority = cfg.dispatch.prio == priority::batch_prioritized;
     random_second = g.second_expert.policy == second_expert_policy::random;
+    sampling = g.second_expert.policy == second_expert_policy::sampling;
     wants_lse = p.out.d_logsumexp != nullptr || p.out.sums.d_z_sum_squares != nullptr;
 #if defined(__AVX512F__)
     fused_sigmoid = g.score == score_function::sigmoid && !noise &&
-                    g.select == select_from::scores &&
-                    g.second_expert.policy != second_expert_policy::sampling && E % 16 == 0;
+                    g.select == select_from::scores && !sampling && E % 16 == 0;
 #else
     fused_sigmoid = false;
 #endif
     // (the group limit takes s.ex as scratch, and so do scores of noisy logits)
     defer_p = softmax_after && G == 1 && !(noise && g.select == select_from::scores);
     // (a selection over half the row with no mask: DeepSeek-V3 keeps 4 of 8 groups)
-    gathers = G > 1 && group_limit_by_top2(cfg, E, G) &&
-              g.second_expert.policy != second_expert_policy::sampling && !selects_by_columns(cfg);
+    gathers = G > 1 && group_limit_by_top2(cfg, E, G) && !sampling && !selects_by_columns(cfg);
   }
 
   /// scores of n values under the configured (per-expert or softmax) score function
@@ -311,7 +311,7 @@ struct gating_agent {
   // 3. gate scores and selection values (+ bias) from gate_logits and xn (the noisy logits
   //    where noise is on); gate_scores comes in as s.gate_scores
   void select_values(const gating_task_space& s, const float* gate_logits, const float* xn,
-                     bool sampling, const float*& gate_scores, const float*& sel) const {
+                     const float*& gate_scores, const float*& sel) const {
     const auto& g = cfg.gating;
     if (softmax_after) {
       // the reference leaves its score row at 0 here; only these two read it
@@ -361,11 +361,10 @@ struct gating_agent {
     // 3. gate scores and selection values (+ bias): made in load when fused
     const float* gate_scores = s.gate_scores;
     const float* sel = nullptr;
-    const bool sampling = g.second_expert.policy == second_expert_policy::sampling;
     if (fused_sigmoid) {
       sel = g.expert_bias ? s.sel : s.gate_scores;
     } else {
-      select_values(s, gate_logits, xn, sampling, gate_scores, sel);
+      select_values(s, gate_logits, xn, gate_scores, sel);
     }
 
     // 4. group limit: the kept groups gathered, or a mask

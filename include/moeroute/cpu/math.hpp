@@ -115,6 +115,13 @@ inline constexpr int sum_lanes = 8;
   return a < FLT_MAX ? a : FLT_MAX;
 }
 
+/// sanitize() of every lane of a generic vector (two selects: maxps / minps).
+template <class V>
+[[nodiscard]] inline V sanitize_lanes(const V& x) noexcept {
+  const V a = x > -FLT_MAX ? x : -FLT_MAX;
+  return a < FLT_MAX ? a : FLT_MAX;
+}
+
 /// 1 when x is NaN or +-Inf.
 [[nodiscard]] inline std::int32_t nonfinite(float x) noexcept {
   return (std::bit_cast<std::uint32_t>(x) & 0x7F800000u) == 0x7F800000u ? 1 : 0;
@@ -276,8 +283,7 @@ template <class Element>
     for (std::int32_t j = 0; j < i; j += native_lanes) {
       const f32n v = load_lanes(row + j);
       nfv -= ((i32n)v & exponent) == exponent;
-      const f32n a = v > -FLT_MAX ? v : -FLT_MAX;
-      const f32n c = a < FLT_MAX ? a : FLT_MAX;
+      const f32n c = sanitize_lanes(v);
       std::memcpy(x + j, &c, sizeof c);
       lane = lane > c ? lane : c;
     }
@@ -441,13 +447,17 @@ inline void accumulate_row(const float* __restrict v, std::int32_t n,
   for (std::int32_t i = 0; i < n; ++i) acc[i] += static_cast<double>(v[i]);
 }
 
+#if defined(__AVX512F__)
+/// sigmoid of 16 lanes, 1 / (1 + exp16(-v)): sigmoid_row's and sigmoid_row_fused's bits.
+[[gnu::always_inline]] inline __m512 sigmoid16(__m512 v) noexcept {
+  const __m512 one = _mm512_set1_ps(1.0f);
+  return _mm512_div_ps(one, _mm512_add_ps(one, exp16(_mm512_sub_ps(_mm512_setzero_ps(), v))));
+}
+#endif
+
 /// @brief sigmoid(x) = 1 / (1 + exp(-x)) for i < n with the exp above.
 inline void sigmoid_row(const float* __restrict x, std::int32_t n, float* __restrict out) noexcept {
 #if defined(__AVX512F__)
-  const __m512 one = _mm512_set1_ps(1.0f), zero = _mm512_setzero_ps();
-  const auto sigmoid16 = [&](__m512 v) {
-    return _mm512_div_ps(one, _mm512_add_ps(one, exp16(_mm512_sub_ps(zero, v))));
-  };
   std::int32_t i = 0;
   for (; i + 16 <= n; i += 16) _mm512_storeu_ps(out + i, sigmoid16(_mm512_loadu_ps(x + i)));
   if (i < n) {
@@ -472,25 +482,21 @@ template <class Element>
                                              float* __restrict scores, float* __restrict sel,
                                              std::int64_t& bad, float& sum) noexcept {
   constexpr std::int32_t exponent = 0x7F800000;
-  const __m512 one = _mm512_set1_ps(1.0f), zero = _mm512_setzero_ps();
   f32x16 top = f32x16{} - FLT_MAX, total = {};
   i32n nonfinite_lanes = {};
   for (std::int32_t i = 0; i < n; i += 16) {
     const f32n raw = load_lanes(row + i);
     nonfinite_lanes -= ((i32n)raw & exponent) == exponent;  // (a true lane is -1)
-    const f32n a = raw > -FLT_MAX ? raw : -FLT_MAX;         // sanitize(), lane-wise
-    const f32n v = a < FLT_MAX ? a : FLT_MAX;
+    const f32n v = sanitize_lanes(raw);
     std::memcpy(x + i, &v, sizeof v);
     top = top > v ? top : v;
-    const __m512 sv = _mm512_div_ps(one, _mm512_add_ps(one, exp16(_mm512_sub_ps(zero, (__m512)v))));
+    const __m512 sv = sigmoid16((__m512)v);
     _mm512_storeu_ps(scores + i, sv);
     total += (f32x16)sv;
     if (bias != nullptr) {
       f32x16 b;
       std::memcpy(&b, bias + i, sizeof b);
-      const f32x16 t = (f32x16)sv + b;
-      const f32x16 c = t > -FLT_MAX ? t : -FLT_MAX;
-      const f32x16 d = c < FLT_MAX ? c : FLT_MAX;
+      const f32x16 d = sanitize_lanes((f32x16)sv + b);
       std::memcpy(sel + i, &d, sizeof d);
     }
   }
