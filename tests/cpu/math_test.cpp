@@ -1,6 +1,8 @@
 // SPDX-License-Identifier: Apache-2.0
 // The CPU backend's building blocks against plain definitions: math::exp within its documented
-// bound (2 ulp) and monotonic over every 61st float of [-104, 89]; math::log within 1e-15 of
+// bound (2 ulp) and monotonic over every 61st float of [-104, 89]; sigmoid_row within 3 ulp
+// and monotonic over [-89, 104], and the fused sigmoid pass equal to its separate passes;
+// math::log within 1e-15 of
 // libm's over every binade; the selection (top_n, with and without a mask, every n up to 16 and
 // the index-sort path; top_n_columns, 16 rows at once by insertion or by sorting networks,
 // where AVX-512 has it) equal to a stable sort by (value desc, index asc) on rows full of ties,
@@ -71,19 +73,17 @@ TEST_CASE("cpu math::exp is within 2 ulp of exp and monotonic", "[cpu][math]") {
 }
 
 // The row kernels take their own vector path where the ISA has one (exp16 on AVX-512): the
-// same bound and monotonicity over the same grid, a row of 4093 at a time (a ragged tail), and
-// sigmoid_row made from exp_row's bits.
-TEST_CASE("cpu math::exp_row and sigmoid_row are within exp's bound", "[cpu][math]") {
+// same bound and monotonicity over the same grid, a row of 4093 at a time (a ragged tail).
+TEST_CASE("cpu math::exp_row is within exp's bound", "[cpu][math]") {
   std::vector<float> y;
   for (std::uint32_t u = std::bit_cast<std::uint32_t>(-104.0f); u >= 0x80000000u; u -= 61)
     y.push_back(std::bit_cast<float>(u));
   for (std::uint32_t u = 0; std::bit_cast<float>(u) <= 89.0f; u += 61)
     y.push_back(std::bit_cast<float>(u));
   constexpr std::int32_t row = 4093;
-  std::vector<float> got(row), neg(row), e(row), sig(row);
+  std::vector<float> got(row);
   double worst = 0.0;
   float worst_at = 0.0f, prev = 0.0f;
-  std::int64_t sigmoid_differs = 0;
   for (std::size_t at = 0; at < y.size(); at += row) {
     const auto n = static_cast<std::int32_t>(std::min<std::size_t>(row, y.size() - at));
     const float* x = y.data() + at;
@@ -102,18 +102,93 @@ TEST_CASE("cpu math::exp_row and sigmoid_row are within exp's bound", "[cpu][mat
       }
       if (got[i] < prev) FAIL("exp_row not monotonic at " << x[i]);
       prev = got[i];
-      neg[i] = -x[i];
     }
-    // sigmoid_row(v) = 1 / (1 + exp(-v)) with exp_row's exp, on arguments whose exp is finite
-    const std::int32_t m = std::isinf(got[n - 1]) ? 0 : n;
-    (void)math::exp_row(x, m, 0.0f, e.data());
-    math::sigmoid_row(neg.data(), m, sig.data());
-    for (std::int32_t i = 0; i < m; ++i) sigmoid_differs += sig[i] != 1.0f / (1.0f + e[i]);
   }
   INFO("worst " << worst << " ulp at " << worst_at);
   REQUIRE(worst <= 2.0);
-  REQUIRE(sigmoid_differs == 0);
 }
+
+// sigmoid_row (sigmoid16's own exp on AVX-512, math::exp elsewhere) against the exact sigmoid
+// over every 61st float of [-89, 104], rows of 4093: within 3 ulp where exp(-x) is finite, 0
+// where it overflows (as the reference's float formula gives), monotonic; the non-finite
+// inputs as their sanitised values.
+TEST_CASE("cpu math::sigmoid_row is within 3 ulp of the sigmoid and monotonic", "[cpu][math]") {
+  std::vector<float> x;
+  for (std::uint32_t u = std::bit_cast<std::uint32_t>(-89.0f); u >= 0x80000000u; u -= 61)
+    x.push_back(std::bit_cast<float>(u));
+  for (std::uint32_t u = 0; std::bit_cast<float>(u) <= 104.0f; u += 61)
+    x.push_back(std::bit_cast<float>(u));
+  constexpr std::size_t row = 4093;
+  float s[row], prev = 0.0f;
+  double worst = 0.0;
+  float worst_at = 0.0f;
+  for (std::size_t at = 0; at < x.size(); at += row) {
+    const std::size_t n = std::min(row, x.size() - at);
+    math::sigmoid_row(x.data() + at, static_cast<std::int32_t>(n), s);
+    for (std::size_t i = 0; i < n; ++i) {
+      const float v = x[at + i];
+      if (s[i] < prev) FAIL("not monotonic at " << v);
+      prev = s[i];
+      const double e = std::exp(-static_cast<double>(v));
+      if (std::isinf(static_cast<float>(e))) {
+        REQUIRE(s[i] == 0.0f);
+        continue;
+      }
+      const double want = 1.0 / (1.0 + e);
+      const double ulp = std::ldexp(1.0, std::max(std::ilogb(static_cast<float>(want)), -126) - 23);
+      const double err = std::fabs(s[i] - want) / ulp;
+      if (err > worst) {
+        worst = err;
+        worst_at = v;
+      }
+    }
+  }
+  INFO("worst " << worst << " ulp at " << worst_at << " over " << x.size() << " arguments");
+  CHECK(x.size() > 30000000);
+  REQUIRE(worst <= 3.0);
+  const float special[] = {NAN, INFINITY, -INFINITY, FLT_MAX, -FLT_MAX, 0.0f, -0.0f, 200.0f};
+  const float want[] = {0.0f, 1.0f, 0.0f, 1.0f, 0.0f, 0.5f, 0.5f, 1.0f};
+  float got[std::size(special)];
+  math::sigmoid_row(special, static_cast<std::int32_t>(std::size(special)), got);
+  for (std::size_t i = 0; i < std::size(special); ++i) {
+    INFO("sigmoid(" << special[i] << ")");
+    REQUIRE(std::bit_cast<std::uint32_t>(got[i]) == std::bit_cast<std::uint32_t>(want[i]));
+  }
+}
+
+#if defined(__AVX512F__)
+// sigmoid_row_fused, the one pass of DeepSeek-V3's scores, against the passes it replaces:
+// load_row, sigmoid_row of the sanitised row, + bias, sum_row_f32 — the same bits — on clean
+// rows and on rows with NaN / Inf / FLT_MAX (counted, sanitised).
+TEST_CASE("cpu math::sigmoid_row_fused equals its separate passes", "[cpu][math]") {
+  constexpr std::int32_t n = 256;
+  std::mt19937 rng(11);
+  std::normal_distribution<float> normal(0.0f, 4.0f);
+  std::vector<float> row(n), bias(n), x(n), scores(n), sel(n), x2(n), s2(n);
+  for (auto& b : bias) b = normal(rng) * 0.01f;
+  const float odd[] = {NAN, INFINITY, -INFINITY, FLT_MAX, -FLT_MAX, 100.0f, -100.0f};
+  for (int trial = 0; trial < 200; ++trial) {
+    for (auto& v : row) v = normal(rng);
+    for (int j = 0; j < trial % 5; ++j)  // 0 to 4 odd values at random places
+      row[rng() % n] = odd[rng() % std::size(odd)];
+    std::int64_t bad = 0, bad2 = 0;
+    float sum = 0.0f;
+    const bool with_bias = trial % 2 == 0;
+    const float m = math::sigmoid_row_fused(row.data(), n, with_bias ? bias.data() : nullptr,
+                                            x.data(), scores.data(), sel.data(), bad, sum);
+    const float m2 = math::load_row(row.data(), n, x2.data(), bad2);
+    math::sigmoid_row(x2.data(), n, s2.data());
+    INFO("trial " << trial);
+    REQUIRE(m == m2);
+    REQUIRE(bad == bad2);
+    REQUIRE(std::memcmp(x.data(), x2.data(), n * sizeof(float)) == 0);
+    REQUIRE(std::memcmp(scores.data(), s2.data(), n * sizeof(float)) == 0);
+    REQUIRE(std::bit_cast<std::uint32_t>(sum) ==
+            std::bit_cast<std::uint32_t>(math::sum_row_f32(s2.data(), n)));
+    for (std::int32_t i = 0; with_bias && i < n; ++i) REQUIRE(sel[i] == s2[i] + bias[i]);
+  }
+}
+#endif
 
 TEST_CASE("cpu math::log is within 1e-15 of log over every binade", "[cpu][math]") {
   std::mt19937_64 rng(3);

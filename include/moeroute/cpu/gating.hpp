@@ -622,8 +622,9 @@ struct gating_agent {
 ///       for any executor and thread count. Expert ids, reroute ids, counts and the random
 ///       policies' draws equal the reference's whenever no two selection values lie within
 ///       the scores' error of each other (exact logit ties go to the lower index, as there).
-///       Scores use math::exp (<= 2 ulp): gates, logsumexp and P are within a few ulp of the
-///       reference, sums within their double rounding (docs/numerics.md, "CPU backend").
+///       Scores use math::exp (<= 2 ulp; the AVX-512 sigmoid math::sigmoid16, <= 3 ulp):
+///       gates, logsumexp and P are within a few ulp of the reference, sums within their
+///       double rounding (docs/numerics.md, "CPU backend").
 template <class Element>
 [[nodiscard]] status gating(const routing_config& cfg, const gating_params<Element>& p,
                             void* workspace, std::size_t workspace_bytes, const executor& ex = {}) {
