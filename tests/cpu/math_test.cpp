@@ -390,19 +390,23 @@ TEST_CASE("cpu group mask of top-1 / top-2 group scores equals the plain definit
             if (score == moeroute::group_score::sum_top_n) s += w[1];
             gs[static_cast<std::size_t>(g)] = static_cast<float>(s);
           }
+          std::vector<std::int32_t> want_kept;
           for (std::int32_t g = 0; g < G; ++g) {
             std::int32_t better = 0;
             for (std::int32_t h = 0; h < G; ++h)
               better += gs[h] > gs[g] || (gs[h] == gs[g] && h < g) ? 1 : 0;
             const std::uint8_t want = better < cfg.gating.group_limit.group_topk ? 1 : 0;
+            if (want != 0) want_kept.push_back(g);
             INFO("per " << per << " G " << G << " rep " << rep << " group " << g);
             for (std::int32_t e = g * per; e < (g + 1) * per; ++e) REQUIRE(allowed[e] == want);
           }
-          // the kept groups gathered side by side select as the masked row does
+          // the kept groups (G = 8: all groups folded at once on AVX-512), and gathered side by
+          // side they select as the masked row does
           if (detail::group_limit_by_top2(cfg, E, G)) {
             std::int32_t kept[16];
             const std::int32_t count = detail::group_kept_top2(cfg, v.data(), G, per, kept);
             REQUIRE(count == cfg.gating.group_limit.group_topk);
+            REQUIRE(std::vector<std::int32_t>(kept, kept + count) == want_kept);
             std::vector<float> gathered(static_cast<std::size_t>(count * per));
             detail::gather_groups(v.data(), per, kept, count, gathered.data());
             const std::int32_t n = std::min(8, count * per);

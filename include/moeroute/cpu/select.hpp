@@ -463,6 +463,105 @@ inline void top_n(const float* v, std::int32_t size, const std::uint8_t* allowed
   return group_score_take(cfg) <= 2 && (E / G) % 16 == 0 && G <= 16;
 }
 
+#if defined(MOEROUTE_CPU_SELECT_AVX512)
+/// Lane-wise, the largest and second largest of two (largest, second largest) pairs.
+[[gnu::always_inline]] inline void fold_top2_16(__m512 a1, __m512 b1, __m512 a2, __m512 b2,
+                                                __m512& first, __m512& second) noexcept {
+  constexpr __mmask16 all = 0xffff;  // (maskz forms: see math::exp16)
+  first = _mm512_maskz_max_ps(all, a1, b1);
+  second =
+      _mm512_maskz_max_ps(all, _mm512_maskz_min_ps(all, a1, b1), _mm512_maskz_max_ps(all, a2, b2));
+}
+
+/// @brief group_kept_top2's scores of 8 groups (a multiple of 16 wide) in lanes 0..7: each
+///        group's lane-wise largest and second largest, then the lanes of all 8 folded
+///        together — two groups' halves side by side in one register, then four groups'
+///        quarters, then the 128-bit chunks' pairs and single lanes: 4 folds for the 8 groups
+///        where folding one group alone took 4 (DeepSeek-V3: the group pass 29 -> 9 ns a
+///        token, measured). float(double(best) + double(second)) (take 2) or best (take 1).
+[[gnu::always_inline]] inline __m256 group_scores_of8(const float* sel, std::int32_t per_group,
+                                                      std::int32_t take) noexcept {
+  constexpr __mmask16 all = 0xffff;
+  __m512 v1[8], v2[8];
+  for (std::int32_t g = 0; g < 8; ++g) {
+    const float* v = sel + g * per_group;
+    v1[g] = _mm512_loadu_ps(v);
+    v2[g] = _mm512_set1_ps(-std::numeric_limits<float>::infinity());
+    for (std::int32_t i = 16; i < per_group; i += 16)
+      fold_top2_16(v1[g], _mm512_loadu_ps(v + i), v2[g], v2[g], v1[g], v2[g]);
+  }
+  // 16 -> 8 lanes: groups 2p, 2p + 1 side by side (their low halves against their high ones)
+  __m512 a1[4], a2[4];
+  for (std::int32_t p = 0; p < 4; ++p) {
+    const __m512 x1 = v1[2 * p], y1 = v1[2 * p + 1], x2 = v2[2 * p], y2 = v2[2 * p + 1];
+    fold_top2_16(_mm512_maskz_shuffle_f32x4(all, x1, y1, 0x44),
+                 _mm512_maskz_shuffle_f32x4(all, x1, y1, 0xee),
+                 _mm512_maskz_shuffle_f32x4(all, x2, y2, 0x44),
+                 _mm512_maskz_shuffle_f32x4(all, x2, y2, 0xee), a1[p], a2[p]);
+  }
+  // 8 -> 4: groups 4q .. 4q + 3, a 128-bit chunk each
+  __m512 b1[2], b2[2];
+  for (std::int32_t q = 0; q < 2; ++q) {
+    const __m512 x1 = a1[2 * q], y1 = a1[2 * q + 1], x2 = a2[2 * q], y2 = a2[2 * q + 1];
+    fold_top2_16(_mm512_maskz_shuffle_f32x4(all, x1, y1, 0x88),
+                 _mm512_maskz_shuffle_f32x4(all, x1, y1, 0xdd),
+                 _mm512_maskz_shuffle_f32x4(all, x2, y2, 0x88),
+                 _mm512_maskz_shuffle_f32x4(all, x2, y2, 0xdd), b1[q], b2[q]);
+  }
+  // 4 -> 2 within the chunks: chunk c holds groups c and c + 4, two lanes each
+  __m512 c1, c2, d1, d2;
+  fold_top2_16(_mm512_maskz_shuffle_ps(all, b1[0], b1[1], 0x44),
+               _mm512_maskz_shuffle_ps(all, b1[0], b1[1], 0xee),
+               _mm512_maskz_shuffle_ps(all, b2[0], b2[1], 0x44),
+               _mm512_maskz_shuffle_ps(all, b2[0], b2[1], 0xee), c1, c2);
+  // 2 -> 1: chunk c's lanes 0 and 1 are groups c and c + 4
+  fold_top2_16(_mm512_maskz_shuffle_ps(all, c1, c1, 0x88),
+               _mm512_maskz_shuffle_ps(all, c1, c1, 0xdd),
+               _mm512_maskz_shuffle_ps(all, c2, c2, 0x88),
+               _mm512_maskz_shuffle_ps(all, c2, c2, 0xdd), d1, d2);
+  const __m512i order = _mm512_setr_epi32(0, 4, 8, 12, 1, 5, 9, 13, 0, 0, 0, 0, 0, 0, 0, 0);
+  // (the first 8 lanes by a vector-extension shuffle: GCC 12's _mm512_castps512_ps256 trips
+  // -Wmaybe-uninitialized)
+  const auto low8 = [](__m512 v) {
+    const auto w = (math::f32x16)v;
+    return __builtin_shufflevector(w, w, 0, 1, 2, 3, 4, 5, 6, 7);
+  };
+  const math::f32x8 best = low8(_mm512_maskz_permutexvar_ps(all, order, d1));
+  if (take != 2) return (__m256)best;
+  const math::f32x8 second = low8(_mm512_maskz_permutexvar_ps(all, order, d2));
+  return (__m256) __builtin_convertvector(
+      __builtin_convertvector(best, math::f64x8) + __builtin_convertvector(second, math::f64x8),
+      math::f32x8);
+}
+
+/// @brief The kept groups of G <= 16 group scores score[0, G) (score[16], the rest 0): those
+///        with fewer than `keep` better ones, in increasing order into kept[]; returns how
+///        many. Ranked by counting, as order_candidates ranks (ordered int32, ties to the lower
+///        index).
+inline std::int32_t kept_groups(const float* score, std::int32_t G, std::int32_t keep,
+                                std::int32_t* kept) noexcept {
+  const __m512i one = _mm512_set1_epi32(1);
+  const __m512i b = _mm512_castps_si512(
+      _mm512_add_ps(_mm512_loadu_ps(score), _mm512_setzero_ps()));  // -0 onto +0
+  const __m512i h = _mm512_xor_si512(
+      b, _mm512_and_si512(_mm512_maskz_srai_epi32(0xffff, b, 31), _mm512_set1_epi32(0x7fffffff)));
+  alignas(64) std::int32_t hs[16];
+  _mm512_store_si512(hs, h);
+  __m512i better = _mm512_setzero_si512();
+  for (std::int32_t j = 0; j < G; ++j) {
+    const auto after = static_cast<__mmask16>(0xfffeu << j);  // lanes above j
+    const __m512i bj = _mm512_set1_epi32(hs[j]);
+    better = _mm512_mask_add_epi32(
+        better, _mm512_cmplt_epi32_mask(h, _mm512_mask_add_epi32(bj, after, bj, one)), better, one);
+  }
+  const auto live = static_cast<__mmask16>((1u << G) - 1u);
+  const __mmask16 k = _mm512_mask_cmplt_epi32_mask(live, better, _mm512_set1_epi32(keep));
+  _mm512_mask_compressstoreu_epi32(
+      kept, k, _mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15));
+  return std::popcount(static_cast<unsigned>(k));
+}
+#endif
+
 /// @brief The group limit's kept groups for groups scored by their best one or two values
 ///        (group_limit_by_top2): the score needs the values, not which entries hold them, so
 ///        each group keeps a per-lane largest and second largest and folds its lanes, with no
@@ -473,6 +572,14 @@ inline void top_n(const float* v, std::int32_t size, const std::uint8_t* allowed
 inline std::int32_t group_kept_top2(const routing_config& cfg, const float* sel, std::int32_t G,
                                     std::int32_t per_group, std::int32_t* kept) noexcept {
   const std::int32_t take = group_score_take(cfg);
+  const std::int32_t keep = cfg.gating.group_limit.group_topk;
+  float score[16] = {};
+#if defined(MOEROUTE_CPU_SELECT_AVX512)
+  if (G == 8) {
+    _mm256_storeu_ps(score, group_scores_of8(sel, per_group, take));
+    return kept_groups(score, G, keep, kept);
+  }
+#endif
   using math::f32x16, math::f32x4, math::f32x8;
   // lane-wise: the largest and second largest of the pairs (a1, a2) and (b1, b2) (each its
   // largest first) (results by reference: vectors by value would change the ABI per ISA)
@@ -482,7 +589,6 @@ inline std::int32_t group_kept_top2(const routing_config& cfg, const float* sel,
     first = a1 > b1 ? a1 : b1;
     second = lo > s2 ? lo : s2;
   };
-  float score[16];
   for (std::int32_t grp = 0; grp < G; ++grp) {
     const float* v = sel + grp * per_group;
     f32x16 v1, v2 = f32x16{} - std::numeric_limits<float>::infinity();
@@ -516,7 +622,9 @@ inline std::int32_t group_kept_top2(const routing_config& cfg, const float* sel,
     if (take == 2) s += static_cast<double>(e2[0]);
     score[grp] = static_cast<float>(s);
   }
-  const std::int32_t keep = cfg.gating.group_limit.group_topk;
+#if defined(MOEROUTE_CPU_SELECT_AVX512)
+  return kept_groups(score, G, keep, kept);
+#else
   std::int32_t count = 0;
   for (std::int32_t grp = 0; grp < G; ++grp) {
     std::int32_t better = 0;
@@ -526,6 +634,7 @@ inline std::int32_t group_kept_top2(const routing_config& cfg, const float* sel,
     count += better < keep ? 1 : 0;
   }
   return count;
+#endif
 }
 
 /// @brief The kept groups' values side by side: out[j * per_group + i] = sel[kept[j] * per_group
@@ -533,6 +642,12 @@ inline std::int32_t group_kept_top2(const routing_config& cfg, const float* sel,
 ///        (ties included) as one over the kept entries of the row does.
 inline void gather_groups(const float* sel, std::int32_t per_group, const std::int32_t* kept,
                           std::int32_t count, float* out) noexcept {
+  if (per_group % 16 == 0) {  // (a call to memcpy per group cost more than the copy)
+    for (std::int32_t j = 0; j < count; ++j)
+      for (std::int32_t i = 0; i < per_group; i += 16)
+        std::memcpy(out + j * per_group + i, sel + kept[j] * per_group + i, 16 * sizeof(float));
+    return;
+  }
   for (std::int32_t j = 0; j < count; ++j)
     std::memcpy(out + j * per_group, sel + kept[j] * per_group,
                 static_cast<std::size_t>(per_group) * sizeof(float));
