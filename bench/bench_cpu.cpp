@@ -22,6 +22,7 @@
 #include <moeroute/cpu.hpp>
 #include <moeroute/reference.hpp>
 
+#include "aligned.hpp"
 #include "cpu_route.hpp"
 #include "scenarios.hpp"
 #include "shapes.hpp"
@@ -61,7 +62,7 @@ void register_memcpy(std::int64_t bytes) {
       ("memcpy/read+write=" + std::to_string(bytes)).c_str(),
       [bytes](benchmark::State& st) {
         const std::size_t half = static_cast<std::size_t>(bytes / 2);
-        std::vector<unsigned char> src(half, 1), dst(half);
+        aligned_vector<unsigned char> src(half, 1), dst(half);
         for (auto _ : st) {
           std::memcpy(dst.data(), src.data(), half);
           benchmark::DoNotOptimize(dst.data());
@@ -236,7 +237,7 @@ struct routed_rows {
   reference::dispatch_output dsp;
   reference::layout_output L;
   dispatch_totals totals{};
-  std::vector<bf16_bits> x, buf, y, grad;
+  aligned_vector<bf16_bits> x, buf, y, grad;  // 64-byte aligned, as an engine's tensors
   const_dispatch_result dview() const {
     return {dsp.expert.data(),
             dsp.slot.data(),
