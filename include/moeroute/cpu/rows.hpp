@@ -153,11 +153,14 @@ inline void load16(const Element* src, f32x16& r) noexcept {
   }
 }
 
-/// dst[0, 16) = Element(v) (round to nearest even; a NaN stays a quiet NaN)
+/// Element(v) of 16 columns, as stored: float as is, bf16 rounded to nearest even (a NaN stays
+/// a quiet NaN). (Results by reference: vectors by value would change the ABI per ISA.)
 template <class Element>
-inline void store16(const f32x16& v, Element* dst) noexcept {
+using packed16 = std::conditional_t<std::is_same_v<Element, float>, f32x16, u16x16>;
+template <class Element>
+inline void pack16(const f32x16& v, packed16<Element>& out) noexcept {
   if constexpr (std::is_same_v<Element, float>) {
-    std::memcpy(static_cast<void*>(dst), &v, sizeof v);
+    out = v;
   } else {
 #if defined(__AVX512BF16__) && defined(__AVX512VL__)
     // vcvtneps2bf16 rounds to nearest even and keeps a NaN quiet as to_bf16_fast does (one
@@ -168,7 +171,7 @@ inline void store16(const f32x16& v, Element* dst) noexcept {
         _mm512_mask_test_epi32_mask(_mm512_testn_epi32_mask(b, _mm512_set1_epi32(0x7F800000)), b,
                                     _mm512_set1_epi32(0x007FFFFF));
     if (subnormal == 0) {
-      _mm256_storeu_si256(reinterpret_cast<__m256i*>(dst), (__m256i)_mm512_cvtneps_pbh((__m512)v));
+      out = (u16x16)_mm512_cvtneps_pbh((__m512)v);
       return;
     }
 #endif
@@ -176,9 +179,52 @@ inline void store16(const f32x16& v, Element* dst) noexcept {
     const u32x16 rounded = (u + 0x7FFFu + ((u >> 16) & 1u)) >> 16;
     const u32x16 nan = (u32x16)((u & 0x7FFFFFFFu) > 0x7F800000u);
     const u32x16 bits = (nan & ((u >> 16) | 0x40u)) | (~nan & rounded);
-    const u16x16 h = __builtin_convertvector(bits, u16x16);
-    std::memcpy(static_cast<void*>(dst), &h, sizeof h);
+    out = __builtin_convertvector(bits, u16x16);
   }
+}
+
+/// Outputs of at least this many bytes are written past the caches where a row op can
+/// (store16's `stream`), as memcpy writes a large copy (glibc: above 3/4 of the shared cache a
+/// thread): an output this large is evicted by the op's own reads before anything reads it
+/// back, and a normal store first reads each line it writes.
+inline constexpr std::int64_t stream_min_bytes = std::int64_t{8} << 20;
+
+/// Columns from `row` to the first address a streamed store16 can write (16 * sizeof(Element)
+/// aligned).
+template <class Element>
+[[nodiscard]] inline std::int64_t columns_to_stream_alignment(const Element* row) noexcept {
+  constexpr auto align = static_cast<std::uintptr_t>(16 * sizeof(Element));
+  const auto at = reinterpret_cast<std::uintptr_t>(row);
+  return static_cast<std::int64_t>(((align - at % align) % align) / sizeof(Element));
+}
+
+/// @brief dst[0, 16) = Element(v) (round to nearest even; a NaN stays a quiet NaN). With
+///        `stream` (dst then aligned to 16 * sizeof(Element)) by a non-temporal store where
+///        the ISA has one (AVX-512): weakly ordered, so the writer calls stream_fence before
+///        its results are read.
+template <class Element>
+inline void store16(const f32x16& v, Element* dst, bool stream = false) noexcept {
+  packed16<Element> h;
+  pack16<Element>(v, h);
+#if defined(__AVX512F__)
+  if (stream) {
+    if constexpr (std::is_same_v<Element, float>)
+      _mm512_stream_ps(reinterpret_cast<float*>(dst), (__m512)h);
+    else
+      _mm256_stream_si256(reinterpret_cast<__m256i*>(dst), (__m256i)h);
+    return;
+  }
+#else
+  (void)stream;
+#endif
+  std::memcpy(static_cast<void*>(dst), &h, sizeof h);
+}
+
+/// Orders a thread's streamed stores before what it does next (its task's end).
+inline void stream_fence() noexcept {
+#if defined(__AVX512F__)
+  _mm_sfence();
+#endif
 }
 
 }  // namespace moeroute::cpu::rows
