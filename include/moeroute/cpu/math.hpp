@@ -299,9 +299,13 @@ template <class Element>
   }
   bool clean = true;
   for (std::int32_t l = 0; l < native_lanes; ++l) clean &= top[l] != exponent;
-  std::int64_t nf = 0;
-  // NaN or Inf: the row again, sanitised and counted
-  float m = clean ? max_of_lanes(lane) : sanitize_row(row, i, x, nf);
+  float m = max_of_lanes(lane);
+  std::int32_t nf = 0;
+  if (!clean) {  // NaN or Inf: the row again, sanitised and counted
+    std::int64_t counted = 0;
+    m = sanitize_row(row, i, x, counted);
+    nf = static_cast<std::int32_t>(counted);
+  }
   if constexpr (native_lanes > 8) {  // a row of 8 (Mixtral) or a tail of 8 in half a register
     if (i + 8 <= n) {
       f32x8 c = {};
