@@ -473,12 +473,31 @@ inline void top_n(const float* v, std::int32_t size, const std::uint8_t* allowed
       _mm512_maskz_max_ps(all, _mm512_maskz_min_ps(all, a1, b1), _mm512_maskz_max_ps(all, a2, b2));
 }
 
+/// fold_top2_16 of the pairs (x1, x2) and (y1, y2) with their lanes rearranged by one shuffle:
+/// Lo gathers the lanes compared with those Hi gathers, from 128-bit chunks of x and y
+/// (Chunks: vshuff32x4) or within each chunk (vshufps).
+template <bool Chunks, int Lo, int Hi>
+[[gnu::always_inline]] inline void fold_shuffled(__m512 x1, __m512 y1, __m512 x2, __m512 y2,
+                                                 __m512& first, __m512& second) noexcept {
+  constexpr __mmask16 all = 0xffff;
+  if constexpr (Chunks)
+    fold_top2_16(_mm512_maskz_shuffle_f32x4(all, x1, y1, Lo),
+                 _mm512_maskz_shuffle_f32x4(all, x1, y1, Hi),
+                 _mm512_maskz_shuffle_f32x4(all, x2, y2, Lo),
+                 _mm512_maskz_shuffle_f32x4(all, x2, y2, Hi), first, second);
+  else
+    fold_top2_16(_mm512_maskz_shuffle_ps(all, x1, y1, Lo), _mm512_maskz_shuffle_ps(all, x1, y1, Hi),
+                 _mm512_maskz_shuffle_ps(all, x2, y2, Lo), _mm512_maskz_shuffle_ps(all, x2, y2, Hi),
+                 first, second);
+}
+
 /// @brief group_kept_top2's scores of 8 groups (a multiple of 16 wide) in lanes 0..7: each
 ///        group's lane-wise largest and second largest, then the lanes of all 8 folded
 ///        together — two groups' halves side by side in one register, then four groups'
 ///        quarters, then the 128-bit chunks' pairs and single lanes: 4 folds for the 8 groups
-///        where folding one group alone took 4 (DeepSeek-V3: the group pass 29 -> 9 ns a
-///        token, measured). float(double(best) + double(second)) (take 2) or best (take 1).
+///        where folding one group alone took 4 (DeepSeek-V3, rows in L1: the groups' scores
+///        29 -> 9 ns a token, measured). float(double(best) + double(second)) (take 2) or best
+///        (take 1).
 [[gnu::always_inline]] inline __m256 group_scores_of8(const float* sel, std::int32_t per_group,
                                                       std::int32_t take) noexcept {
   constexpr __mmask16 all = 0xffff;
@@ -491,34 +510,18 @@ inline void top_n(const float* v, std::int32_t size, const std::uint8_t* allowed
       fold_top2_16(v1[g], _mm512_loadu_ps(v + i), v2[g], v2[g], v1[g], v2[g]);
   }
   // 16 -> 8 lanes: groups 2p, 2p + 1 side by side (their low halves against their high ones)
-  __m512 a1[4], a2[4];
-  for (std::int32_t p = 0; p < 4; ++p) {
-    const __m512 x1 = v1[2 * p], y1 = v1[2 * p + 1], x2 = v2[2 * p], y2 = v2[2 * p + 1];
-    fold_top2_16(_mm512_maskz_shuffle_f32x4(all, x1, y1, 0x44),
-                 _mm512_maskz_shuffle_f32x4(all, x1, y1, 0xee),
-                 _mm512_maskz_shuffle_f32x4(all, x2, y2, 0x44),
-                 _mm512_maskz_shuffle_f32x4(all, x2, y2, 0xee), a1[p], a2[p]);
-  }
+  __m512 a1[4], a2[4], b1[2], b2[2], c1, c2, d1, d2;
+  for (std::int32_t p = 0; p < 4; ++p)
+    fold_shuffled<true, 0x44, 0xee>(v1[2 * p], v1[2 * p + 1], v2[2 * p], v2[2 * p + 1], a1[p],
+                                    a2[p]);
   // 8 -> 4: groups 4q .. 4q + 3, a 128-bit chunk each
-  __m512 b1[2], b2[2];
-  for (std::int32_t q = 0; q < 2; ++q) {
-    const __m512 x1 = a1[2 * q], y1 = a1[2 * q + 1], x2 = a2[2 * q], y2 = a2[2 * q + 1];
-    fold_top2_16(_mm512_maskz_shuffle_f32x4(all, x1, y1, 0x88),
-                 _mm512_maskz_shuffle_f32x4(all, x1, y1, 0xdd),
-                 _mm512_maskz_shuffle_f32x4(all, x2, y2, 0x88),
-                 _mm512_maskz_shuffle_f32x4(all, x2, y2, 0xdd), b1[q], b2[q]);
-  }
+  for (std::int32_t q = 0; q < 2; ++q)
+    fold_shuffled<true, 0x88, 0xdd>(a1[2 * q], a1[2 * q + 1], a2[2 * q], a2[2 * q + 1], b1[q],
+                                    b2[q]);
   // 4 -> 2 within the chunks: chunk c holds groups c and c + 4, two lanes each
-  __m512 c1, c2, d1, d2;
-  fold_top2_16(_mm512_maskz_shuffle_ps(all, b1[0], b1[1], 0x44),
-               _mm512_maskz_shuffle_ps(all, b1[0], b1[1], 0xee),
-               _mm512_maskz_shuffle_ps(all, b2[0], b2[1], 0x44),
-               _mm512_maskz_shuffle_ps(all, b2[0], b2[1], 0xee), c1, c2);
+  fold_shuffled<false, 0x44, 0xee>(b1[0], b1[1], b2[0], b2[1], c1, c2);
   // 2 -> 1: chunk c's lanes 0 and 1 are groups c and c + 4
-  fold_top2_16(_mm512_maskz_shuffle_ps(all, c1, c1, 0x88),
-               _mm512_maskz_shuffle_ps(all, c1, c1, 0xdd),
-               _mm512_maskz_shuffle_ps(all, c2, c2, 0x88),
-               _mm512_maskz_shuffle_ps(all, c2, c2, 0xdd), d1, d2);
+  fold_shuffled<false, 0x88, 0xdd>(c1, c1, c2, c2, d1, d2);
   const __m512i order = _mm512_setr_epi32(0, 4, 8, 12, 1, 5, 9, 13, 0, 0, 0, 0, 0, 0, 0, 0);
   // (the first 8 lanes by a vector-extension shuffle: GCC 12's _mm512_castps512_ps256 trips
   // -Wmaybe-uninitialized)
