@@ -108,6 +108,29 @@ TEST_CASE("cpu math::exp_row is within exp's bound", "[cpu][math]") {
   REQUIRE(worst <= 2.0);
 }
 
+// exp_row's vector paths (exp16 on AVX-512, exp8 on AVX2 + FMA) give exp()'s bits, compiled
+// with the same contraction (this target's default): one exp, whatever ISA the row takes.
+TEST_CASE("cpu math::exp_row equals exp() bit for bit", "[cpu][math]") {
+  std::vector<float> y, got(4093);
+  for (std::uint32_t u = std::bit_cast<std::uint32_t>(-104.0f); u >= 0x80000000u; u -= 61)
+    y.push_back(std::bit_cast<float>(u));
+  for (std::uint32_t u = 0; std::bit_cast<float>(u) <= 89.0f; u += 61)
+    y.push_back(std::bit_cast<float>(u));
+  std::int64_t differs = 0;
+  float first = 0.0f;
+  for (std::size_t at = 0; at < y.size(); at += got.size()) {
+    const auto n = static_cast<std::int32_t>(std::min(got.size(), y.size() - at));
+    (void)math::exp_row(y.data() + at, n, 0.0f, got.data());
+    for (std::int32_t i = 0; i < n; ++i)
+      if (std::bit_cast<std::uint32_t>(got[i]) !=
+          std::bit_cast<std::uint32_t>(math::exp(y[at + i]))) {
+        if (differs++ == 0) first = y[at + i];
+      }
+  }
+  INFO(differs << " differ, the first at " << first);
+  REQUIRE(differs == 0);
+}
+
 // sigmoid_row (sigmoid16's own exp on AVX-512, math::exp elsewhere) against the exact sigmoid
 // over every 61st float of [-89, 104], rows of 4093: within 3 ulp where exp(-x) is finite, 0
 // where it overflows (as the reference's float formula gives), monotonic; the non-finite

@@ -14,7 +14,7 @@
 
 #include <moeroute/dtype.hpp>
 
-#if defined(__AVX512F__)
+#if defined(__AVX512F__) || defined(__AVX2__)
 #include <immintrin.h>
 #endif
 
@@ -75,6 +75,37 @@ inline constexpr int sum_lanes = 8;
   p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(5.0000001201e-1f));
   p = _mm512_add_ps(_mm512_fmadd_ps(p, _mm512_mul_ps(r, r), r), _mm512_set1_ps(1.0f));
   return _mm512_maskz_scalef_ps(all, p, n);
+}
+#endif
+
+#if defined(__AVX2__) && defined(__FMA__)
+/// @brief exp() of 8 lanes (AVX2 + FMA): exp16's clamp, reduction and polynomial in fused
+///        multiply-adds, and exp()'s two-step scaling by 2^n in integer exponent fields (no
+///        vscalefps before AVX-512): p * 2^floor(n/2) is exact, so the one rounding is the
+///        second multiply's, as in exp() and exp16 — the same bits (tests/cpu/math_test.cpp
+///        compares exp_row with exp() bit for bit). Without it an AVX2 build took exp() a lane
+///        at a time (Qwen3's gating 5.5 ns per logit where AVX-512 took 0.85).
+[[gnu::always_inline]] inline __m256 exp8(__m256 y) noexcept {
+  y = _mm256_min_ps(_mm256_max_ps(y, _mm256_set1_ps(-104.0f)), _mm256_set1_ps(89.0f));
+  const __m256 magic = _mm256_set1_ps(12582912.0f);
+  const __m256 n =
+      _mm256_sub_ps(_mm256_fmadd_ps(y, _mm256_set1_ps(1.44269504088896341f), magic), magic);
+  __m256 r = _mm256_fnmadd_ps(n, _mm256_set1_ps(0.693359375f), y);
+  r = _mm256_fnmadd_ps(n, _mm256_set1_ps(-2.12194440e-4f), r);
+  __m256 p = _mm256_set1_ps(1.9875691500e-4f);
+  p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.3981999507e-3f));
+  p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(8.3334519073e-3f));
+  p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(4.1665795894e-2f));
+  p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.6666665459e-1f));
+  p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(5.0000001201e-1f));
+  p = _mm256_add_ps(_mm256_fmadd_ps(p, _mm256_mul_ps(r, r), r), _mm256_set1_ps(1.0f));
+  // n in [-150, 128]: halves in [-75, 64], each a normal power of two
+  const __m256i ni = _mm256_cvtps_epi32(n);  // (integral already: exact)
+  const __m256i n1 = _mm256_srai_epi32(ni, 1), n2 = _mm256_sub_epi32(ni, n1);
+  const __m256i bias = _mm256_set1_epi32(127);
+  const __m256 s1 = _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_add_epi32(n1, bias), 23));
+  const __m256 s2 = _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_add_epi32(n2, bias), 23));
+  return _mm256_mul_ps(_mm256_mul_ps(p, s1), s2);
 }
 #endif
 
@@ -404,7 +435,13 @@ template <class Element>
   for (; i < n; ++i) s += static_cast<double>(ex[i]);
   return s;
 #else
-  for (std::int32_t i = 0; i < n; ++i) ex[i] = exp(x[i] - m);
+  std::int32_t i = 0;
+#if defined(__AVX2__) && defined(__FMA__)
+  const __m256 mv = _mm256_set1_ps(m);
+  for (; i + 8 <= n; i += 8)
+    _mm256_storeu_ps(ex + i, exp8(_mm256_sub_ps(_mm256_loadu_ps(x + i), mv)));
+#endif
+  for (; i < n; ++i) ex[i] = exp(x[i] - m);
   return sum_row(ex, n);
 #endif
 }
@@ -533,7 +570,18 @@ inline void sigmoid_row(const float* __restrict x, std::int32_t n, float* __rest
     _mm512_mask_storeu_ps(out + i, live, sigmoid16(_mm512_maskz_loadu_ps(live, x + i)));
   }
 #else
-  for (std::int32_t i = 0; i < n; ++i) out[i] = 1.0f / (1.0f + exp(-sanitize(x[i])));
+  std::int32_t i = 0;
+#if defined(__AVX2__) && defined(__FMA__)
+  const __m256 one = _mm256_set1_ps(1.0f);
+  for (; i + 8 <= n; i += 8) {
+    // sanitize (maxps / minps return their second operand for a NaN), negate, exp8
+    const __m256 v = _mm256_min_ps(_mm256_max_ps(_mm256_loadu_ps(x + i), _mm256_set1_ps(-FLT_MAX)),
+                                   _mm256_set1_ps(FLT_MAX));
+    const __m256 e = exp8(_mm256_sub_ps(_mm256_setzero_ps(), v));
+    _mm256_storeu_ps(out + i, _mm256_div_ps(one, _mm256_add_ps(one, e)));
+  }
+#endif
+  for (; i < n; ++i) out[i] = 1.0f / (1.0f + exp(-sanitize(x[i])));
 #endif
 }
 

@@ -233,6 +233,15 @@ inline void top2_of_values(const float* v, std::int32_t size, std::int32_t* ids)
 #else
   for (std::int32_t l = 0; l < 16; ++l) m[l] = -inf;
   std::int32_t i = 0;
+  if (allowed == nullptr) {  // (two registers: the masked loop below is scalar)
+    __m256 lo = _mm256_set1_ps(-inf), hi = lo;
+    for (; i + 16 <= size; i += 16) {
+      lo = _mm256_max_ps(lo, _mm256_loadu_ps(v + i));
+      hi = _mm256_max_ps(hi, _mm256_loadu_ps(v + i + 8));
+    }
+    _mm256_store_ps(m, lo);
+    _mm256_store_ps(m + 8, hi);
+  }
   for (; i + 16 <= size; i += 16)
     for (std::int32_t l = 0; l < 16; ++l)
       if (allowed == nullptr || allowed[i + l] != 0) m[l] = std::max(m[l], v[i + l]);
@@ -258,8 +267,19 @@ inline void top2_of_values(const float* v, std::int32_t size, std::int32_t* ids)
   }
   const auto above = (i32x16)_mm512_add_epi32(above0, above1);
 #else
-  i32x16 above = {};
-  for (std::int32_t l = 0; l < 16; ++l) above -= lane16 < (math::f32x16{} + m[l]);
+  // (AVX2: a broadcast, two compares and two subtracts a lane, in two chains)
+  const __m256 lo = _mm256_load_ps(m), hi = _mm256_load_ps(m + 8);
+  __m256i above_lo = _mm256_setzero_si256(), above_hi = above_lo;
+  for (std::int32_t l = 0; l < 16; ++l) {
+    const __m256 b = _mm256_broadcast_ss(m + l);
+    above_lo = _mm256_sub_epi32(above_lo, _mm256_castps_si256(_mm256_cmp_ps(lo, b, _CMP_LT_OQ)));
+    above_hi = _mm256_sub_epi32(above_hi, _mm256_castps_si256(_mm256_cmp_ps(hi, b, _CMP_LT_OQ)));
+  }
+  alignas(64) std::int32_t counts[16];
+  _mm256_store_si256(reinterpret_cast<__m256i*>(counts), above_lo);
+  _mm256_store_si256(reinterpret_cast<__m256i*>(counts + 8), above_hi);
+  i32x16 above;
+  std::memcpy(&above, counts, sizeof above);
 #endif
   return math::min_of_lanes(above < n ? lane16 : math::f32x16{} + inf);
 }
