@@ -20,6 +20,14 @@
 
 namespace moeroute::cpu::math {
 
+// GCC / Clang generic vectors (the row reductions and the vector exps below).
+using f32x16 = float __attribute__((vector_size(64)));
+using f32x8 = float __attribute__((vector_size(32)));
+using f32x4 = float __attribute__((vector_size(16)));
+using f64x8 = double __attribute__((vector_size(64)));
+using f64x4 = double __attribute__((vector_size(32)));
+using f64x2 = double __attribute__((vector_size(16)));
+
 /// Lanes of the double accumulators: 8 fills an AVX-512 register and is a fixed number, so a
 /// sum's rounding does not depend on the ISA the code was compiled for.
 inline constexpr int sum_lanes = 8;
@@ -51,56 +59,78 @@ inline constexpr int sum_lanes = 8;
   return p * s1 * s2;
 }
 
+#if defined(__AVX2__) && defined(__FMA__)
+// exp16 and exp8's shared steps on generic vectors of 16 / 8 lanes, each operation an explicit
+// instruction (a fused multiply-add where exp() contracts one), whatever -ffp-contract says.
+[[gnu::always_inline]] inline f32x8 fmadd(f32x8 a, f32x8 b, f32x8 c) noexcept {
+  return (f32x8)_mm256_fmadd_ps((__m256)a, (__m256)b, (__m256)c);
+}
+[[gnu::always_inline]] inline f32x8 fnmadd(f32x8 a, f32x8 b, f32x8 c) noexcept {
+  return (f32x8)_mm256_fnmadd_ps((__m256)a, (__m256)b, (__m256)c);
+}
+[[gnu::always_inline]] inline f32x8 clamp(f32x8 y, float lo, float hi) noexcept {
+  // (maxps returns its second operand for a NaN: lo)
+  return (f32x8)_mm256_min_ps(_mm256_max_ps((__m256)y, _mm256_set1_ps(lo)), _mm256_set1_ps(hi));
+}
 #if defined(__AVX512F__)
-/// @brief exp() of 16 lanes, for the row kernels: the same clamp, reduction and polynomial in
-///        fused multiply-adds, and the scaling by 2^n in one vscalefps, which rounds as exp()'s
-///        two steps do (a normal result is exact, a subnormal one rounded once). Within exp()'s
-///        bound (tests/cpu/math_test.cpp checks exp_row on its grid).
-[[gnu::always_inline]] inline __m512 exp16(__m512 y) noexcept {
-  // (the maskz forms: the plain ones trip GCC 12's -Wmaybe-uninitialized on their undefined
-  // pass-through operand)
+// (the maskz forms: the plain ones trip GCC 12's -Wmaybe-uninitialized on their undefined
+// pass-through operand)
+[[gnu::always_inline]] inline f32x16 fmadd(f32x16 a, f32x16 b, f32x16 c) noexcept {
+  return (f32x16)_mm512_fmadd_ps((__m512)a, (__m512)b, (__m512)c);
+}
+[[gnu::always_inline]] inline f32x16 fnmadd(f32x16 a, f32x16 b, f32x16 c) noexcept {
+  return (f32x16)_mm512_fnmadd_ps((__m512)a, (__m512)b, (__m512)c);
+}
+[[gnu::always_inline]] inline f32x16 clamp(f32x16 y, float lo, float hi) noexcept {
   constexpr __mmask16 all = 0xffff;
-  y = _mm512_maskz_min_ps(all, _mm512_maskz_max_ps(all, y, _mm512_set1_ps(-104.0f)),
-                          _mm512_set1_ps(89.0f));
-  const __m512 magic = _mm512_set1_ps(12582912.0f);
-  const __m512 n =
-      _mm512_sub_ps(_mm512_fmadd_ps(y, _mm512_set1_ps(1.44269504088896341f), magic), magic);
-  __m512 r = _mm512_fnmadd_ps(n, _mm512_set1_ps(0.693359375f), y);
-  r = _mm512_fnmadd_ps(n, _mm512_set1_ps(-2.12194440e-4f), r);
-  __m512 p = _mm512_set1_ps(1.9875691500e-4f);
-  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.3981999507e-3f));
-  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(8.3334519073e-3f));
-  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(4.1665795894e-2f));
-  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.6666665459e-1f));
-  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(5.0000001201e-1f));
-  p = _mm512_add_ps(_mm512_fmadd_ps(p, _mm512_mul_ps(r, r), r), _mm512_set1_ps(1.0f));
-  return _mm512_maskz_scalef_ps(all, p, n);
+  return (f32x16)_mm512_maskz_min_ps(all, _mm512_maskz_max_ps(all, (__m512)y, _mm512_set1_ps(lo)),
+                                     _mm512_set1_ps(hi));
+}
+#endif
+
+/// @brief exp()'s steps before the scaling, lane-wise: y clamped to [-104, 89], n = round(y /
+///        ln2) and p = exp(y - n ln2) by the Cody-Waite reduction and the degree-6 polynomial,
+///        so that exp(y) = p * 2^n. The scalar exp()'s operations, its multiply-adds fused.
+template <class V>
+[[gnu::always_inline]] inline V exp_reduced(V y, V& n) noexcept {
+  y = clamp(y, -104.0f, 89.0f);
+  const V magic = V{} + 12582912.0f;
+  n = fmadd(y, V{} + 1.44269504088896341f, magic) - magic;
+  V r = fnmadd(n, V{} + 0.693359375f, y);
+  r = fnmadd(n, V{} + -2.12194440e-4f, r);
+  V p = V{} + 1.9875691500e-4f;
+  p = fmadd(p, r, V{} + 1.3981999507e-3f);
+  p = fmadd(p, r, V{} + 8.3334519073e-3f);
+  p = fmadd(p, r, V{} + 4.1665795894e-2f);
+  p = fmadd(p, r, V{} + 1.6666665459e-1f);
+  p = fmadd(p, r, V{} + 5.0000001201e-1f);
+  return fmadd(p, r * r, r) + 1.0f;
+}
+#endif
+
+#if defined(__AVX512F__)
+/// @brief exp() of 16 lanes, for the row kernels: exp_reduced, and the scaling by 2^n in one
+///        vscalefps, which rounds as exp()'s two steps do (a normal result is exact, a
+///        subnormal one rounded once): exp()'s bits (tests/cpu/math_test.cpp compares exp_row
+///        with exp() bit for bit).
+[[gnu::always_inline]] inline __m512 exp16(__m512 y) noexcept {
+  f32x16 n;
+  const f32x16 p = exp_reduced((f32x16)y, n);
+  return _mm512_maskz_scalef_ps(0xffff, (__m512)p, (__m512)n);
 }
 #endif
 
 #if defined(__AVX2__) && defined(__FMA__)
-/// @brief exp() of 8 lanes (AVX2 + FMA): exp16's clamp, reduction and polynomial in fused
-///        multiply-adds, and exp()'s two-step scaling by 2^n in integer exponent fields (no
-///        vscalefps before AVX-512): p * 2^floor(n/2) is exact, so the one rounding is the
-///        second multiply's, as in exp() and exp16 — the same bits (tests/cpu/math_test.cpp
-///        compares exp_row with exp() bit for bit). Without it an AVX2 build took exp() a lane
-///        at a time (Qwen3's gating 5.5 ns per logit where AVX-512 took 0.85).
+/// @brief exp() of 8 lanes (AVX2 + FMA): exp_reduced, and exp()'s two-step scaling by 2^n in
+///        integer exponent fields (no vscalefps before AVX-512): p * 2^floor(n/2) is exact, so
+///        the one rounding is the second multiply's, as in exp() and exp16 — the same bits.
+///        Without it an AVX2 build took exp() a lane at a time (Qwen3's gating 5.5 ns per logit
+///        where AVX-512 took 0.85).
 [[gnu::always_inline]] inline __m256 exp8(__m256 y) noexcept {
-  y = _mm256_min_ps(_mm256_max_ps(y, _mm256_set1_ps(-104.0f)), _mm256_set1_ps(89.0f));
-  const __m256 magic = _mm256_set1_ps(12582912.0f);
-  const __m256 n =
-      _mm256_sub_ps(_mm256_fmadd_ps(y, _mm256_set1_ps(1.44269504088896341f), magic), magic);
-  __m256 r = _mm256_fnmadd_ps(n, _mm256_set1_ps(0.693359375f), y);
-  r = _mm256_fnmadd_ps(n, _mm256_set1_ps(-2.12194440e-4f), r);
-  __m256 p = _mm256_set1_ps(1.9875691500e-4f);
-  p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.3981999507e-3f));
-  p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(8.3334519073e-3f));
-  p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(4.1665795894e-2f));
-  p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.6666665459e-1f));
-  p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(5.0000001201e-1f));
-  p = _mm256_add_ps(_mm256_fmadd_ps(p, _mm256_mul_ps(r, r), r), _mm256_set1_ps(1.0f));
+  f32x8 n;
+  const auto p = (__m256)exp_reduced((f32x8)y, n);
   // n in [-150, 128]: halves in [-75, 64], each a normal power of two
-  const __m256i ni = _mm256_cvtps_epi32(n);  // (integral already: exact)
+  const __m256i ni = _mm256_cvtps_epi32((__m256)n);  // (integral already: exact)
   const __m256i n1 = _mm256_srai_epi32(ni, 1), n2 = _mm256_sub_epi32(ni, n1);
   const __m256i bias = _mm256_set1_epi32(127);
   const __m256 s1 = _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_add_epi32(n1, bias), 23));
@@ -168,15 +198,9 @@ template <class Element>
   }
 }
 
-// Row reductions in GCC / Clang generic vectors: the running max / sums stay in registers and
-// the lanes are folded by halves (16 -> 8 -> 4 -> 2 -> 1), a fixed order, so the rounding of a
-// sum is the same for every ISA the vectors are lowered to.
-using f32x16 = float __attribute__((vector_size(64)));
-using f32x8 = float __attribute__((vector_size(32)));
-using f32x4 = float __attribute__((vector_size(16)));
-using f64x8 = double __attribute__((vector_size(64)));
-using f64x4 = double __attribute__((vector_size(32)));
-using f64x2 = double __attribute__((vector_size(16)));
+// Row reductions in GCC / Clang generic vectors (f32x16 and kin, above): the running max / sums
+// stay in registers and the lanes are folded by halves (16 -> 8 -> 4 -> 2 -> 1), a fixed order,
+// so the rounding of a sum is the same for every ISA the vectors are lowered to.
 
 /// The sum of 16 float lanes: (l + l+8), then (+4), (+2), (+1).
 [[nodiscard]] inline float fold_sum(const f32x16& v) noexcept {
