@@ -72,14 +72,23 @@ TEST_CASE("cpu math::exp is within 2 ulp of exp and monotonic", "[cpu][math]") {
   REQUIRE(math::exp(0.0f) == 1.0f);
 }
 
+namespace {
+/// Every 61st float of [lo, 0] and [0, hi] (lo < 0 < hi), in increasing order: the row
+/// kernels' test grid.
+std::vector<float> every_61st_float(float lo, float hi) {
+  std::vector<float> v;
+  for (std::uint32_t u = std::bit_cast<std::uint32_t>(lo); u >= 0x80000000u; u -= 61)
+    v.push_back(std::bit_cast<float>(u));
+  for (std::uint32_t u = 0; std::bit_cast<float>(u) <= hi; u += 61)
+    v.push_back(std::bit_cast<float>(u));
+  return v;
+}
+}  // namespace
+
 // The row kernels take their own vector path where the ISA has one (exp16 on AVX-512): the
 // same bound and monotonicity over the same grid, a row of 4093 at a time (a ragged tail).
 TEST_CASE("cpu math::exp_row is within exp's bound", "[cpu][math]") {
-  std::vector<float> y;
-  for (std::uint32_t u = std::bit_cast<std::uint32_t>(-104.0f); u >= 0x80000000u; u -= 61)
-    y.push_back(std::bit_cast<float>(u));
-  for (std::uint32_t u = 0; std::bit_cast<float>(u) <= 89.0f; u += 61)
-    y.push_back(std::bit_cast<float>(u));
+  const std::vector<float> y = every_61st_float(-104.0f, 89.0f);
   constexpr std::int32_t row = 4093;
   std::vector<float> got(row);
   double worst = 0.0;
@@ -111,11 +120,8 @@ TEST_CASE("cpu math::exp_row is within exp's bound", "[cpu][math]") {
 // exp_row's vector paths (exp16 on AVX-512, exp8 on AVX2 + FMA) give exp()'s bits, compiled
 // with the same contraction (this target's default): one exp, whatever ISA the row takes.
 TEST_CASE("cpu math::exp_row equals exp() bit for bit", "[cpu][math]") {
-  std::vector<float> y, got(4093);
-  for (std::uint32_t u = std::bit_cast<std::uint32_t>(-104.0f); u >= 0x80000000u; u -= 61)
-    y.push_back(std::bit_cast<float>(u));
-  for (std::uint32_t u = 0; std::bit_cast<float>(u) <= 89.0f; u += 61)
-    y.push_back(std::bit_cast<float>(u));
+  const std::vector<float> y = every_61st_float(-104.0f, 89.0f);
+  std::vector<float> got(4093);
   std::int64_t differs = 0;
   float first = 0.0f;
   for (std::size_t at = 0; at < y.size(); at += got.size()) {
@@ -136,11 +142,7 @@ TEST_CASE("cpu math::exp_row equals exp() bit for bit", "[cpu][math]") {
 // where it overflows (as the reference's float formula gives), monotonic; the non-finite
 // inputs as their sanitised values.
 TEST_CASE("cpu math::sigmoid_row is within 3 ulp of the sigmoid and monotonic", "[cpu][math]") {
-  std::vector<float> x;
-  for (std::uint32_t u = std::bit_cast<std::uint32_t>(-89.0f); u >= 0x80000000u; u -= 61)
-    x.push_back(std::bit_cast<float>(u));
-  for (std::uint32_t u = 0; std::bit_cast<float>(u) <= 104.0f; u += 61)
-    x.push_back(std::bit_cast<float>(u));
+  const std::vector<float> x = every_61st_float(-89.0f, 104.0f);
   constexpr std::size_t row = 4093;
   float s[row], prev = 0.0f;
   double worst = 0.0;
