@@ -72,7 +72,7 @@ template <class Element>
   // aligns to 64 bytes). OLMoE / Qwen3 combine, T = 4096, d = 2048, 16 MiB out: 62 -> 68 % of
   // a memcpy's bandwidth; Mixtral 74 -> 100 % (measured)
   const bool stream =
-      d % 16 == 0 && rows::columns_to_stream_alignment(p.d_y) == 0 &&
+      d % 16 == 0 && rows::stream_aligned(p.d_y) &&
       p.tokens * d * static_cast<std::int64_t>(sizeof(Element)) >= rows::stream_min_bytes;
   parallel_for(ex, tasks, [&](std::int64_t i) {
     std::int64_t begin, end;

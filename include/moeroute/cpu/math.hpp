@@ -176,7 +176,8 @@ template <class V>
   return a < FLT_MAX ? a : FLT_MAX;
 }
 
-/// sanitize() of every lane of a generic vector (two selects: maxps / minps).
+/// sanitize() of every lane of a generic vector (GCC makes each select a compare and a blend;
+/// clamp() below is the two-instruction form where AVX2 / AVX-512 intrinsics are at hand).
 template <class V>
 [[nodiscard]] inline V sanitize_lanes(const V& x) noexcept {
   const V a = x > -FLT_MAX ? x : -FLT_MAX;
@@ -557,11 +558,10 @@ alignas(64) inline constexpr float exp2_sixteenths_lo[16] = {0.0f,
 ///       where exp(-v) overflows (v < -88.72) the result is 0, as the formula's. Checked over
 ///       every 61st float of [-89, 104] by tests/cpu/math_test.cpp.
 [[gnu::always_inline]] inline __m512 sigmoid16(__m512 v) noexcept {
-  constexpr __mmask16 all = 0xffff;  // (maskz forms: see exp16)
+  constexpr __mmask16 all = 0xffff;  // (maskz forms: see clamp)
   // -v within [-104, 89]: below, the result is 1 whatever exp(-v) is; above, exp overflows to
-  // +inf as the formula's does. (maxps returns its second operand for a NaN: -89, so 0.)
-  const __m512 c = _mm512_maskz_min_ps(all, _mm512_maskz_max_ps(all, v, _mm512_set1_ps(-89.0f)),
-                                       _mm512_set1_ps(104.0f));
+  // +inf as the formula's does. (clamp takes a NaN to its low bound: -89, so 0.)
+  const auto c = (__m512)clamp((f32x16)v, -89.0f, 104.0f);
   // k = round(-16 c / ln2), in the low mantissa bits of km (|k| <= 2401)
   const __m512 magic = _mm512_set1_ps(12582912.0f);
   const __m512 km = _mm512_fmadd_ps(c, _mm512_set1_ps(-0x1.715476p+4f), magic);
@@ -598,9 +598,8 @@ inline void sigmoid_row(const float* __restrict x, std::int32_t n, float* __rest
 #if defined(__AVX2__) && defined(__FMA__)
   const __m256 one = _mm256_set1_ps(1.0f);
   for (; i + 8 <= n; i += 8) {
-    // sanitize (maxps / minps return their second operand for a NaN), negate, exp8
-    const __m256 v = _mm256_min_ps(_mm256_max_ps(_mm256_loadu_ps(x + i), _mm256_set1_ps(-FLT_MAX)),
-                                   _mm256_set1_ps(FLT_MAX));
+    // sanitize (clamp takes a NaN to its low bound), negate, exp8
+    const auto v = (__m256)clamp((f32x8)_mm256_loadu_ps(x + i), -FLT_MAX, FLT_MAX);
     const __m256 e = exp8(_mm256_sub_ps(_mm256_setzero_ps(), v));
     _mm256_storeu_ps(out + i, _mm256_div_ps(one, _mm256_add_ps(one, e)));
   }
@@ -623,7 +622,7 @@ template <class Element>
                                              const float* __restrict bias, float* __restrict x,
                                              float* __restrict scores, float* __restrict sel,
                                              std::int64_t& bad, float& sum) noexcept {
-  constexpr __mmask16 all = 0xffff;  // (maskz forms: see exp16)
+  constexpr __mmask16 all = 0xffff;  // (maskz forms: see clamp)
   const __m512i exponent = _mm512_set1_epi32(0x7F800000);
   __m512 top = _mm512_set1_ps(-FLT_MAX), total = _mm512_setzero_ps();
   __m512i exponents = _mm512_setzero_si512();  // per lane, the largest exponent field seen

@@ -189,13 +189,10 @@ inline void pack16(const f32x16& v, packed16<Element>& out) noexcept {
 /// back, and a normal store first reads each line it writes.
 inline constexpr std::int64_t stream_min_bytes = std::int64_t{8} << 20;
 
-/// Columns from `row` to the first address a streamed store16 can write (16 * sizeof(Element)
-/// aligned).
+/// True when a streamed store16 can write at `row` (aligned to 16 * sizeof(Element)).
 template <class Element>
-[[nodiscard]] inline std::int64_t columns_to_stream_alignment(const Element* row) noexcept {
-  constexpr auto align = static_cast<std::uintptr_t>(16 * sizeof(Element));
-  const auto at = reinterpret_cast<std::uintptr_t>(row);
-  return static_cast<std::int64_t>(((align - at % align) % align) / sizeof(Element));
+[[nodiscard]] inline bool stream_aligned(const Element* row) noexcept {
+  return reinterpret_cast<std::uintptr_t>(row) % (16 * sizeof(Element)) == 0;
 }
 
 /// @brief dst[0, 16) = Element(v) (round to nearest even; a NaN stays a quiet NaN). With

@@ -286,6 +286,14 @@ inline void top2_of_values(const float* v, std::int32_t size, std::int32_t* ids)
 
 #if defined(__AVX512F__) && defined(__AVX512BW__) && defined(__AVX512VL__)
 #define MOEROUTE_CPU_SELECT_AVX512 1
+/// The lanes of v as ordered int32: a larger value is a larger int (-0 folded onto +0,
+/// sign-magnitude made two's complement), so ranks are counted by integer compares.
+[[gnu::always_inline]] inline __m512i ordered_int32(__m512 v) noexcept {
+  const __m512i b = _mm512_castps_si512(_mm512_add_ps(v, _mm512_setzero_ps()));  // -0 onto +0
+  return _mm512_xor_si512(
+      b, _mm512_and_si512(_mm512_maskz_srai_epi32(0xffff, b, 31), _mm512_set1_epi32(0x7fffffff)));
+}
+
 /// @brief The n best of each of R rows' candidates, best first: row r's c[r] candidate values
 ///        cand[r][0, c[r]) and their indices where[r][0, c[r]), in index order. Each candidate's
 ///        rank is how many are better: as ordered int32 (-0 folded onto +0, sign-magnitude made
@@ -305,11 +313,8 @@ template <std::int32_t R>
   alignas(64) std::int32_t hs[R][16];
   for (std::int32_t r = 0; r < R; ++r) {
     const auto real = static_cast<__mmask16>((1u << std::min(c[r], 16)) - 1u);
-    const __m512i b =
-        _mm512_castps_si512(_mm512_add_ps(_mm512_load_ps(cand[r]), _mm512_setzero_ps()));
-    h[r] = _mm512_mask_xor_epi32(
-        _mm512_set1_epi32(std::numeric_limits<std::int32_t>::min()), real, b,
-        _mm512_and_si512(_mm512_maskz_srai_epi32(0xffff, b, 31), _mm512_set1_epi32(0x7fffffff)));
+    h[r] = _mm512_mask_mov_epi32(_mm512_set1_epi32(std::numeric_limits<std::int32_t>::min()), real,
+                                 ordered_int32(_mm512_load_ps(cand[r])));
     _mm512_store_si512(hs[r], h[r]);
     rank0[r] = rank1[r] = _mm512_setzero_si512();
   }
@@ -487,7 +492,7 @@ inline void top_n(const float* v, std::int32_t size, const std::uint8_t* allowed
 /// Lane-wise, the largest and second largest of two (largest, second largest) pairs.
 [[gnu::always_inline]] inline void fold_top2_16(__m512 a1, __m512 b1, __m512 a2, __m512 b2,
                                                 __m512& first, __m512& second) noexcept {
-  constexpr __mmask16 all = 0xffff;  // (maskz forms: see math::exp16)
+  constexpr __mmask16 all = 0xffff;  // (maskz forms: see math::clamp)
   first = _mm512_maskz_max_ps(all, a1, b1);
   second =
       _mm512_maskz_max_ps(all, _mm512_maskz_min_ps(all, a1, b1), _mm512_maskz_max_ps(all, a2, b2));
@@ -564,10 +569,7 @@ template <bool Chunks, int Lo, int Hi>
 inline std::int32_t kept_groups(const float* score, std::int32_t G, std::int32_t keep,
                                 std::int32_t* kept) noexcept {
   const __m512i one = _mm512_set1_epi32(1);
-  const __m512i b = _mm512_castps_si512(
-      _mm512_add_ps(_mm512_loadu_ps(score), _mm512_setzero_ps()));  // -0 onto +0
-  const __m512i h = _mm512_xor_si512(
-      b, _mm512_and_si512(_mm512_maskz_srai_epi32(0xffff, b, 31), _mm512_set1_epi32(0x7fffffff)));
+  const __m512i h = ordered_int32(_mm512_loadu_ps(score));
   alignas(64) std::int32_t hs[16];
   _mm512_store_si512(hs, h);
   __m512i better = _mm512_setzero_si512();
