@@ -22,15 +22,17 @@
 #include <moeroute/cpu.hpp>
 #include <moeroute/reference.hpp>
 
+#include <moeroute/planner/cpu_route.hpp>
+#include <moeroute/planner/scenarios.hpp>
+
 #include "aligned.hpp"
-#include "cpu_route.hpp"
-#include "scenarios.hpp"
 #include "shapes.hpp"
 
 namespace {
 
 using namespace moeroute;
 using namespace moeroute::bench;
+using namespace moeroute::planner;
 
 void set_rate(benchmark::State& st, std::int64_t T, double bytes_per_iter) {
   st.SetItemsProcessed(st.iterations() * T);

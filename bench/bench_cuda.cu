@@ -24,8 +24,9 @@
 #include <moeroute/cuda/expert_bias_update.cuh>
 #include <moeroute/cuda/gating_backward.cuh>
 
+#include <moeroute/planner/scenarios.hpp>
+
 #include "moe_pipeline.cuh"
-#include "scenarios.hpp"
 #include "shapes.hpp"
 
 namespace {
@@ -35,12 +36,12 @@ namespace {
 namespace ex = moeroute::examples;
 using moeroute::status;
 using moeroute::bench::h200_peak_bytes_per_s;
-using moeroute::bench::make_logits;
 using moeroute::bench::model_shape;
 using moeroute::bench::model_shapes;
-using moeroute::bench::scenario_kind;
-using moeroute::bench::scenario_params;
 using moeroute::bench::token_counts;
+using moeroute::planner::make_logits;
+using moeroute::planner::scenario_kind;
+using moeroute::planner::scenario_params;
 using pipeline = ex::moe_pipeline<__nv_bfloat16>;
 
 /// Times `launch` with CUDA events, one iteration per event pair, after a warm-up.

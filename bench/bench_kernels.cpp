@@ -14,13 +14,15 @@
 
 #include <moeroute/reference.hpp>
 
-#include "scenarios.hpp"
+#include <moeroute/planner/scenarios.hpp>
+
 #include "shapes.hpp"
 
 namespace {
 
 using namespace moeroute;
 using namespace moeroute::bench;
+using namespace moeroute::planner;
 
 struct prepared {
   routing_config cfg;

@@ -45,7 +45,7 @@ def torch_row(npy, a, threads):
 
 def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    ap.add_argument("build", help="the CMake build directory (with bench/moeroute-capacity)")
+    ap.add_argument("build", help="the CMake build directory (with tools/capacity/moeroute-capacity)")
     ap.add_argument("--tokens", type=int, default=16384)
     ap.add_argument("--experts", type=int, default=64)
     ap.add_argument("--top-k", type=int, default=2)
@@ -53,7 +53,7 @@ def main():
     ap.add_argument("--repeat", type=int, default=20)
     ap.add_argument("--json", help="also write the results here")
     a = ap.parse_args()
-    tool = os.path.join(a.build, "bench", "moeroute-capacity")
+    tool = os.path.join(a.build, "tools", "capacity", "moeroute-capacity")
     rng = np.random.default_rng(7)
     batches = {
         "uniform": rng.standard_normal((a.tokens, a.experts), dtype=np.float32),

@@ -18,7 +18,7 @@ set -euo pipefail
 BUILD=${1:?usage: bench/run_all.sh BUILD_DIR}
 ROOT=$(cd "$(dirname "$0")/.." && pwd)
 OUT=${MOEROUTE_BENCH_OUT:-$ROOT/build/bench}
-TOOL="$BUILD/bench/moeroute-capacity"
+TOOL="$BUILD/tools/capacity/moeroute-capacity"
 KERNELS="$BUILD/bench/bench_kernels"
 mkdir -p "$OUT"
 
@@ -59,7 +59,7 @@ sweep deepseek_v3 deepseek_v3 4096 token_major,score zero_weight,fallback 1
 
 if [ -n "$PY" ]; then
   log "combined plot"
-  "$PY" "$ROOT/bench/plot_capacity.py" "$OUT/capacity.png" "$OUT/capacity_mixtral.csv" "$OUT/capacity_deepseek_v3.csv"
+  "$PY" "$ROOT/tools/capacity/scripts/plot_capacity.py" "$OUT/capacity.png" "$OUT/capacity_mixtral.csv" "$OUT/capacity_deepseek_v3.csv"
   echo "wrote $OUT/capacity.png"
 else
   echo "no python3 with matplotlib: plots skipped (Debian: apt-get install python3-matplotlib)" >&2

@@ -22,6 +22,19 @@ if(MODE STREQUAL "find_package")
       -DMOEROUTE_BUILD_PYTHON=OFF ${cuda_flag} -DCMAKE_INSTALL_PREFIX=${WORK_DIR}/prefix)
   run(${CMAKE_COMMAND} --build ${WORK_DIR}/moeroute-build)
   run(${CMAKE_COMMAND} --install ${WORK_DIR}/moeroute-build)
+  # the installed planner CLI (built without Google Benchmark: benchmarks are off above) finds
+  # its installed plot scripts, not the source tree's
+  if(EXISTS ${WORK_DIR}/prefix/bin/moeroute-capacity)
+    foreach(script IN ITEMS plot_capacity.py plot_ep.py plot_plan.py)
+      if(NOT EXISTS ${WORK_DIR}/prefix/share/moeroute/capacity/${script})
+        message(FATAL_ERROR "the install has no share/moeroute/capacity/${script}")
+      endif()
+    endforeach()
+    run(${WORK_DIR}/prefix/bin/moeroute-capacity --scenario zipf --tokens 64 --experts 8
+        --factors 1.0,dropless --format csv --quiet)
+  else()
+    message(FATAL_ERROR "the install has no bin/moeroute-capacity")
+  endif()
   run(${CMAKE_COMMAND} -S ${SOURCE_DIR}/examples/consumer -B ${WORK_DIR}/consumer-build -G ${GENERATOR}
       -DCMAKE_PREFIX_PATH=${WORK_DIR}/prefix ${cuda_flag})
 else()
@@ -31,6 +44,7 @@ else()
 endif()
 run(${CMAKE_COMMAND} --build ${WORK_DIR}/consumer-build)
 run(${WORK_DIR}/consumer-build/moeroute_consumer)
+run(${WORK_DIR}/consumer-build/moeroute_consumer_planner)
 if(HAS_CUDA)
   # the .cu against moeroute::moeroute: built, and run (without a device it checks the
   # launchers' host-side contract and says the launch was not run)

@@ -1,6 +1,6 @@
 # The tree is formatted by .clang-format: runs clang-format --dry-run on every C++ / CUDA source
-# git tracks (or, outside a git checkout, every one under include/, kernels/, tests/, bench/, python/,
-# examples/) and fails, listing the files and the first diagnostics, on any drift.
+# git tracks (or, outside a git checkout, every one under include/, kernels/, tests/, tools/,
+# bench/, python/, examples/) and fails, listing the files and the first diagnostics, on any drift.
 #   cmake -DCLANG_FORMAT=clang-format -DSOURCE_DIR=. -P cmake/format_check.cmake
 set(patterns *.hpp *.cpp *.cuh *.cu *.inc)
 find_program(GIT git)
@@ -13,7 +13,7 @@ if(GIT AND EXISTS ${SOURCE_DIR}/.git)
   endif()
 endif()
 if(NOT files)
-  foreach(dir include kernels tests bench examples python)
+  foreach(dir include kernels tests tools bench examples python)
     foreach(p IN LISTS patterns)
       file(GLOB_RECURSE found RELATIVE ${SOURCE_DIR} ${SOURCE_DIR}/${dir}/${p})
       list(APPEND files ${found})

@@ -34,6 +34,10 @@ function(moeroute_add_header_checks)
   list(FILTER mpi_hpp INCLUDE REGEX "^moeroute/ep/mpi\\.hpp$")
   # moeroute::core only: a CUDA header pulled in by a .hpp fails here.
   _moeroute_header_check(moeroute_header_check_hpp cpp moeroute::core ${hpp})
+  # the planner's headers (tools/capacity) with its own target: standard library + core only
+  file(GLOB_RECURSE planner_hpp RELATIVE ${PROJECT_SOURCE_DIR}/tools/capacity/include
+       CONFIGURE_DEPENDS ${PROJECT_SOURCE_DIR}/tools/capacity/include/*.hpp)
+  _moeroute_header_check(moeroute_header_check_planner cpp moeroute::planner ${planner_hpp})
   if(MOEROUTE_HAS_MPI)
     _moeroute_header_check(moeroute_header_check_mpi cpp moeroute::ep_mpi ${mpi_hpp})
   endif()

@@ -1,7 +1,7 @@
 // SPDX-License-Identifier: Apache-2.0
-// moeroute.plan on in-memory logits: the capacity tool's planner (bench/plan.hpp, the code
-// behind `moeroute-capacity --batch-tokens`) run on an array instead of a mapped .npy, with
-// its results as plain Python data.
+// moeroute.plan on in-memory logits: the capacity planner (moeroute/planner/plan.hpp in
+// tools/capacity, the code behind `moeroute-capacity --batch-tokens`) run on an array instead of a
+// mapped .npy, with its results as plain Python data.
 #include <pybind11/stl.h>
 
 #include <cmath>
@@ -10,8 +10,8 @@
 #include <vector>
 
 #include <moeroute/names.hpp>
+#include <moeroute/planner/plan.hpp>
 
-#include "../../bench/plan.hpp"
 #include "arrays.hpp"
 #include "module.hpp"
 
@@ -19,7 +19,7 @@ namespace moeroute::python {
 
 namespace {
 
-py::dict distribution_dict(const bench::distribution& d) {
+py::dict distribution_dict(const planner::distribution& d) {
   return py::dict(py::arg("mean") = d.mean, py::arg("p50") = d.p50, py::arg("p95") = d.p95,
                   py::arg("p99") = d.p99, py::arg("max") = d.max);
 }
@@ -42,8 +42,8 @@ std::vector<std::optional<Enum>> parse_choices(const std::vector<std::string>& n
   return out;
 }
 
-std::vector<bench::factor_choice> parse_factors(const py::list& factors) {
-  std::vector<bench::factor_choice> out;
+std::vector<planner::factor_choice> parse_factors(const py::list& factors) {
+  std::vector<planner::factor_choice> out;
   for (const auto& f : factors) {
     if (py::isinstance<py::str>(f) && f.cast<std::string>() == "dropless") {
       out.push_back({true, 0.0});
@@ -62,7 +62,7 @@ std::vector<bench::factor_choice> parse_factors(const py::list& factors) {
   return out;
 }
 
-py::dict result_dict(const bench::plan_result& r) {
+py::dict result_dict(const planner::plan_result& r) {
   py::list cells, experts, recs;
   for (const auto& c : r.cells) {
     py::list ranks;
@@ -129,12 +129,12 @@ void bind_plan(py::module_& m) {
         if (block_size < 1) a.fail("block_size: must be >= 1");
         const std::optional<dtype> dt = parse_dtype(buffer_dtype);
         if (!dt) a.fail("buffer_dtype: '" + buffer_dtype + "' is not one of f32, f16, bf16");
-        const std::optional<bench::batching> how_given = bench::parse_batching(batching);
+        const std::optional<planner::batching> how_given = planner::parse_batching(batching);
         if (!how_given)
           a.fail("batching: '" + batching + "' is not one of consecutive, shuffled, grouped");
-        const bench::batching how = *how_given;
+        const planner::batching how = *how_given;
         const double* ids =
-            a.in<double>({"group_ids", {N}, elem::f64}, how == bench::batching::grouped);
+            a.in<double>({"group_ids", {N}, elem::f64}, how == planner::batching::grouped);
         std::vector<double> group_ids;
         if (ids != nullptr) {
           group_ids.assign(ids, ids + N);
@@ -159,7 +159,7 @@ void bind_plan(py::module_& m) {
               bias.push_back(x);
             }
         }
-        bench::plan_options o;
+        planner::plan_options o;
         o.base = base;
         o.factors = parse_factors(factors);
         o.priorities = parse_choices<priority>(priorities, "priorities");
@@ -186,13 +186,13 @@ void bind_plan(py::module_& m) {
           o.owner = owner;
           o.ranks = ranks;
         }
-        const auto dump = bench::mapped_logits::view(
+        const auto dump = planner::mapped_logits::view(
             lg.data, lg.dtype == elem::f32 ? io::npy_dtype::f32 : io::npy_dtype::f16, L, N, E);
-        bench::plan_result r;
+        planner::plan_result r;
         {
           py::gil_scoped_release nogil;
-          const auto order = bench::batch_order(N, how, seed, group_ids);
-          r = bench::run_plan(o, dump, order, bias);
+          const auto order = planner::batch_order(N, how, seed, group_ids);
+          r = planner::run_plan(o, dump, order, bias);
         }
         return result_dict(r);
       },

@@ -1,7 +1,7 @@
 // SPDX-License-Identifier: Apache-2.0
-// libFuzzer target over the .npy reader (include/moeroute/io/npy.hpp). Any byte string must give
-// either a well-formed array or a status whose message starts "malformed .npy: " — no crash, no
-// read past the bytes given, no allocation beyond them. Invariants checked on success: a 2-D or
+// libFuzzer target over the planner's .npy reader (moeroute/planner/npy.hpp). Any byte string must
+// give either a well-formed array or a status whose message starts "malformed .npy: " — no crash,
+// no read past the bytes given, no allocation beyond them. Invariants checked on success: a 2-D or
 // 3-D non-negative shape, prod(shape) values, data that fills the input exactly, the header
 // parse agreeing with the whole-file parse, values equal to the bytes decoded by hand, and any
 // truncation of a good file rejected.
@@ -12,7 +12,7 @@
 #include <cstring>
 #include <span>
 
-#include <moeroute/io/npy.hpp>
+#include <moeroute/planner/npy.hpp>
 
 #define NPY_CHECK(cond)                                                                      \
   do {                                                                                       \

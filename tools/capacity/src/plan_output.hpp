@@ -11,9 +11,9 @@
 #include <fmt/format.h>
 #include <nlohmann/json.hpp>
 
-#include "plan.hpp"
+#include <moeroute/planner/plan.hpp>
 
-namespace moeroute::bench {
+namespace moeroute::planner {
 
 /// Bytes for people: B, KiB, MiB or GiB.
 inline std::string format_bytes(std::int64_t b) {
@@ -195,4 +195,4 @@ inline void write_plan_table(std::ostream& os, const plan_result& r, const plan_
         "model row: one factor for every layer, buffers summed over layers.\n";
 }
 
-}  // namespace moeroute::bench
+}  // namespace moeroute::planner

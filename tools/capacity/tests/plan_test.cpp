@@ -16,14 +16,14 @@
 #include <string>
 #include <vector>
 
-#include <moeroute/io/npy.hpp>
+#include <moeroute/planner/npy.hpp>
 #include <moeroute/presets.hpp>
 #include <moeroute/reference.hpp>
 
-#include "plan.hpp"
+#include <moeroute/planner/plan.hpp>
 
 using namespace moeroute;
-using namespace moeroute::bench;
+using namespace moeroute::planner;
 
 namespace {
 

@@ -28,11 +28,11 @@
 #include <moeroute/layout_rows.hpp>
 #include <moeroute/names.hpp>
 
-#include "cpu_route.hpp"
-#include "npy_map.hpp"
-#include "sweep.hpp"
+#include <moeroute/planner/cpu_route.hpp>
+#include <moeroute/planner/npy_map.hpp>
+#include <moeroute/planner/sweep.hpp>
 
-namespace moeroute::bench {
+namespace moeroute::planner {
 
 /// How the dump's tokens are cut into batches.
 enum class batching {
@@ -549,4 +549,4 @@ inline plan_result run_plan(const plan_options& o, const mapped_logits& dump,
   return res;
 }
 
-}  // namespace moeroute::bench
+}  // namespace moeroute::planner

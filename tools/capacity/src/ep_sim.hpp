@@ -23,9 +23,9 @@
 #include <moeroute/ep/plan.hpp>
 #include <moeroute/reference.hpp>
 
-#include "sweep.hpp"
+#include <moeroute/planner/sweep.hpp>
 
-namespace moeroute::bench {
+namespace moeroute::planner {
 
 /// One simulated (input, scope, factor).
 struct ep_row {
@@ -235,4 +235,4 @@ inline nlohmann::json ep_to_json(const std::vector<ep_row>& rows, nlohmann::json
   return j;
 }
 
-}  // namespace moeroute::bench
+}  // namespace moeroute::planner

@@ -3,7 +3,7 @@
 """ctest driver for moeroute-capacity: test_capacity_tool.py CASE TOOL WORKDIR.
 
 Cases: synthetic, npy, npy_layers_f16, malformed, bad_args, plot, ep, backends, plan, plan_bad,
-plan_plot. Each asserts exact values
+plan_plot (tools/capacity/CMakeLists.txt registers each). Each asserts exact values
 (counts the routing rules determine) and exits non-zero with a message on the first failure.
 """
 import csv
@@ -353,7 +353,8 @@ def case_backends():
                   f"{key} cpu {a[key]} vs reference {b[key]}")
 
 
-REAL = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "tests", "data", "real-router")
+REAL = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..", "..", "tests", "data",
+                    "real-router")
 
 
 def overflow_per_batch(logits, order, B, cf, k=2):

@@ -19,10 +19,10 @@
 #include <vector>
 
 #include <moeroute/dtype.hpp>
-#include <moeroute/io/npy.hpp>
+#include <moeroute/planner/npy.hpp>
 #include <moeroute/status.hpp>
 
-namespace moeroute::bench {
+namespace moeroute::planner {
 
 /// @brief A read-only mapping of a logit dump. Move-only; unmaps on destruction.
 class mapped_logits {
@@ -132,4 +132,4 @@ class mapped_logits {
   io::npy_header header_{};
 };
 
-}  // namespace moeroute::bench
+}  // namespace moeroute::planner

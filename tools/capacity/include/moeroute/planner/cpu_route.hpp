@@ -19,7 +19,7 @@
 #include <moeroute/cpu.hpp>
 #include <moeroute/reference.hpp>
 
-namespace moeroute::bench {
+namespace moeroute::planner {
 
 /// What makes two configs of one sweep gate a batch differently (the rest is the preset).
 struct gating_variant {
@@ -272,4 +272,4 @@ inline std::string check_against_reference(const routing_config& cfg, const cpu_
              : "ok, " + std::to_string(moved) + " fates differ end to end (gates within rounding)";
 }
 
-}  // namespace moeroute::bench
+}  // namespace moeroute::planner

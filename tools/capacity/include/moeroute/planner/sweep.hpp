@@ -25,9 +25,9 @@
 #include <moeroute/names.hpp>
 #include <moeroute/reference.hpp>
 
-#include "cpu_route.hpp"
+#include <moeroute/planner/cpu_route.hpp>
 
-namespace moeroute::bench {
+namespace moeroute::planner {
 
 /// A capacity choice: a factor, or dropless (capacity_mode::unbounded).
 struct factor_choice {
@@ -209,4 +209,4 @@ inline std::vector<sweep_row> run_sweep(const sweep_options& o,
   return rows;
 }
 
-}  // namespace moeroute::bench
+}  // namespace moeroute::planner

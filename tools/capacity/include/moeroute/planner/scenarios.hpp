@@ -13,7 +13,7 @@
 
 #include <moeroute/rng.hpp>
 
-namespace moeroute::bench {
+namespace moeroute::planner {
 
 enum class scenario_kind { uniform, zipf, collapsed, homogeneous, mixed };
 
@@ -41,18 +41,18 @@ struct scenario_params {
 };
 
 namespace detail {
-inline constexpr std::uint32_t stream_bench = 0xBE7C4u;  // bench-private Philox stream
+inline constexpr std::uint32_t stream_scenarios = 0xBE7C4u;  // the scenarios' own Philox stream
 
 inline float normal_at(std::uint64_t seed, std::uint64_t index, std::uint64_t salt) {
-  const auto r = rng::draw(seed, salt, stream_bench, index);
+  const auto r = rng::draw(seed, salt, stream_scenarios, index);
   return rng::normal(r.v[0], r.v[1]);
 }
 inline float gumbel_at(std::uint64_t seed, std::uint64_t index, std::uint64_t salt) {
-  const auto r = rng::draw(seed, salt, stream_bench, index);
+  const auto r = rng::draw(seed, salt, stream_scenarios, index);
   return rng::gumbel(r.v[2]);
 }
 inline float uniform_at(std::uint64_t seed, std::uint64_t index, std::uint64_t salt) {
-  const auto r = rng::draw(seed, salt, stream_bench, index);
+  const auto r = rng::draw(seed, salt, stream_scenarios, index);
   return rng::uniform_open(r.v[3]);
 }
 }  // namespace detail
@@ -129,4 +129,4 @@ inline std::vector<float> make_logits(scenario_kind kind, std::int64_t T, std::i
   return x;
 }
 
-}  // namespace moeroute::bench
+}  // namespace moeroute::planner
