@@ -9,7 +9,7 @@
 #include <cstring>
 
 #include <moeroute/config.hpp>
-#include <moeroute/cpu/gating.hpp>
+#include <moeroute/cpu/element.hpp>
 #include <moeroute/cpu/parallel.hpp>
 #include <moeroute/cpu/rows.hpp>
 #include <moeroute/params/combine.hpp>

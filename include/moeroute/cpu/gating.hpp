@@ -14,6 +14,7 @@
 #include <type_traits>
 
 #include <moeroute/config.hpp>
+#include <moeroute/cpu/element.hpp>
 #include <moeroute/cpu/gating_plan.hpp>
 #include <moeroute/cpu/math.hpp>
 #include <moeroute/cpu/parallel.hpp>
@@ -30,12 +31,6 @@
 namespace moeroute::cpu {
 
 using moeroute::gating_params;
-
-/// The element types the CPU backend reads: float, half_bits and bf16_bits.
-template <class Element>
-inline constexpr bool is_element_v =
-    std::is_same_v<Element, float> || std::is_same_v<Element, half_bits> ||
-    std::is_same_v<Element, bf16_bits>;
 
 /// @brief Checks config, shape and pointers of a gating call (and that the bias is finite);
 ///        names the first bad field.

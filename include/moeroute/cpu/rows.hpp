@@ -47,13 +47,26 @@ inline constexpr std::int64_t tile = 512;
 ///        thousands of rows of a few KB, and a libc call per row (its size dispatch included)
 ///        costs about as much as moving a row that sits in L2. With `next` (the row the caller
 ///        copies next, or null), each step asks for the same 256 bytes of it (into L2): the
-///        next row's stream in flight at the pace of this one (see prefetch_along).
+///        next row's stream in flight at the pace of this one (see prefetch_along). With
+///        `stream` (dst 64-byte aligned) the 64-byte steps are non-temporal stores where the ISA
+///        has them (AVX-512; see stream_min_bytes): the caller calls stream_fence after.
 inline void copy_bytes(void* __restrict dst, const void* __restrict src, std::size_t bytes,
-                       const void* next = nullptr) noexcept {
+                       const void* next = nullptr, bool stream = false) noexcept {
   using v64 = unsigned char __attribute__((vector_size(64), aligned(1), may_alias));
   auto* d = static_cast<unsigned char*>(dst);
   const auto* s = static_cast<const unsigned char*>(src);
   const auto* n = static_cast<const unsigned char*>(next);
+  const auto put = [stream](unsigned char* at, const v64& v) {
+#if defined(__AVX512F__)
+    if (stream) {
+      _mm512_stream_si512(reinterpret_cast<__m512i*>(at), reinterpret_cast<const __m512i&>(v));
+      return;
+    }
+#else
+    (void)stream;
+#endif
+    *reinterpret_cast<v64*>(at) = v;
+  };
   std::size_t i = 0;
   for (; i + 256 <= bytes; i += 256) {
     if (n != nullptr)
@@ -62,13 +75,12 @@ inline void copy_bytes(void* __restrict dst, const void* __restrict src, std::si
     const v64 b = *reinterpret_cast<const v64*>(s + i + 64);
     const v64 c = *reinterpret_cast<const v64*>(s + i + 128);
     const v64 e = *reinterpret_cast<const v64*>(s + i + 192);
-    *reinterpret_cast<v64*>(d + i) = a;
-    *reinterpret_cast<v64*>(d + i + 64) = b;
-    *reinterpret_cast<v64*>(d + i + 128) = c;
-    *reinterpret_cast<v64*>(d + i + 192) = e;
+    put(d + i, a);
+    put(d + i + 64, b);
+    put(d + i + 128, c);
+    put(d + i + 192, e);
   }
-  for (; i + 64 <= bytes; i += 64)
-    *reinterpret_cast<v64*>(d + i) = *reinterpret_cast<const v64*>(s + i);
+  for (; i + 64 <= bytes; i += 64) put(d + i, *reinterpret_cast<const v64*>(s + i));
   if (i < bytes) std::memcpy(d + i, s + i, bytes - i);
 }
 

@@ -2,7 +2,7 @@
 // Expert parallelism, phase 3': combine. The experts' outputs travel back to the ranks that
 // sent the rows, and each token's contributions are summed there in choice order, in fp32,
 // with the drop policy of one device (zero weight, residual pass-through, fallback rows) —
-// the same arithmetic as reference::combine, so the result is bitwise one device's.
+// cpu::combine over the returned rows (row_ops.hpp), so the result is bitwise one device's.
 #pragma once
 
 #include <cstddef>
@@ -12,13 +12,12 @@
 #include <vector>
 
 #include <moeroute/config.hpp>
-#include <moeroute/dtype.hpp>
+#include <moeroute/cpu/parallel.hpp>
 #include <moeroute/ep/exchange.hpp>
 #include <moeroute/ep/plan.hpp>
+#include <moeroute/ep/row_ops.hpp>
 #include <moeroute/ep/transport.hpp>
-#include <moeroute/macros.hpp>
 
-MOEROUTE_PRECISE_FP_BEGIN
 namespace moeroute::ep {
 
 /// @brief y[t] = sum_j weight[t, j] * expert_out[row(t, j)], the k terms added in choice order
@@ -32,9 +31,11 @@ namespace moeroute::ep {
 /// @param y          [T, d] written
 /// @param workspace  workspace_bytes(p) bytes, caller-owned (checked; combine itself needs
 ///                   none today, the argument keeps every data call's shape)
+/// @param ex         the threads that sum the rows (cpu::combine's); OpenMP by default
 template <class T>
 void combine(transport& t, const plan& p, std::span<const T> expert_out, std::span<const T> x,
-             std::span<T> returned, std::span<T> y, std::span<std::byte> workspace) {
+             std::span<T> returned, std::span<T> y, std::span<std::byte> workspace,
+             const cpu::executor& ex = {}) {
   const bool residual = p.cfg.dispatch.dropped == drop_policy::residual;
   detail::arg_check check(p, sizeof(T), workspace.size());
   check.rows("expert_out", expert_out.size(), p.receive_rows, p.hidden);
@@ -42,33 +43,9 @@ void combine(transport& t, const plan& p, std::span<const T> expert_out, std::sp
   check.rows("returned", returned.size(), p.send_total(), p.hidden);
   check.rows("y", y.size(), p.tokens, p.hidden);
   check.settle(t, detail::op::combine);
-  const auto d = static_cast<std::size_t>(p.hidden);
-  detail::to_send_order(t, p, expert_out.data(), returned.data(), d);
-  const auto& dec = p.decision;
-  const std::int32_t k = dec.k;
-  std::vector<float> acc_buf(d);
-  float* __restrict acc = acc_buf.data();
-  const T* __restrict back = returned.data();
-  for (std::int64_t tk = 0; tk < p.tokens; ++tk) {
-    std::fill(acc, acc + d, 0.0f);
-    bool any = false;
-    for (std::int32_t j = 0; j < k; ++j) {
-      const std::int64_t row = p.assignment_row[tk * k + j];
-      if (row < 0) continue;
-      any = true;
-      // the same float operations, in the same order, as reference::combine
-      const float w = dec.weight[tk * k + j];
-      const T* __restrict r = back + row * d;
-      for (std::size_t c = 0; c < d; ++c) acc[c] += w * to_float(r[c]);
-    }
-    T* __restrict out = y.data() + tk * d;
-    if (residual && !any && dec.fates[tk * k] != fate::masked) {
-      std::memcpy(out, x.data() + tk * d, d * sizeof(T));
-    } else {
-      for (std::size_t c = 0; c < d; ++c) out[c] = from_float<T>(acc[c]);
-    }
-  }
+  detail::to_send_order(t, p, expert_out.data(), returned.data(),
+                        static_cast<std::size_t>(p.hidden));
+  detail::combine_returned_rows(p, returned.data(), residual ? x.data() : nullptr, y.data(), ex);
 }
 
 }  // namespace moeroute::ep
-MOEROUTE_PRECISE_FP_END

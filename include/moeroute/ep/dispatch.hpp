@@ -10,8 +10,10 @@
 #include <cstring>
 #include <span>
 
+#include <moeroute/cpu/parallel.hpp>
 #include <moeroute/ep/exchange.hpp>
 #include <moeroute/ep/plan.hpp>
+#include <moeroute/ep/row_ops.hpp>
 #include <moeroute/ep/transport.hpp>
 
 namespace moeroute::ep {
@@ -24,10 +26,11 @@ namespace moeroute::ep {
 ///                   plan::segment_offsets) holds the rows sent to it, in (source rank, token)
 ///                   order; padding rows are zero
 /// @param workspace  workspace_bytes(p) bytes, caller-owned
+/// @param ex         the threads that gather the rows (cpu::permute's); OpenMP by default
 /// @note Bad arguments on any rank throw moeroute::error on every rank (validation mode).
 template <class T>
 void dispatch(transport& t, const plan& p, std::span<const T> x, std::span<T> received,
-              std::span<std::byte> workspace) {
+              std::span<std::byte> workspace, const cpu::executor& ex = {}) {
   detail::arg_check check(p, sizeof(T), workspace.size());
   check.rows("x", x.size(), p.tokens, p.hidden);
   check.rows("received", received.size(), p.receive_rows, p.hidden);
@@ -35,9 +38,8 @@ void dispatch(transport& t, const plan& p, std::span<const T> x, std::span<T> re
   const auto d = static_cast<std::size_t>(p.hidden);
   const detail::carved ws = detail::carve(p, workspace);
   T* send = reinterpret_cast<T*>(ws.send_rows);
-  for (std::int64_t r = 0; r < p.send_total(); ++r)
-    std::memcpy(send + r * d, x.data() + p.send_token[r] * d, d * sizeof(T));
-  detail::to_receive_layout(t, p, send, received.data(), d, T{});
+  detail::gather_send_rows(p, x.data(), send, received.data(), ex);
+  detail::to_receive_layout(t, p, send, received.data(), d, T{}, /*own_in_place=*/true);
 }
 
 /// @brief The provenance of every received row: source rank, source token, the first choice

@@ -73,11 +73,15 @@ inline carved carve(const plan& p, std::span<std::byte> ws) {
 }
 
 /// Source side -> receive layout: rows in send order go to every destination and land in
-/// their (source, segment) blocks of the receive layout; padding rows get `pad`.
+/// their (source, segment) blocks of the receive layout; padding rows get `pad`. With
+/// `own_in_place`, the rows this rank sends itself are in `out` already (dispatch gathered
+/// them there) and only the other ranks' move.
 template <class Row>
 void to_receive_layout(transport& t, const plan& p, const Row* send, Row* out, std::size_t per_row,
-                       const Row& pad) {
-  t.alltoallv_blocks(send, p.send_blocks, out, p.receive_blocks, per_row * sizeof(Row));
+                       const Row& pad, bool own_in_place = false) {
+  t.alltoallv_paired_blocks(send, own_in_place ? p.peer_send_blocks : p.send_blocks, out,
+                            own_in_place ? p.peer_receive_blocks : p.receive_blocks,
+                            per_row * sizeof(Row));
   for (std::int32_t l = 0; l < p.segments(); ++l)
     for (std::int64_t r = p.segment_offsets[l] + p.segment_used[l]; r < p.segment_offsets[l + 1];
          ++r)
@@ -88,7 +92,7 @@ void to_receive_layout(transport& t, const plan& p, const Row* send, Row* out, s
 /// send order.
 template <class Row>
 void to_send_order(transport& t, const plan& p, const Row* in, Row* back, std::size_t per_row) {
-  t.alltoallv_blocks(in, p.receive_blocks, back, p.send_blocks, per_row * sizeof(Row));
+  t.alltoallv_paired_blocks(in, p.receive_blocks, back, p.send_blocks, per_row * sizeof(Row));
 }
 
 }  // namespace moeroute::ep::detail

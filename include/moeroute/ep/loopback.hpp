@@ -158,28 +158,9 @@ class loopback_transport final : public transport {
       }
     }
     for (std::int32_t p = 0; p < R; ++p) {
-      // merge the source's blocks for this rank with this rank's blocks from the source
       const auto& src = s_.slots[p];
-      std::size_t i = 0, j = 0;
-      std::int64_t used_i = 0, used_j = 0;
-      const auto next = [](std::span<const row_block> b, std::size_t k, std::int32_t peer) {
-        while (k < b.size() && (b[k].peer != peer || b[k].rows == 0)) ++k;
-        return k;
-      };
-      i = next(src.send_blocks, i, rank_);
-      j = next(recv_blocks, j, p);
-      while (i < src.send_blocks.size() && j < recv_blocks.size()) {
-        const auto& a = src.send_blocks[i];
-        const auto& b = recv_blocks[j];
-        const std::int64_t n = std::min(a.rows - used_i, b.rows - used_j);
-        std::memcpy(static_cast<char*>(recv) + (b.offset + used_j) * row_bytes,
-                    static_cast<const char*>(src.send) + (a.offset + used_i) * row_bytes,
-                    static_cast<std::size_t>(n) * row_bytes);
-        used_i += n;
-        used_j += n;
-        if (used_i == a.rows) i = next(src.send_blocks, i + 1, rank_), used_i = 0;
-        if (used_j == b.rows) j = next(recv_blocks, j + 1, p), used_j = 0;
-      }
+      detail::copy_matching_blocks(src.send, src.send_blocks, rank_, recv, recv_blocks, p,
+                                   row_bytes);
     }
     s_.barrier.arrive_and_wait();
   }

@@ -82,7 +82,9 @@ class mpi_transport final : public transport {
   }
 
   /// Copy-free on our side: MPI_Alltoallw with one indexed datatype per peer over its blocks
-  /// (counts and displacements in rows, each checked to fit int).
+  /// (counts and displacements in rows, each checked to fit int). The rows a rank sends to
+  /// itself (1/R of the traffic) are copied block to block here instead: MPI would pack and
+  /// unpack its indexed datatype on the way (R = 2, Mixtral's layer: 7.1 -> 5.1 ms a side).
   void alltoallv_blocks(const void* send, std::span<const row_block> send_blocks, void* recv,
                         std::span<const row_block> recv_blocks, std::size_t row_bytes) override {
     if (row_bytes == 0) return;
@@ -98,7 +100,7 @@ class mpi_transport final : public transport {
                            std::vector<int>& counts) {
       std::vector<std::vector<int>> len(R), at(R);
       for (const auto& b : blocks) {
-        if (b.rows == 0) continue;
+        if (b.rows == 0 || b.peer == rank_) continue;  // the rows to itself: copied below
         len[static_cast<std::size_t>(b.peer)].push_back(fits("block rows", b.rows));
         at[static_cast<std::size_t>(b.peer)].push_back(fits("block offset", b.offset));
       }
@@ -113,6 +115,7 @@ class mpi_transport final : public transport {
     };
     build(send_blocks, st, sc);
     build(recv_blocks, rt, rc);
+    detail::copy_matching_blocks(send, send_blocks, rank_, recv, recv_blocks, rank_, row_bytes);
     const int rc_all = MPI_Alltoallw(send, sc.data(), zero.data(), st.data(), recv, rc.data(),
                                      zero.data(), rt.data(), comm_);
     for (std::size_t p = 0; p < R; ++p) {
@@ -121,6 +124,43 @@ class mpi_transport final : public transport {
     }
     MPI_Type_free(&row);
     check(rc_all, "MPI_Alltoallw");
+  }
+
+  /// One message a block (paired lists: the n-th block to a peer is the n-th it expects from
+  /// this rank; MPI keeps the order of messages between two ranks), sent from and received
+  /// into the buffers in place — no datatype packing. The rows to itself are copied here.
+  void alltoallv_paired_blocks(const void* send, std::span<const row_block> send_blocks, void* recv,
+                               std::span<const row_block> recv_blocks,
+                               std::size_t row_bytes) override {
+    if (row_bytes == 0) return;
+    MPI_Datatype row;
+    check(MPI_Type_contiguous(fits("row_bytes", static_cast<std::int64_t>(row_bytes)), MPI_BYTE,
+                              &row),
+          "MPI_Type_contiguous");
+    check(MPI_Type_commit(&row), "MPI_Type_commit");
+    std::vector<MPI_Request> requests;
+    requests.reserve(send_blocks.size() + recv_blocks.size());
+    int rc_all = MPI_SUCCESS;
+    constexpr int tag = 0x6d72;  // this transport's own communicator: no other traffic on it
+    for (const auto& b : recv_blocks) {
+      if (b.rows == 0 || b.peer == rank_ || rc_all != MPI_SUCCESS) continue;
+      requests.emplace_back();
+      rc_all = MPI_Irecv(static_cast<char*>(recv) + b.offset * row_bytes,
+                         fits("block rows", b.rows), row, b.peer, tag, comm_, &requests.back());
+    }
+    for (const auto& b : send_blocks) {
+      if (b.rows == 0 || b.peer == rank_ || rc_all != MPI_SUCCESS) continue;
+      requests.emplace_back();
+      rc_all = MPI_Isend(static_cast<const char*>(send) + b.offset * row_bytes,
+                         fits("block rows", b.rows), row, b.peer, tag, comm_, &requests.back());
+    }
+    if (rc_all != MPI_SUCCESS) requests.pop_back();  // the failed call made no request
+    detail::copy_matching_blocks(send, send_blocks, rank_, recv, recv_blocks, rank_, row_bytes);
+    const int rc_wait =
+        MPI_Waitall(static_cast<int>(requests.size()), requests.data(), MPI_STATUSES_IGNORE);
+    MPI_Type_free(&row);
+    check(rc_all, "MPI_Isend / MPI_Irecv");
+    check(rc_wait, "MPI_Waitall");
   }
 
  private:

@@ -70,9 +70,14 @@ struct plan {
   std::int64_t receive_rows = 0;              ///< rows of the receive layout, padding included
   std::vector<std::int64_t> recv_rows;        ///< [R] rows from each source
   std::vector<std::int64_t> recv_offsets;     ///< [R + 1]
-  /// The exchange as blocks: send order, one block per destination; the receive layout, one
-  /// block per (source rank, segment) — so rows move with no staging copy (alltoallv_blocks).
+  /// The exchange as blocks: send order, one block per (destination rank, its segment); the
+  /// receive layout, one block per (source rank, segment) — so rows move with no staging copy.
+  /// Non-empty blocks only, and the lists pair up: the n-th block this rank lists for rank q
+  /// holds as many rows as the n-th block q lists for this rank (alltoallv_paired_blocks).
   std::vector<row_block> send_blocks, receive_blocks;
+  /// The same lists without this rank's blocks to itself: dispatch gathers those rows straight
+  /// into the receive layout, and exchanges only these.
+  std::vector<row_block> peer_send_blocks, peer_receive_blocks;
 
   // Counts of the whole group, identical on every rank.
   std::vector<std::int64_t> send_matrix;  ///< [R, R] rows source -> destination (after drops)
@@ -484,6 +489,8 @@ inline plan plan_from_records(const routing_config& cfg, const placement& place,
     for (std::int32_t e : segs) {
       first_row[e] = static_cast<std::int64_t>(p.send_token.size());
       p.send_token.insert(p.send_token.end(), tokens_of[e].begin(), tokens_of[e].end());
+      if (!tokens_of[e].empty())  // the block r lists for this rank and segment: paired
+        p.send_blocks.push_back({r, first_row[e], static_cast<std::int64_t>(tokens_of[e].size())});
     }
     p.send_offsets[r + 1] = static_cast<std::int64_t>(p.send_token.size());
     p.send_rows[r] = p.send_offsets[r + 1] - p.send_offsets[r];
@@ -566,8 +573,10 @@ inline plan plan_from_records(const routing_config& cfg, const placement& place,
         next[l] += n_rows;
       }
   }
-  for (std::int32_t r = 0; r < R; ++r)
-    if (p.send_rows[r] > 0) p.send_blocks.push_back({r, p.send_offsets[r], p.send_rows[r]});
+  for (const auto& b : p.send_blocks)
+    if (b.peer != me) p.peer_send_blocks.push_back(b);
+  for (const auto& b : p.receive_blocks)
+    if (b.peer != me) p.peer_receive_blocks.push_back(b);
   return p;
 }
 }  // namespace detail

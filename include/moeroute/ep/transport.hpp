@@ -6,6 +6,7 @@
 // communicator implements these two functions and gets every expert-parallel operation.
 #pragma once
 
+#include <algorithm>
 #include <cstddef>
 #include <cstdint>
 #include <cstring>
@@ -50,6 +51,16 @@ class transport {
   virtual void alltoallv_blocks(const void* send, std::span<const row_block> send_blocks,
                                 void* recv, std::span<const row_block> recv_blocks,
                                 std::size_t row_bytes);
+
+  /// @brief alltoallv_blocks for block lists that pair up: the n-th non-empty block this rank
+  ///        lists for rank q holds as many rows as the n-th non-empty block q lists for this
+  ///        rank (an ep::plan's lists do). A transport may then move each block as one message
+  ///        (the MPI transport does: no datatype packing). The default calls alltoallv_blocks.
+  virtual void alltoallv_paired_blocks(const void* send, std::span<const row_block> send_blocks,
+                                       void* recv, std::span<const row_block> recv_blocks,
+                                       std::size_t row_bytes) {
+    alltoallv_blocks(send, send_blocks, recv, recv_blocks, row_bytes);
+  }
 };
 
 namespace detail {
@@ -86,5 +97,35 @@ inline void transport::alltoallv_blocks(const void* send, std::span<const row_bl
     at += n;
   }
 }
+
+namespace detail {
+/// @brief Copies the rows `send` holds for rank `to` (its blocks naming `to`, in list order) into
+///        the rows `recv` expects from rank `from` (its blocks naming `from`, in list order) —
+///        the order in which MPI matches a send datatype's data to a receive datatype's. Both
+///        sides must list the same number of rows (the caller checks).
+inline void copy_matching_blocks(const void* send, std::span<const row_block> send_blocks,
+                                 std::int32_t to, void* recv,
+                                 std::span<const row_block> recv_blocks, std::int32_t from,
+                                 std::size_t row_bytes) {
+  const auto next = [](std::span<const row_block> b, std::size_t k, std::int32_t peer) {
+    while (k < b.size() && (b[k].peer != peer || b[k].rows == 0)) ++k;
+    return k;
+  };
+  std::size_t i = next(send_blocks, 0, to), j = next(recv_blocks, 0, from);
+  std::int64_t used_i = 0, used_j = 0;
+  while (i < send_blocks.size() && j < recv_blocks.size()) {
+    const auto& a = send_blocks[i];
+    const auto& b = recv_blocks[j];
+    const std::int64_t n = std::min(a.rows - used_i, b.rows - used_j);
+    std::memcpy(static_cast<char*>(recv) + (b.offset + used_j) * row_bytes,
+                static_cast<const char*>(send) + (a.offset + used_i) * row_bytes,
+                static_cast<std::size_t>(n) * row_bytes);
+    used_i += n;
+    used_j += n;
+    if (used_i == a.rows) i = next(send_blocks, i + 1, to), used_i = 0;
+    if (used_j == b.rows) j = next(recv_blocks, j + 1, from), used_j = 0;
+  }
+}
+}  // namespace detail
 
 }  // namespace moeroute::ep
