@@ -268,8 +268,8 @@ name, as the C++ routing_config and docs/api.md spell it ("capacity.factor",
         py::arg("cuda") = false);
   m.def("dispatch_workspace_bytes", &dispatch_workspace_bytes, py::arg("config"), py::arg("tokens"),
         py::arg("cuda") = false);
-  m.attr("totals_fields") =
-      py::cast(std::vector<std::string>(std::begin(totals_fields), std::end(totals_fields)));
+  m.attr("totals_fields") = py::cast(std::vector<std::string>(std::begin(dispatch_totals_fields),
+                                                              std::end(dispatch_totals_fields)));
 }
 
 }  // namespace moeroute::python

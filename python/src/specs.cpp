@@ -1,72 +1,54 @@
 // SPDX-License-Identifier: Apache-2.0
 #include "specs.hpp"
 
-#include <moeroute/layout_rows.hpp>
+#include <moeroute/shapes.hpp>
 
 namespace moeroute::python {
 
+namespace {
+elem elem_of(buffer_type t) {
+  switch (t) {
+    case buffer_type::f64:
+      return elem::f64;
+    case buffer_type::i32:
+      return elem::i32;
+    case buffer_type::i64:
+      return elem::i64;
+    case buffer_type::u8:
+      return elem::u8;
+    default:
+      return elem::f32;
+  }
+}
+
+std::vector<spec> specs_of(const std::vector<buffer_shape>& shapes) {
+  std::vector<spec> out;
+  out.reserve(shapes.size());
+  for (const auto& b : shapes) out.push_back({std::string(b.name), b.extents, elem_of(b.type)});
+  return out;
+}
+}  // namespace
+
 std::vector<spec> gating_outputs(const routing_config& cfg, std::int64_t T, bool per_token_aux) {
-  const std::int64_t E = cfg.num_experts, k = cfg.top_k;
-  const std::int64_t R = cfg.candidates_per_token() - cfg.top_k;
-  std::vector<spec> s = {
-      {"ids", {T, k}, elem::i32},        {"gates", {T, k}, elem::f32},
-      {"logsumexp", {T}, elem::f32},     {"aux_score_sum", {E}, elem::f64},
-      {"aux_count", {E}, elem::i64},     {"valid_tokens", {1}, elem::i64},
-      {"z_sum_squares", {1}, elem::f64}, {"nonfinite", {1}, elem::i64},
-  };
-  if (R > 0) s.push_back({"reroute_ids", {T, R}, elem::i32});
-  if (cfg.loss.sequence_length > 0) {
-    const std::int64_t S = T / cfg.loss.sequence_length;
-    s.push_back({"seq_score_sum", {S, E}, elem::f64});
-    s.push_back({"seq_count", {S, E}, elem::i64});
-    s.push_back({"seq_tokens", {S}, elem::i64});
-  }
-  if (cfg.dispatch.prio == priority::batch_prioritized)
-    s.push_back({"token_priority", {T}, elem::f32});
-  if (cfg.gating.second_expert.policy == second_expert_policy::random)
-    s.push_back({"second_skipped", {T}, elem::u8});
-  if (per_token_aux) {
-    s.push_back({"aux_scores", {T, E}, elem::f32});
-    s.push_back({"aux_count_ids", {T, cfg.loss.counts == aux_counts::top1 ? 1 : k}, elem::i32});
-  }
-  return s;
+  return specs_of(gating_buffers(cfg, T, {/*logsumexp=*/true, per_token_aux}));
 }
 
 std::vector<spec> dispatch_outputs(const routing_config& cfg, std::int64_t T) {
-  const std::int64_t E = cfg.num_experts, k = cfg.top_k, ET = cfg.total_experts();
-  return {
-      {"expert", {T, k}, elem::i32}, {"slot", {T, k}, elem::i32},   {"weight", {T, k}, elem::f32},
-      {"fate", {T, k}, elem::u8},    {"requested", {E}, elem::i64}, {"kept", {E}, elem::i64},
-      {"rerouted", {E}, elem::i64},  {"dropped", {E}, elem::i64},   {"received", {ET}, elem::i64},
-      {"load", {ET}, elem::i64},     {"totals", {8}, elem::i64},
-  };
+  return specs_of(dispatch_buffers(cfg, T));
 }
 
 std::int64_t max_rows_of(const routing_config& cfg, std::int64_t T, layout_kind kind,
                          std::int64_t block_size, std::int32_t local_experts) {
-  if (block_size < 1)
-    throw binding_error("layout: block_size = " + std::to_string(block_size) + ": must be >= 1");
-  if (local_experts > 0) return local_compact_max_rows(cfg, T, block_size, local_experts);
-  const std::int64_t rows = layout_max_rows(cfg, T, kind, block_size);
-  if (rows < 0)
-    throw binding_error(
-        "layout: the padded layout needs a bounded capacity; capacity.mode = unbounded works "
-        "with the compact layout");
+  std::int64_t rows = 0;
+  if (auto s = layout_rows(cfg, T, kind, block_size, local_experts, rows); !s)
+    throw binding_error(s.message);
   return rows;
 }
 
 std::vector<spec> layout_outputs(const routing_config& cfg, std::int64_t T, layout_kind kind,
                                  std::int64_t block_size, std::int32_t local_experts) {
-  const std::int64_t segments = local_experts > 0 ? local_experts : cfg.total_experts();
   const std::int64_t rows = max_rows_of(cfg, T, kind, block_size, local_experts);
-  std::vector<spec> s = {
-      {"offsets", {segments + 1}, elem::i64}, {"rows_used", {segments}, elem::i64},
-      {"row_token", {rows}, elem::i32},       {"assignment_row", {T, cfg.top_k}, elem::i64},
-      {"num_rows", {1}, elem::i64},
-  };
-  if (kind == layout_kind::compact) s.push_back({"block_expert", {rows / block_size}, elem::i32});
-  if (local_experts > 0) s.push_back({"nonlocal", {1}, elem::i64});
-  return s;
+  return specs_of(layout_buffers(cfg, T, kind, block_size, rows, local_experts));
 }
 
 const spec& find_spec(const std::vector<spec>& specs, const std::string& name) {

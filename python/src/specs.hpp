@@ -1,9 +1,9 @@
 // SPDX-License-Identifier: Apache-2.0
 // The arrays each stage writes, with their shapes and dtypes for a config and a batch: the
 // Python side allocates exactly these (in the caller's framework, on the caller's device)
-// and the binding checks the arrays it is handed against the same list. The shapes are the
-// params structs' comments, computed from the library's own queries (candidates_per_token,
-// total_experts, layout_max_rows), so no size rule is written twice.
+// and the binding checks the arrays it is handed against the same list. They are the
+// library's own lists (moeroute/shapes.hpp) as the binding's specs, so no shape is written
+// twice.
 #pragma once
 
 #include <cstdint>
@@ -11,17 +11,12 @@
 #include <vector>
 
 #include <moeroute/config.hpp>
+#include <moeroute/shapes.hpp>
 #include <moeroute/types.hpp>
 
 #include "arrays.hpp"
 
 namespace moeroute::python {
-
-/// The int64 fields of dispatch_totals, in order: the "totals" array is [8] int64.
-inline constexpr const char* totals_fields[] = {"capacity",       "fallback_capacity", "kept",
-                                                "rerouted",       "dropped",           "masked",
-                                                "reroute_rounds", "invalid_tokens"};
-static_assert(sizeof(dispatch_totals) == sizeof(std::int64_t) * 8);
 
 /// gating: ids, gates, reroute_ids (R > 0), logsumexp, the loss sums, nonfinite, the sequence
 /// sums (loss.sequence_length > 0), token_priority (batch_prioritized), second_skipped
