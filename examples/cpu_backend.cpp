@@ -30,7 +30,7 @@ int main() {
   for (std::size_t i = 0; i < logits.size(); ++i) logits[i] = float((i * 7919) % 97) / 24.0f;
   for (std::size_t i = 0; i < x.size(); ++i) x[i] = float((i * 31) % 17) / 8.0f - 1.0f;
 
-  // [snippet:readme-cpu]
+  // [snippet:params-cpu]
   // gating: ids, gates and the loss sums, into buffers the caller owns
   std::vector<std::int32_t> ids(T * k);
   std::vector<float> gates(T * k), lse(T);
