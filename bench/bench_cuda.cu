@@ -21,28 +21,31 @@
 #include <cuda_runtime.h>
 
 #include <moeroute/cuda/combine_backward.cuh>
+#include <moeroute/cuda/device_buffer.cuh>
 #include <moeroute/cuda/expert_bias_update.cuh>
 #include <moeroute/cuda/gating_backward.cuh>
 
 #include <moeroute/planner/scenarios.hpp>
 
-#include "moe_pipeline.cuh"
+#include "cuda_stages.cuh"
 #include "shapes.hpp"
 
 namespace {
 
 // No `using namespace moeroute`: nvcc's generated stubs name ::cuda::std, which a using-directive
 // at namespace scope would make ambiguous with moeroute::cuda.
-namespace ex = moeroute::examples;
 using moeroute::status;
+using moeroute::bench::bench_values;
+using moeroute::bench::cuda_stages;
+using moeroute::bench::device_bf16;
 using moeroute::bench::h200_peak_bytes_per_s;
 using moeroute::bench::model_shape;
 using moeroute::bench::model_shapes;
 using moeroute::bench::token_counts;
+using moeroute::cuda::device_buffer;
 using moeroute::planner::make_logits;
 using moeroute::planner::scenario_kind;
 using moeroute::planner::scenario_params;
-using pipeline = ex::moe_pipeline<__nv_bfloat16>;
 
 /// Times `launch` with CUDA events, one iteration per event pair, after a warm-up.
 void time_launch(benchmark::State& st, cudaStream_t stream, const std::function<status()>& launch,
@@ -118,13 +121,13 @@ void time_graph(benchmark::State& st, cudaStream_t stream, const std::function<s
 
 /// One routed batch per (model, T), built once and shared by the stage benchmarks.
 struct fixture {
-  std::unique_ptr<pipeline> p;
+  std::unique_ptr<cuda_stages> p;
   cudaStream_t stream = nullptr;
   std::int64_t rows_used = 0;
   std::int64_t live_rows = 0;  ///< rows holding an assignment (kept + rerouted)
   // backward: upstream gradients in, gradients out
-  ex::device_buffer<float> grad_weight_in, grad_logits, grad_weight;  // [T,k], [T,E], [T,k]
-  ex::device_buffer<__nv_bfloat16> dy, grad_ye, grad_x;               // [T,d], [rows,d], [T,d]
+  device_buffer<float> grad_weight_in, grad_logits, grad_weight;  // [T,k], [T,E], [T,k]
+  device_buffer<__nv_bfloat16> dy, grad_ye, grad_x;               // [T,d], [rows,d], [T,d]
   fixture() = default;
   fixture(const fixture&) = delete;
   fixture& operator=(const fixture&) = delete;
@@ -142,27 +145,28 @@ fixture& get_fixture(const model_shape& m, std::int64_t T) {
   cache.clear();
   auto f = std::make_unique<fixture>();
   cudaStreamCreate(&f->stream);
-  f->p = std::make_unique<pipeline>(m.capacity_config(1.25), T, m.hidden,
-                                    moeroute::layout_kind::compact, 16);
-  f->p->upload_logits(make_logits(scenario_kind::uniform, T, m.experts, scenario_params{}));
-  if (f->p->cfg.gating.expert_bias) f->p->bias.upload(std::vector<float>(m.experts, 0.0f));
-  f->p->upload_x(ex::example_values(static_cast<std::size_t>(T * m.hidden), 5));
-  ex::check(f->p->route(f->stream), "route");
-  ex::check(f->p->permute(f->stream), "permute");
-  const auto s = f->p->summary();
-  f->rows_used = s.num_rows;
-  f->live_rows = s.totals.kept + s.totals.rerouted;
+  moeroute::router_options opt;
+  opt.layout = moeroute::layout_kind::compact;
+  opt.block_size = 16;
+  opt.logsumexp = true;  // as the runs in docs/gpu-results.md: gating writes the logsumexp
+  f->p = std::make_unique<cuda_stages>(m.capacity_config(1.25), T, m.hidden, opt);
+  f->p->logits.upload(
+      device_bf16(make_logits(scenario_kind::uniform, T, m.experts, scenario_params{})));
+  f->p->x.upload(device_bf16(bench_values(static_cast<std::size_t>(T * m.hidden), 5)));
+  moeroute::throw_if_error(f->p->route(f->stream));
+  moeroute::throw_if_error(f->p->permute(f->stream));
+  const auto totals = f->p->totals();
+  f->rows_used = f->p->rows_used();
+  f->live_rows = totals.kept + totals.rerouted;
   const auto n = static_cast<std::size_t>(T * m.top_k);
-  f->grad_weight_in = ex::device_buffer<float>(n);
-  f->grad_weight_in.upload(ex::example_values(n, 7, 0.5f));
-  f->grad_logits = ex::device_buffer<float>(static_cast<std::size_t>(T * m.experts));
-  f->grad_weight = ex::device_buffer<float>(n);
-  f->dy = ex::device_buffer<__nv_bfloat16>(static_cast<std::size_t>(T * m.hidden));
-  f->dy.upload(pipeline::convert<__nv_bfloat16>(
-      ex::example_values(static_cast<std::size_t>(T * m.hidden), 9)));
+  f->grad_weight_in = device_buffer<float>(bench_values(n, 7, 0.5f));
+  f->grad_logits = device_buffer<float>(static_cast<std::size_t>(T * m.experts));
+  f->grad_weight = device_buffer<float>(n);
+  f->dy = device_buffer<__nv_bfloat16>(
+      device_bf16(bench_values(static_cast<std::size_t>(T * m.hidden), 9)));
   f->grad_ye =
-      ex::device_buffer<__nv_bfloat16>(static_cast<std::size_t>(f->p->max_rows * m.hidden));
-  f->grad_x = ex::device_buffer<__nv_bfloat16>(static_cast<std::size_t>(T * m.hidden));
+      device_buffer<__nv_bfloat16>(static_cast<std::size_t>(f->p->b.max_rows() * m.hidden));
+  f->grad_x = device_buffer<__nv_bfloat16>(static_cast<std::size_t>(T * m.hidden));
   cache.emplace_back(key, std::move(f));
   return *cache.back().second;
 }
@@ -216,7 +220,7 @@ void register_all() {
         auto& f = get_fixture(m, T);
         time_launch(
             st, f.stream, [&] { return f.p->layout(f.stream); },
-            t * k * 16 + static_cast<double>(f.p->max_rows) * 4, T);
+            t * k * 16 + static_cast<double>(f.p->b.max_rows()) * 4, T);
       });
       reg("cuda_permute_bf16", [m, T, d](benchmark::State& st) {
         auto& f = get_fixture(m, T);
@@ -240,12 +244,12 @@ void register_all() {
               moeroute::cuda::gating_backward_params<__nv_bfloat16> g;
               g.d_logits = f.p->logits.get();
               g.tokens = T;
-              g.gated = f.p->gated();
-              g.dispatched = f.p->dispatched();
+              g.gated = f.p->b.gating_out();
+              g.dispatched = f.p->b.dispatch_out();
               g.d_grad_weight = f.grad_weight_in.get();
               g.accumulate = false;
               g.d_grad_logits = f.grad_logits.get();
-              return moeroute::cuda::gating_backward(f.p->cfg, g, f.stream);
+              return moeroute::cuda::gating_backward(f.p->b.config(), g, f.stream);
             },
             t * (E * (2 + 4) + k * 9) + E * 8 + 8, T);
       });
@@ -265,12 +269,12 @@ void register_all() {
               c.rows = f.rows_used;
               c.tokens = T;
               c.hidden = m.hidden;
-              c.layout = f.p->laid_out();
-              c.dispatched = f.p->dispatched();
+              c.layout = f.p->b.layout_out();
+              c.dispatched = f.p->b.dispatch_out();
               c.d_grad_expert_out = f.grad_ye.get();
               c.d_grad_weight = f.grad_weight.get();
               c.d_grad_x = f.grad_x.get();
-              return moeroute::cuda::combine_backward(f.p->cfg, c, f.stream);
+              return moeroute::cuda::combine_backward(f.p->b.config(), c, f.stream);
             },
             (live * d + rows * d) * 2 + rows * 4 + (t * d + live * d + t * d) * 2 +
                 t * k * (8 + 4 + 1 + 4),
@@ -288,9 +292,9 @@ void register_all() {
               q.rows = f.rows_used;
               q.tokens = T;
               q.hidden = m.hidden;
-              q.layout = f.p->laid_out();
+              q.layout = f.p->b.layout_out();
               q.d_grad_x = f.grad_x.get();
-              return moeroute::cuda::permute_backward(f.p->cfg, q, f.stream);
+              return moeroute::cuda::permute_backward(f.p->b.config(), q, f.stream);
             },
             (live * d + t * d) * 2 + t * k * 8, T);
       });
@@ -304,8 +308,8 @@ void register_all() {
           const std::size_t E = static_cast<std::size_t>(m.experts);
           std::vector<std::int64_t> load(E);
           for (std::size_t e = 0; e < E; ++e) load[e] = static_cast<std::int64_t>((e * 37) % 101);
-          ex::device_buffer<float> bias(E);
-          ex::device_buffer<std::int64_t> d_load(E);
+          device_buffer<float> bias(E);
+          device_buffer<std::int64_t> d_load(E);
           bias.upload(std::vector<float>(E, 0.0f));
           d_load.upload(load);
           cudaStream_t stream = nullptr;

@@ -15,7 +15,7 @@
 
 #include <moeroute/presets.hpp>
 
-#include "moe_pipeline.cuh"
+#include "gpu_moe_layer.cuh"
 
 namespace ex = moeroute::examples;
 
@@ -46,32 +46,33 @@ int main() {
     const auto w1 = ex::example_values(static_cast<std::size_t>(ET * d * f), 24, 0.1f);
     const auto w2 = ex::example_values(static_cast<std::size_t>(ET * f * d), 25, 0.1f);
 
-    ex::moe_pipeline<float> moe(cfg, T, d, moeroute::layout_kind::compact, block);
-    moe.upload_logits(logits);
-    moe.bias.upload(bias);
-    moe.upload_x(x);
-    ex::device_buffer<float> d_w1(w1.size()), d_w2(w2.size()),
-        hidden(static_cast<std::size_t>(moe.max_rows * f));
-    d_w1.upload(w1);
-    d_w2.upload(w2);
+    // The router owns every routing buffer; the layout is compact, segments of 16-row blocks.
+    router_options opt;
+    opt.layout = layout_kind::compact;
+    opt.block_size = block;
+    moeroute::cuda::router<float> router(cfg, T, d, opt);
+    ex::device_buffer<float> d_logits(logits), d_bias(bias), d_x(x), d_w1(w1), d_w2(w2),
+        hidden(static_cast<std::size_t>(router.max_rows() * f)),
+        expert_out(static_cast<std::size_t>(router.max_rows() * d));
 
     cudaStream_t stream;
     moeroute::cuda::throw_if_cuda_error(cudaStreamCreate(&stream), "cudaStreamCreate");
-    ex::check(moe.route(stream), "route");
-    ex::check(moe.permute(stream), "permute");
-    const unsigned blocks = static_cast<unsigned>(moe.max_rows / block);
+    ex::check(router.route(d_logits.get(), T, d_bias.get(), nullptr, stream), "route");
+    ex::check(router.permute(d_x.get(), stream), "permute");
+    const unsigned blocks = static_cast<unsigned>(router.max_rows() / block);
+    const std::int32_t* block_expert = router.layout().d_block_expert;
     ex::block_grouped_gemm<<<dim3(blocks, static_cast<unsigned>((f + 127) / 128)), 128, 0,
-                             stream>>>(moe.xe.get(), d_w1.get(), moe.block_expert.get(), block, d,
-                                       f, true, hidden.get());
+                             stream>>>(router.expert_in(), d_w1.get(), block_expert, block, d, f,
+                                       true, hidden.get());
     ex::block_grouped_gemm<<<dim3(blocks, static_cast<unsigned>((d + 127) / 128)), 128, 0,
-                             stream>>>(hidden.get(), d_w2.get(), moe.block_expert.get(), block, f,
-                                       d, false, moe.ye.get());
+                             stream>>>(hidden.get(), d_w2.get(), block_expert, block, f, d, false,
+                                       expert_out.get());
     moeroute::cuda::throw_if_cuda_error(cudaGetLastError(), "block_grouped_gemm");
-    ex::check(moe.combine(stream), "combine");
-    moeroute::cuda::throw_if_cuda_error(cudaStreamSynchronize(stream), "cudaStreamSynchronize");
+    ex::check(router.combine(expert_out.get(), d_x.get(), stream), "combine");
 
-    const auto s = moe.summary();
-    const auto y = ex::moe_pipeline<float>::to_host_floats(moe.y);
+    moeroute::cuda::router_summary s;
+    ex::check(router.summary(s, stream), "summary");  // synchronises the stream
+    const auto y = ex::host_floats(router.y(), static_cast<std::size_t>(T * d));
     reference::routing_result ref;
     const auto y_ref =
         ex::reference_moe_forward(cfg, logits, bias, x, T, d, f, w1, w2, false, block, &ref);
@@ -91,16 +92,16 @@ int main() {
     std::printf(
         "  %lld assignments: kept %lld, to the shared expert %lld, dropped %lld (drop rate "
         "%.1f%%)\n",
-        static_cast<long long>(s.assignments), static_cast<long long>(s.totals.kept),
+        static_cast<long long>(T * k), static_cast<long long>(s.totals.kept),
         static_cast<long long>(s.totals.rerouted), static_cast<long long>(s.totals.dropped),
-        100.0 * s.drop_rate());
+        100.0 * s.drop_rate(T * k));
     std::printf(
         "  shared expert holds %lld rows; busiest routed expert asked for %lld; %d routed experts "
         "unused\n",
         static_cast<long long>(s.load[E]),
         static_cast<long long>(*std::max_element(s.requested.begin(), s.requested.end())), dead);
     std::printf("  compact layout: %lld rows (16-row blocks); aux loss %.3g\n",
-                static_cast<long long>(s.num_rows), s.aux_loss);
+                static_cast<long long>(s.num_rows), s.losses.aux);
     std::printf("  vs CPU reference: counts %s, max relative |y diff| = %.2e\n",
                 counts_match ? "identical" : "DIFFER", diff);
     cudaStreamDestroy(stream);

@@ -14,7 +14,7 @@
 
 #include <moeroute/presets.hpp>
 
-#include "moe_pipeline.cuh"
+#include "gpu_moe_layer.cuh"
 
 namespace ex = moeroute::examples;
 
@@ -37,36 +37,38 @@ int main() {
     const auto w1 = ex::example_values(static_cast<std::size_t>(E * d * f), 13, 0.1f);
     const auto w2 = ex::example_values(static_cast<std::size_t>(E * f * d), 14, 0.1f);
 
-    ex::moe_pipeline<float> moe(cfg, T, d, moeroute::layout_kind::compact, block);
-    moe.upload_logits(logits);
-    moe.upload_x(x);
-    ex::device_buffer<float> d_w1(w1.size()), d_w2(w2.size()),
-        hidden(static_cast<std::size_t>(moe.max_rows * f));
+    // The router owns every routing buffer for T tokens of d columns (one cudaMalloc);
+    // a dropless config gets the compact layout, segments rounded up to `block` rows.
+    router_options opt;
+    opt.block_size = block;
+    moeroute::cuda::router<float> router(cfg, T, d, opt);
+    ex::device_buffer<float> d_logits(logits), d_x(x), d_w1(w1), d_w2(w2),
+        hidden(static_cast<std::size_t>(router.max_rows() * f)),
+        expert_out(static_cast<std::size_t>(router.max_rows() * d));
 
     cudaStream_t stream;
     moeroute::cuda::throw_if_cuda_error(cudaStreamCreate(&stream), "cudaStreamCreate");
-    d_w1.upload(w1);
-    d_w2.upload(w2);
 
     // Route (nothing is dropped), build the compact layout, gather tokens into it.
-    ex::check(moe.route(stream), "route");
-    ex::check(moe.permute(stream), "permute");
+    ex::check(router.route(d_logits.get(), T, nullptr, nullptr, stream), "route");
+    ex::check(router.permute(d_x.get(), stream), "permute");
 
     // Grouped GEMM over 16-row blocks; blocks past the rows in use have block_expert = -1.
     // The grid covers the upper bound max_rows, so no host round trip is needed.
-    const unsigned blocks = static_cast<unsigned>(moe.max_rows / block);
+    const unsigned blocks = static_cast<unsigned>(router.max_rows() / block);
+    const std::int32_t* block_expert = router.layout().d_block_expert;
     ex::block_grouped_gemm<<<dim3(blocks, static_cast<unsigned>((f + 127) / 128)), 128, 0,
-                             stream>>>(moe.xe.get(), d_w1.get(), moe.block_expert.get(), block, d,
-                                       f, true, hidden.get());
+                             stream>>>(router.expert_in(), d_w1.get(), block_expert, block, d, f,
+                                       true, hidden.get());
     ex::block_grouped_gemm<<<dim3(blocks, static_cast<unsigned>((d + 127) / 128)), 128, 0,
-                             stream>>>(hidden.get(), d_w2.get(), moe.block_expert.get(), block, f,
-                                       d, false, moe.ye.get());
+                             stream>>>(hidden.get(), d_w2.get(), block_expert, block, f, d, false,
+                                       expert_out.get());
     moeroute::cuda::throw_if_cuda_error(cudaGetLastError(), "block_grouped_gemm");
-    ex::check(moe.combine(stream), "combine");
-    moeroute::cuda::throw_if_cuda_error(cudaStreamSynchronize(stream), "cudaStreamSynchronize");
+    ex::check(router.combine(expert_out.get(), d_x.get(), stream), "combine");
 
-    const auto s = moe.summary();
-    const auto y = ex::moe_pipeline<float>::to_host_floats(moe.y);
+    moeroute::cuda::router_summary s;
+    ex::check(router.summary(s, stream), "summary");  // synchronises the stream
+    const auto y = ex::host_floats(router.y(), static_cast<std::size_t>(T * d));
     reference::routing_result ref;
     const auto y_ref =
         ex::reference_moe_forward(cfg, logits, {}, x, T, d, f, w1, w2, false, block, &ref);
@@ -83,15 +85,15 @@ int main() {
         "  %lld assignments, %lld dropped (dropless) -> compact layout of %lld rows in %lld-row "
         "blocks"
         " (%.1f%% alignment padding)\n",
-        static_cast<long long>(s.assignments), static_cast<long long>(s.totals.dropped),
+        static_cast<long long>(T * k), static_cast<long long>(s.totals.dropped),
         static_cast<long long>(s.num_rows), static_cast<long long>(block),
         s.num_rows > 0
             ? 100.0 * static_cast<double>(s.num_rows - used) / static_cast<double>(s.num_rows)
             : 0.0);
     std::printf("  rows per expert:");
     for (std::int32_t e = 0; e < E; ++e) std::printf(" %lld", static_cast<long long>(s.load[e]));
-    std::printf("\n  aux loss %.4f (%.2f = balanced), z-loss %.4f\n", s.aux_loss,
-                static_cast<double>(cfg.loss.aux_coefficient) * k, s.z_loss);
+    std::printf("\n  aux loss %.4f (%.2f = balanced), z-loss %.4f\n", s.losses.aux,
+                static_cast<double>(cfg.loss.aux_coefficient) * k, s.losses.z);
     std::printf("  vs CPU reference: loads %s, max relative |y diff| = %.2e\n",
                 counts_match ? "identical" : "DIFFER", diff);
     cudaStreamDestroy(stream);

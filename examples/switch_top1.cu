@@ -16,7 +16,7 @@
 
 #include <moeroute/presets.hpp>
 
-#include "moe_pipeline.cuh"
+#include "gpu_moe_layer.cuh"
 
 namespace ex = moeroute::examples;
 
@@ -66,12 +66,11 @@ int main() {
     const auto w1 = ex::example_values(static_cast<std::size_t>(E * d * f), 3, 0.1f);
     const auto w2 = ex::example_values(static_cast<std::size_t>(E * f * d), 4, 0.1f);
 
-    ex::moe_pipeline<float> moe(cfg, T, d, moeroute::layout_kind::padded, 1);
-    moe.upload_logits(logits);
-    moe.upload_x(x);
-    ex::device_buffer<float> d_w1(w1.size()), d_w2(w2.size());
-    d_w1.upload(w1);
-    d_w2.upload(w2);
+    // The router owns every routing buffer for T tokens of d columns (one cudaMalloc); with a
+    // capacity its layout is padded: [E, C] rows.
+    moeroute::cuda::router<float> router(cfg, T, d);
+    ex::device_buffer<float> d_logits(logits), d_x(x), d_w1(w1), d_w2(w2),
+        expert_out(static_cast<std::size_t>(router.max_rows() * d));
 
     cudaStream_t stream;
     moeroute::cuda::throw_if_cuda_error(cudaStreamCreate(&stream), "cudaStreamCreate");
@@ -80,24 +79,24 @@ int main() {
     cublas_check(cublasSetStream(blas, stream), "cublasSetStream");
 
     // Routing: gating, losses, capacity assignment, padded layout; then gather the tokens.
-    ex::check(moe.route(stream), "route");
-    ex::check(moe.permute(stream), "permute");
+    ex::check(router.route(d_logits.get(), T, nullptr, nullptr, stream), "route");
+    ex::check(router.permute(d_x.get(), stream), "permute");
 
     // Experts: the padded layout is [E, C, d], so expert e's rows are contiguous and every
     // expert has exactly C rows: one strided batched GEMM per FFN matrix.
     const std::int64_t C = expert_capacity(cfg, T);
     ex::device_buffer<float> hidden(static_cast<std::size_t>(E * C * f));
-    batched_gemm(blas, moe.xe.get(), d_w1.get(), hidden.get(), static_cast<int>(C),
+    batched_gemm(blas, router.expert_in(), d_w1.get(), hidden.get(), static_cast<int>(C),
                  static_cast<int>(f), static_cast<int>(d), C * d, d * f, C * f, E);
     relu_inplace<<<256, 256, 0, stream>>>(hidden.get(), static_cast<std::int64_t>(hidden.size()));
-    batched_gemm(blas, hidden.get(), d_w2.get(), moe.ye.get(), static_cast<int>(C),
+    batched_gemm(blas, hidden.get(), d_w2.get(), expert_out.get(), static_cast<int>(C),
                  static_cast<int>(d), static_cast<int>(f), C * f, f * d, C * d, E);
 
     // Combine (residual: tokens with no slot get x back).
-    ex::check(moe.combine(stream), "combine");
-    moeroute::cuda::throw_if_cuda_error(cudaStreamSynchronize(stream), "cudaStreamSynchronize");
-    const auto s = moe.summary();
-    const auto y = ex::moe_pipeline<float>::to_host_floats(moe.y);
+    ex::check(router.combine(expert_out.get(), d_x.get(), stream), "combine");
+    moeroute::cuda::router_summary s;
+    ex::check(router.summary(s, stream), "summary");  // synchronises the stream
+    const auto y = ex::host_floats(router.y(), static_cast<std::size_t>(T * d));
 
     // The CPU reference of the same layer.
     reference::routing_result ref;
@@ -116,10 +115,10 @@ int main() {
         "  kept %lld, dropped %lld of %lld tokens (drop rate %.1f%%); dropped tokens pass through "
         "(residual)\n",
         static_cast<long long>(s.totals.kept), static_cast<long long>(s.totals.dropped),
-        static_cast<long long>(s.assignments), 100.0 * s.drop_rate());
+        static_cast<long long>(T), 100.0 * s.drop_rate(T));
     std::printf("  busiest expert asked for %lld slots; aux loss %.4f, z-loss %.4f\n",
                 static_cast<long long>(*std::max_element(s.requested.begin(), s.requested.end())),
-                s.aux_loss, s.z_loss);
+                s.losses.aux, s.losses.z);
     std::printf(
         "  vs CPU reference: counts %s, max relative |y diff| = %.2e (cuBLAS sums in its own "
         "order)\n",
