@@ -24,6 +24,7 @@
 #include <moeroute/cuda/device_buffer.cuh>
 #include <moeroute/cuda/expert_bias_update.cuh>
 #include <moeroute/cuda/gating_backward.cuh>
+#include <moeroute/cuda/permute_backward.cuh>
 
 #include <moeroute/planner/scenarios.hpp>
 

@@ -16,3 +16,5 @@
 #include <moeroute/cuda/layout.cuh>
 #include <moeroute/cuda/losses.cuh>
 #include <moeroute/cuda/permute.cuh>
+#include <moeroute/cuda/permute_backward.cuh>
+#include <moeroute/cuda/router.cuh>

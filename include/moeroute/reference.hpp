@@ -18,6 +18,8 @@
 #include <moeroute/reference/gating_backward.hpp>
 #include <moeroute/reference/layout.hpp>
 #include <moeroute/reference/losses.hpp>
+#include <moeroute/reference/permute.hpp>
+#include <moeroute/reference/permute_backward.hpp>
 #include <moeroute/reference/routing_from_ids.hpp>
 #include <moeroute/reference/stats.hpp>
 

@@ -201,29 +201,69 @@ class router_buffers {
   std::vector<std::byte*> at_;
 };
 
-/// @brief router_buffers with their block, allocated through `Allocator` (host or device
-///        bytes alike) on construction and freed on destruction: what an owning router holds.
+/// @brief `bytes` bytes allocated through `Allocator` (host or device alike) on construction,
+///        freed on destruction: the one allocation of an owning router.
 template <class Allocator>
-class owned_router_buffers : public router_buffers {
+class owned_block {
  public:
-  template <class WorkspaceBytes>
-  owned_router_buffers(const routing_config& cfg, std::int64_t max_tokens, std::int64_t hidden,
-                       std::size_t element_bytes, const router_options& options,
-                       WorkspaceBytes&& workspace_bytes, const Allocator& alloc)
-      : router_buffers(cfg, max_tokens, hidden, element_bytes, options, workspace_bytes),
-        alloc_(alloc),
-        bytes_(router_buffers::bytes()),
-        block_(std::allocator_traits<Allocator>::allocate(alloc_, bytes_)) {
-    attach(block_);
-  }
-  owned_router_buffers(const owned_router_buffers&) = delete;
-  owned_router_buffers& operator=(const owned_router_buffers&) = delete;
-  ~owned_router_buffers() { std::allocator_traits<Allocator>::deallocate(alloc_, block_, bytes_); }
+  owned_block(std::size_t bytes, const Allocator& alloc)
+      : alloc_(alloc),
+        bytes_(bytes),
+        p_(std::allocator_traits<Allocator>::allocate(alloc_, bytes)) {}
+  owned_block(const owned_block&) = delete;
+  owned_block& operator=(const owned_block&) = delete;
+  ~owned_block() { std::allocator_traits<Allocator>::deallocate(alloc_, p_, bytes_); }
+  [[nodiscard]] std::byte* get() const noexcept { return p_; }
 
  private:
   Allocator alloc_;
   std::size_t bytes_ = 0;
-  std::byte* block_ = nullptr;
+  std::byte* p_ = nullptr;
+};
+
+/// @brief What cpu::router and cuda::router share: their buffers' layout, the routed batch's
+///        state and the accessors that do not depend on where the memory is. Each router adds
+///        its allocation (owned_block), its backend's calls and its way of reading results.
+class router_core {
+ public:
+  [[nodiscard]] const routing_config& config() const noexcept { return b_.config(); }
+  [[nodiscard]] std::int64_t max_tokens() const noexcept { return b_.max_tokens(); }
+  [[nodiscard]] std::int64_t hidden() const noexcept { return b_.hidden(); }
+  [[nodiscard]] std::int64_t max_rows() const noexcept { return b_.max_rows(); }
+  [[nodiscard]] layout_kind layout_kind_used() const noexcept { return b_.kind(); }
+  /// Tokens of the routed batch.
+  [[nodiscard]] std::int64_t tokens() const noexcept { return tokens_; }
+  /// Rows of the expert buffer for the routed batch (its layout's bound for T tokens).
+  [[nodiscard]] std::int64_t rows() const noexcept { return b_.rows_for(tokens_); }
+  [[nodiscard]] bool routed() const noexcept { return routed_; }
+  /// The gating outputs, the dispatch decisions and the layout: views for the params API.
+  [[nodiscard]] const_gating_result gated() const noexcept { return b_.gating_out(); }
+  [[nodiscard]] const_dispatch_result dispatched() const noexcept { return b_.dispatch_out(); }
+  [[nodiscard]] const_layout_result layout() const noexcept { return b_.layout_out(); }
+  /// Bytes the router holds (one allocation).
+  [[nodiscard]] std::size_t bytes() const noexcept { return b_.bytes(); }
+
+ protected:
+  template <class WorkspaceBytes>
+  router_core(const routing_config& cfg, std::int64_t max_tokens, std::int64_t hidden,
+              std::size_t element_bytes, const router_options& options,
+              WorkspaceBytes&& workspace_bytes)
+      : b_(cfg, max_tokens, hidden, element_bytes, options, workspace_bytes) {}
+
+  /// A new batch of `tokens`: nothing routed, no gradient kept.
+  void begin_batch(std::int64_t tokens) noexcept {
+    tokens_ = tokens;
+    routed_ = residual_grad_ = weight_grad_ = false;
+  }
+  [[nodiscard]] status check_routed(const char* op) const {
+    return router_buffers::check_routed(op, routed_);
+  }
+
+  router_buffers b_;
+  std::int64_t tokens_ = 0;
+  bool routed_ = false;
+  bool residual_grad_ = false;  ///< grad_x holds combine_backward's residual pass-through
+  bool weight_grad_ = false;    ///< grad_weight holds combine_backward's, for gating_backward
 };
 
 }  // namespace moeroute

@@ -20,6 +20,7 @@
 #include <moeroute/params/layout.hpp>
 #include <moeroute/params/losses.hpp>
 #include <moeroute/params/permute.hpp>
+#include <moeroute/params/permute_backward.hpp>
 #include <moeroute/status.hpp>
 
 namespace moeroute::python {

@@ -47,15 +47,6 @@ using device_t = typename device_type<Host>::type;
 
 static_assert(sizeof(half_bits) == sizeof(__half) && sizeof(bf16_bits) == sizeof(__nv_bfloat16));
 
-template <class Host>
-const device_t<Host>* dev(const Host* p) {
-  return reinterpret_cast<const device_t<Host>*>(p);
-}
-template <class Host>
-device_t<Host>* dev(Host* p) {
-  return reinterpret_cast<device_t<Host>*>(p);
-}
-
 cudaStream_t stream_of(std::intptr_t s) { return reinterpret_cast<cudaStream_t>(s); }
 
 }  // namespace
@@ -71,13 +62,7 @@ std::size_t dispatch_workspace_bytes(const routing_config& cfg, std::int64_t tok
 template <class Element>
 status gating(const routing_config& cfg, const gating_params<Element>& p, void* ws,
               std::size_t ws_bytes, std::intptr_t stream) {
-  gating_params<device_t<Element>> q;
-  q.d_logits = dev(p.d_logits);
-  q.tokens = p.tokens;
-  q.d_bias = p.d_bias;
-  q.d_valid = p.d_valid;
-  q.out = p.out;
-  return cuda::gating(cfg, q, ws, ws_bytes, stream_of(stream));
+  return cuda::gating(cfg, rebind<device_t<Element>>(p), ws, ws_bytes, stream_of(stream));
 }
 
 status dispatch(const routing_config& cfg, const dispatch_params& p, void* ws, std::size_t ws_bytes,
@@ -91,28 +76,12 @@ status layout(const routing_config& cfg, const layout_params& p, std::intptr_t s
 
 template <class Element>
 status permute(const routing_config& cfg, const permute_params<Element>& p, std::intptr_t stream) {
-  permute_params<device_t<Element>> q;
-  q.d_x = dev(p.d_x);
-  q.tokens = p.tokens;
-  q.hidden = p.hidden;
-  q.layout = p.layout;
-  q.rows = p.rows;
-  q.d_out = dev(p.d_out);
-  return cuda::permute(cfg, q, stream_of(stream));
+  return cuda::permute(cfg, rebind<device_t<Element>>(p), stream_of(stream));
 }
 
 template <class Element>
 status combine(const routing_config& cfg, const combine_params<Element>& p, std::intptr_t stream) {
-  combine_params<device_t<Element>> q;
-  q.d_expert_out = dev(p.d_expert_out);
-  q.rows = p.rows;
-  q.tokens = p.tokens;
-  q.hidden = p.hidden;
-  q.layout = p.layout;
-  q.dispatched = p.dispatched;
-  q.d_x = dev(p.d_x);
-  q.d_y = dev(p.d_y);
-  return cuda::combine(cfg, q, stream_of(stream));
+  return cuda::combine(cfg, rebind<device_t<Element>>(p), stream_of(stream));
 }
 
 status losses(const routing_config& cfg, const loss_params& p, std::intptr_t stream) {
@@ -122,48 +91,19 @@ status losses(const routing_config& cfg, const loss_params& p, std::intptr_t str
 template <class Element>
 status gating_backward(const routing_config& cfg, const gating_backward_params<Element>& p,
                        std::intptr_t stream) {
-  gating_backward_params<device_t<Element>> q;
-  q.d_logits = dev(p.d_logits);
-  q.tokens = p.tokens;
-  q.d_valid = p.d_valid;
-  q.gated = p.gated;
-  q.dispatched = p.dispatched;
-  q.d_grad_weight = p.d_grad_weight;
-  q.weights = p.weights;
-  q.accumulate = p.accumulate;
-  q.d_grad_logits = p.d_grad_logits;
-  return cuda::gating_backward(cfg, q, stream_of(stream));
+  return cuda::gating_backward(cfg, rebind<device_t<Element>>(p), stream_of(stream));
 }
 
 template <class Element>
 status combine_backward(const routing_config& cfg, const combine_backward_params<Element>& p,
                         std::intptr_t stream) {
-  combine_backward_params<device_t<Element>> q;
-  q.d_expert_out = dev(p.d_expert_out);
-  q.d_dy = dev(p.d_dy);
-  q.rows = p.rows;
-  q.tokens = p.tokens;
-  q.hidden = p.hidden;
-  q.layout = p.layout;
-  q.dispatched = p.dispatched;
-  q.d_grad_expert_out = dev(p.d_grad_expert_out);
-  q.d_grad_weight = p.d_grad_weight;
-  q.d_grad_x = dev(p.d_grad_x);
-  return cuda::combine_backward(cfg, q, stream_of(stream));
+  return cuda::combine_backward(cfg, rebind<device_t<Element>>(p), stream_of(stream));
 }
 
 template <class Element>
 status permute_backward(const routing_config& cfg, const permute_backward_params<Element>& p,
                         std::intptr_t stream) {
-  permute_backward_params<device_t<Element>> q;
-  q.d_grad_buf = dev(p.d_grad_buf);
-  q.rows = p.rows;
-  q.tokens = p.tokens;
-  q.hidden = p.hidden;
-  q.layout = p.layout;
-  q.accumulate = p.accumulate;
-  q.d_grad_x = dev(p.d_grad_x);
-  return cuda::permute_backward(cfg, q, stream_of(stream));
+  return cuda::permute_backward(cfg, rebind<device_t<Element>>(p), stream_of(stream));
 }
 
 status expert_bias_update(const routing_config& cfg, const expert_bias_update_params& p,

@@ -170,4 +170,16 @@ inline std::vector<std::uint8_t> grid_valid(std::int64_t T) {
   return v;
 }
 
+/// The three passes every backend's gating_backward grid runs: A non-unit weights,
+/// accumulating on 0.5; B unit weights, overwriting garbage; C no routing term (d_grad_weight
+/// null), overwriting.
+struct backward_pass {
+  const char* name;
+  gating_backward_weights w;
+  bool accumulate, routing;
+};
+inline constexpr backward_pass backward_passes[] = {{"A", {0.75, 2.0, 3.0, 0.5}, true, true},
+                                                    {"B", {1.0, 1.0, 1.0, 1.0}, false, true},
+                                                    {"C", {1.0, 1.5, 0.5, 2.0}, false, false}};
+
 }  // namespace moeroute::test

@@ -3,6 +3,7 @@
 // a config grid over every priority, drop policy, slot order and capacity mode.
 #pragma once
 
+#include <algorithm>
 #include <cstdint>
 #include <span>
 #include <sstream>
@@ -177,6 +178,27 @@ inline reference::gating_output make_gating(const routing_config& cfg, std::int6
   const auto valid = masked ? make_valid(T) : std::vector<std::uint8_t>{};
   return reference::gating<float>(cfg, std::span<const float>(logits), T, {},
                                   std::span<const std::uint8_t>(valid));
+}
+
+/// The dispatch shape grid every backend's test runs: T in {0, 1, 7, 1000, 16384} x E in
+/// {1, 6, 8, 60, 64, 128, 256, 384} x k in {1, 2, 4, 8, E} (k <= E), kept to at most 2^20
+/// assignments and 2^23 logits (the reference in seconds). Calls check(T, E, k, spec, seed)
+/// for each, with spec_for(i) and seed 1000 + i; returns how many it ran.
+template <class Check>
+int for_each_dispatch_shape(Check&& check) {
+  int i = 0;
+  for (std::int64_t T : {0, 1, 7, 1000, 16384})
+    for (std::int32_t E : {1, 6, 8, 60, 64, 128, 256, 384}) {
+      std::vector<std::int32_t> ks;
+      for (std::int32_t k : {1, 2, 4, 8, E})
+        if (k <= E && std::find(ks.begin(), ks.end(), k) == ks.end()) ks.push_back(k);
+      for (std::int32_t k : ks) {
+        if (T * k > (std::int64_t{1} << 20) || T * E > (std::int64_t{1} << 23)) continue;
+        check(T, E, k, spec_for(i), 1000 + static_cast<std::uint64_t>(i));
+        ++i;
+      }
+    }
+  return i;
 }
 
 }  // namespace moeroute::test

@@ -4,9 +4,11 @@
 
 #include <algorithm>
 #include <cstdint>
+#include <span>
 #include <vector>
 
 #include <moeroute/config.hpp>
+#include <moeroute/reference/gating.hpp>
 
 namespace moeroute::test {
 
@@ -66,6 +68,16 @@ inline std::vector<std::uint8_t> some_padding(std::int64_t T) {
   for (std::int64_t t = 0; t < T; ++t)
     if (t % 5 == 2 || t == 3) v[t] = 0;
   return v;
+}
+
+/// reference::gating on a harness's vector inputs: what every backend's check_gating compares
+/// with.
+template <class In>
+reference::gating_output reference_gating(const routing_config& cfg, const std::vector<In>& logits,
+                                          std::int64_t T, const std::vector<float>& bias,
+                                          const std::vector<std::uint8_t>& valid) {
+  return reference::gating<In>(cfg, std::span<const In>(logits), T, std::span<const float>(bias),
+                               std::span<const std::uint8_t>(valid));
 }
 
 }  // namespace moeroute::test

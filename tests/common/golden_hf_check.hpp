@@ -6,6 +6,8 @@
 //   set and the capacity exactly; losses within 1e-5 relative.
 #pragma once
 
+#include <catch2/catch.hpp>
+
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
@@ -178,5 +180,30 @@ inline std::string golden_hf_directory(bool* is_default = nullptr) {
 
 /// Cases in the default directory (the public set of 284; pinned so none goes missing).
 inline constexpr std::size_t golden_hf_case_count = 284;
+
+/// Every case of the HF golden directory through `route(case, T, E, logits)` (a backend's
+/// hf_result), each compared by check_hf_case; the first 20 failures are reported. The CPU
+/// backend's and the GPU path's tests share it, so they read the same cases the same way.
+template <class Route>
+void check_every_hf_case(Route&& route) {
+  bool is_default = false;
+  const auto files = load_golden_files(golden_hf_directory(&is_default));
+  if (is_default) REQUIRE(count_cases(files) == golden_hf_case_count);
+  std::size_t failures = 0, run = 0;
+  for (const auto& f : files) {
+    const auto T = f.doc.at("tokens").template get<std::int64_t>();
+    const auto E = f.doc.at("experts").template get<std::int32_t>();
+    const std::vector<float> logits = golden_logits(f.doc);
+    for (const auto& cs : f.doc["cases"]) {
+      ++run;
+      const std::string why = check_hf_case(cs, route(cs, T, E, logits));
+      if (!why.empty() && ++failures <= 20)
+        UNSCOPED_INFO(f.name() << " / " << cs.at("name").template get<std::string>() << ": "
+                               << why);
+    }
+  }
+  CHECK(run > 0);
+  CHECK(failures == 0);
+}
 
 }  // namespace moeroute::test

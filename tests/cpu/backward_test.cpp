@@ -56,15 +56,7 @@ void check_logit_grads(const grid_logit_case& c, std::int64_t T, std::uint32_t s
   p.gated.sums = {g.aux_score_sum.data(), g.aux_count.data(), &g.valid_tokens,    nullptr, nullptr,
                   g.seq_score_sum.data(), g.seq_count.data(), g.seq_tokens.data()};
   p.dispatched.d_fate = d.fates.data();
-  struct pass {
-    const char* name;
-    gating_backward_weights w;
-    bool accumulate, routing;
-  };
-  const pass passes[] = {{"A", {0.75, 2.0, 3.0, 0.5}, true, true},
-                         {"B", {1.0, 1.0, 1.0, 1.0}, false, true},
-                         {"C", {1.0, 1.5, 0.5, 2.0}, false, false}};
-  for (const auto& ps : passes) {
+  for (const auto& ps : backward_passes) {
     INFO("pass " << ps.name);
     std::vector<float> want(static_cast<std::size_t>(T * E), ps.accumulate ? 0.5f : 0.0f);
     reference::gating_backward(cfg, x, g, d, ps.routing ? dw : std::vector<float>{}, want, ps.w);

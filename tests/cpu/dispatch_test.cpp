@@ -76,19 +76,7 @@ TEST_CASE("cpu dispatch: every priority x drop policy x slot order x capacity mo
 }
 
 TEST_CASE("cpu dispatch: shape grid T x E x k", "[cpu][dispatch]") {
-  int i = 0;
-  for (std::int64_t T : {0, 1, 7, 1000, 16384})
-    for (std::int32_t E : {1, 6, 8, 60, 64, 128, 256, 384}) {
-      std::vector<std::int32_t> ks;
-      for (std::int32_t k : {1, 2, 4, 8, E})
-        if (k <= E && std::find(ks.begin(), ks.end(), k) == ks.end()) ks.push_back(k);
-      for (std::int32_t k : ks) {
-        if (T * k > (std::int64_t{1} << 20) || T * E > (std::int64_t{1} << 23)) continue;
-        check_case(T, E, k, spec_for(i), 1000 + static_cast<std::uint64_t>(i));
-        ++i;
-      }
-    }
-  CHECK(i > 100);
+  CHECK(for_each_dispatch_shape(check_case) > 100);
 }
 
 TEST_CASE(

@@ -16,6 +16,7 @@
 #include <moeroute/cpu/gating.hpp>
 #include <moeroute/reference/gating.hpp>
 
+#include "../common/gating_cases.hpp"
 #include "../common/gating_compare.hpp"
 #include "reverse_order_run.hpp"
 
@@ -142,9 +143,7 @@ std::string check_gating(const routing_config& cfg, const std::vector<In>& logit
                          const std::vector<float>& bias = {},
                          const std::vector<std::uint8_t>& valid = {},
                          std::size_t misalign_elements = 0) {
-  const auto ref =
-      reference::gating<In>(cfg, std::span<const In>(logits), T, std::span<const float>(bias),
-                            std::span<const std::uint8_t>(valid));
+  const auto ref = reference_gating(cfg, logits, T, bias, valid);
   cpu_gating_buffers<In> b(cfg, logits, T, bias, valid, misalign_elements);
   const gating_outputs serial = b.run(cfg, cpu::executor::serial());
   if (auto m = same_bits(serial, b.run(cfg, cpu::executor{}), "OpenMP"); !m.empty()) return m;

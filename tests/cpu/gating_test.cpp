@@ -21,13 +21,6 @@
 #include "gating_harness.hpp"
 
 using namespace moeroute;
-using test::check_gating;
-using test::describe;
-using test::grid_bias;
-using test::grid_logits;
-using test::ks_for;
-using test::some_padding;
-using test::variant;
 
 #define MOEROUTE_TEST_BACKEND "[cpu]"
 #include "../common/gating_grid.inc"

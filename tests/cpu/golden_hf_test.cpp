@@ -93,23 +93,7 @@ hf_routed route_on_cpu(const json& cs, std::int64_t T, std::int32_t E,
 }  // namespace
 
 TEST_CASE("golden-hf: every HuggingFace case through the CPU backend", "[cpu][golden][golden-hf]") {
-  bool is_default = false;
-  const auto files = load_golden_files(golden_hf_directory(&is_default));
-  if (is_default) REQUIRE(count_cases(files) == golden_hf_case_count);
-  std::size_t failures = 0, run = 0;
-  for (const auto& f : files) {
-    const auto T = f.doc.at("tokens").get<std::int64_t>();
-    const auto E = f.doc.at("experts").get<std::int32_t>();
-    const std::vector<float> logits = golden_logits(f.doc);
-    for (const auto& cs : f.doc["cases"]) {
-      ++run;
-      const std::string why = check_hf_case(cs, route_on_cpu(cs, T, E, logits));
-      if (!why.empty() && ++failures <= 20)
-        UNSCOPED_INFO(f.name() << " / " << cs.at("name").get<std::string>() << ": " << why);
-    }
-  }
-  CHECK(run > 0);
-  CHECK(failures == 0);
+  check_every_hf_case(route_on_cpu);
 }
 
 }  // namespace moeroute::test

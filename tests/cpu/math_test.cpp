@@ -21,10 +21,10 @@
 #include <random>
 #include <vector>
 
-#include <moeroute/cpu/math.hpp>
-#include <moeroute/cpu/rows.hpp>
-#include <moeroute/cpu/select.hpp>
-#include <moeroute/cpu/select_columns.hpp>
+#include <moeroute/cpu/detail/math.hpp>
+#include <moeroute/cpu/detail/rows.hpp>
+#include <moeroute/cpu/detail/select.hpp>
+#include <moeroute/cpu/detail/select_columns.hpp>
 #include <moeroute/dtype.hpp>
 
 using namespace moeroute::cpu;

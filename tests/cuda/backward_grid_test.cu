@@ -22,6 +22,7 @@
 #include <moeroute/cuda/device_buffer.cuh>
 #include <moeroute/cuda/expert_bias_update.cuh>
 #include <moeroute/cuda/gating_backward.cuh>
+#include <moeroute/cuda/permute_backward.cuh>
 #include <moeroute/names.hpp>
 #include <moeroute/presets.hpp>
 #include <moeroute/reference.hpp>
@@ -113,17 +114,7 @@ void check_grid_logit_grads(const grid_logit_case& c, std::int64_t T, std::uint3
   forward.attach(p, valid.empty());  // no mask given: d_valid null, all valid
   p.d_grad_logits = d_out.get();
 
-  // pass A: non-unit weights, accumulating on 0.5; pass B: unit weights, overwriting garbage;
-  // pass C: no routing term (d_grad_weight null), overwriting.
-  struct pass {
-    const char* name;
-    gating_backward_weights w;
-    bool accumulate, routing;
-  };
-  const pass passes[] = {{"A", {0.75, 2.0, 3.0, 0.5}, true, true},
-                         {"B", {1.0, 1.0, 1.0, 1.0}, false, true},
-                         {"C", {1.0, 1.5, 0.5, 2.0}, false, false}};
-  for (const auto& ps : passes) {
+  for (const auto& ps : moeroute::test::backward_passes) {
     INFO("pass " << ps.name);
     std::vector<float> want(T * E, ps.accumulate ? 0.5f : 0.0f);
     ref::gating_backward(cfg, x, g, d, ps.routing ? dw : std::vector<float>{}, want, ps.w);

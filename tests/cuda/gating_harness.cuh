@@ -22,6 +22,7 @@
 #include <moeroute/names.hpp>
 #include <moeroute/reference/gating.hpp>
 
+#include "../common/gating_cases.hpp"
 #include "../common/gating_compare.hpp"
 
 namespace moeroute::test {
@@ -141,9 +142,7 @@ std::string check_gating(const routing_config& cfg, const std::vector<In>& logit
                          const std::vector<float>& bias = {},
                          const std::vector<std::uint8_t>& valid = {},
                          std::size_t misalign_elements = 0) {
-  const auto ref =
-      reference::gating<In>(cfg, std::span<const In>(logits), T, std::span<const float>(bias),
-                            std::span<const std::uint8_t>(valid));
+  const auto ref = reference_gating(cfg, logits, T, bias, valid);
   return compare(ref, run_gpu<In>(cfg, logits, T, bias, valid, misalign_elements));
 }
 

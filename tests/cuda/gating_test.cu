@@ -25,13 +25,6 @@
 #include "graph_replay.cuh"
 
 using namespace moeroute;
-using test::check_gating;
-using test::describe;
-using test::grid_bias;
-using test::grid_logits;
-using test::ks_for;
-using test::some_padding;
-using test::variant;
 
 #define MOEROUTE_TEST_BACKEND "[cuda]"
 #include "../common/gating_grid.inc"

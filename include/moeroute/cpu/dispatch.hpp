@@ -27,7 +27,7 @@
 
 #include <moeroute/capacity.hpp>
 #include <moeroute/config.hpp>
-#include <moeroute/cpu/dispatch_by_selection.hpp>
+#include <moeroute/cpu/detail/dispatch_by_selection.hpp>
 #include <moeroute/cpu/parallel.hpp>
 #include <moeroute/params/dispatch.hpp>
 #include <moeroute/status.hpp>
@@ -181,6 +181,311 @@ void counting_pass(std::int64_t m, std::int64_t digits, std::int64_t* count, Dig
   return w.bytes();
 }
 
+namespace detail {
+
+/// @brief One cpu::dispatch call on the ordered path, phase by phase — the phases of
+///        cuda::dispatch's dispatch_run, with the same names: grant (requests, the priority
+///        order, capacity, the grants), fallback / next_choice (reroutes of the dropped ones in
+///        the same order), rebase / renumber (slot numbering over capacity groups, or by token
+///        index), finalize (per-expert counts, totals, combine weights). Runs on the calling
+///        thread; every phase reads what the previous ones wrote.
+class dispatch_run {
+ public:
+  dispatch_run(const routing_config& cfg, const dispatch_params& p, const dispatch_space& w)
+      : cfg_(cfg),
+        p_(p),
+        w_(w),
+        d_(cfg.dispatch),
+        o_(p.out),
+        ids_(p.gated.d_ids),
+        T_(p.tokens),
+        k_(cfg.top_k),
+        E_(cfg.num_experts),
+        ET_(cfg.total_experts()),
+        n_(p.tokens * cfg.top_k),
+        Q_(cfg.capacity_groups(p.tokens)),
+        per_group_(std::int64_t{cfg.top_k} *
+                   std::max<std::int64_t>(cfg.capacity_group_tokens(p.tokens), 1)),
+        cells_(static_cast<std::size_t>(Q_ * ET_)),
+        random_second_(cfg.gating.second_expert.policy == second_expert_policy::random &&
+                       p.gated.d_second_skipped != nullptr && cfg.top_k > 1) {}
+
+  /// A token's experts (its k ids and R reroute candidates) are distinct, as gating makes
+  /// them; ids an engine chose itself may not be (O(T (k + R)), `held` as the stamp of the
+  /// last token that named each expert, before anything is written).
+  [[nodiscard]] status check_distinct() const {
+    return detail::check_distinct(p_, T_, E_, k_, cfg_.candidates_per_token() - k_, w_.held);
+  }
+
+  /// Outputs cleared, fates and requests, the valid assignments in priority order, the
+  /// capacity, and the grants in that order.
+  void grant() {
+    requests();
+    priority_order();
+    capacity();
+    // grants in priority order (branch-free: under skew, which of an expert's requests
+    // still find room is a coin toss to the branch predictor; every store below rewrites what
+    // requests() wrote when there is none)
+    for (std::int64_t i = 0; i < m_; ++i) {
+      const std::int64_t a = order_[i];
+      const std::int32_t e = ids_[a];
+      std::int64_t& h = w_.held[group_of(a) * ET_ + e];
+      const bool ok = !skipped(a) && room(group_of(a), e);
+      o_.d_fate[a] = ok ? fate::kept : fate::dropped;
+      o_.d_expert[a] = ok ? e : -1;
+      o_.d_slot[a] = ok ? static_cast<std::int32_t>(h) : -1;  // local slot for now
+      w_.owns[a] = ok ? 1 : 0;
+      h += ok ? 1 : 0;
+      o_.d_load[e] += ok ? 1 : 0;
+      o_.d_kept[e] += ok ? 1 : 0;
+    }
+  }
+
+  /// drop_policy::fallback: every dropped assignment tries the fallback expert, in order.
+  void fallback() {
+    const std::int32_t target = d_.fallback.expert < 0 ? E_ : d_.fallback.expert;
+    for (std::int64_t i = 0; i < m_; ++i)
+      if (o_.d_fate[order_[i]] == fate::dropped) grant_reroute(order_[i], target);
+  }
+
+  /// drop_policy::next_choice: rounds over the dropped assignments in order, each trying its
+  /// token's next reroute candidate; stops after a round with no attempt.
+  void next_choice() {
+    const std::int32_t R = cfg_.candidates_per_token() - k_;
+    std::fill(w_.next, w_.next + T_, 0);
+    for (std::int32_t round = 0; round < R; ++round) {
+      bool any = false;
+      for (std::int64_t i = 0; i < m_; ++i) {
+        const std::int64_t a = order_[i];
+        if (o_.d_fate[a] != fate::dropped) continue;
+        const std::int64_t t = a / k_;
+        if (w_.next[t] >= R) continue;
+        any = true;
+        grant_reroute(a, p_.gated.d_reroute_ids[t * R + w_.next[t]++]);
+      }
+      if (!any) break;
+      ++totals_.reroute_rounds;
+    }
+  }
+
+  /// Capacity groups with slot_order::priority: local slots become dense over the batch
+  /// (base = earlier groups' holders). One group: every base is 0, the local slots are final.
+  void rebase() {
+    if (Q_ == 1) return;
+    bases();
+    for (std::int64_t a = 0; a < n_; ++a)
+      if (o_.d_expert[a] >= 0)
+        o_.d_slot[a] =
+            static_cast<std::int32_t>(w_.base[group_of(a) * ET_ + o_.d_expert[a]] + o_.d_slot[a]);
+  }
+
+  /// slot_order::token_index: owners get base + their rank by assignment index; a shared
+  /// slot then takes the final slot of its token's owner at that expert (a token owns at most
+  /// one slot per expert).
+  void renumber() {
+    bases();
+    std::fill(w_.held, w_.held + cells_, std::int64_t{0});
+    for (std::int64_t a = 0; a < n_; ++a) {  // (branch-free, as the grants)
+      const bool own = w_.owns[a] != 0;
+      const std::int64_t cell = group_of(a) * ET_ + (own ? o_.d_expert[a] : 0);
+      const std::int64_t h = w_.held[cell];
+      o_.d_slot[a] = own ? static_cast<std::int32_t>(w_.base[cell] + h) : o_.d_slot[a];
+      w_.held[cell] = h + (own ? 1 : 0);
+    }
+    for (std::int64_t a = 0; a < n_; ++a) {
+      if (!((w_.owns[a] == 0) & (o_.d_expert[a] >= 0))) continue;  // one branch, rarely taken
+      const std::int64_t t0 = a / k_ * k_;
+      for (std::int64_t b = t0; b < t0 + k_; ++b)
+        if (w_.owns[b] && o_.d_expert[b] == o_.d_expert[a]) o_.d_slot[a] = o_.d_slot[b];
+    }
+  }
+
+  /// Per-expert counts (every valid assignment was requested of its first choice and is kept
+  /// there, rerouted from it or dropped, so the drops follow from the other counts), the
+  /// combine weights (the reference's arithmetic, in rank order) and the totals.
+  void finalize() {
+    for (std::int32_t e = 0; e < E_; ++e) {
+      o_.d_dropped[e] = o_.d_requested[e] - o_.d_kept[e] - o_.d_rerouted[e];
+      totals_.kept += o_.d_kept[e];
+      totals_.rerouted += o_.d_rerouted[e];
+      totals_.dropped += o_.d_dropped[e];
+    }
+    const float* gates = p_.gated.d_gates;
+    if (cfg_.gating.renorm == renormalize::after_drop) {
+      for (std::int64_t t = 0; t < T_; ++t)
+        renormalized_weights(cfg_, o_.d_fate + t * k_, gates + t * k_, o_.d_weight + t * k_);
+    } else {
+      for (std::int64_t a = 0; a < n_; ++a)
+        o_.d_weight[a] = holds_row(o_.d_fate[a]) ? gates[a] : 0.0f;
+    }
+    *o_.d_totals = totals_;
+  }
+
+ private:
+  [[nodiscard]] bool valid(std::int64_t t) const {
+    return p_.d_valid == nullptr || p_.d_valid[t] != 0;
+  }
+  // (64-bit divisions are costly: the common cases avoid them)
+  [[nodiscard]] bool skipped(std::int64_t a) const {
+    return random_second_ && a % k_ == 1 && p_.gated.d_second_skipped[a / k_] != 0;
+  }
+  [[nodiscard]] std::int64_t group_of(std::int64_t a) const { return Q_ == 1 ? 0 : a / per_group_; }
+  [[nodiscard]] bool room(std::int64_t q, std::int32_t e) const {
+    const std::int64_t cap = e < E_ ? C_ : totals_.fallback_capacity;
+    return cap < 0 || w_.held[q * ET_ + e] < cap;
+  }
+  void take(std::int64_t a, std::int32_t e) {  // o.d_slot: local slot for now
+    std::int64_t& h = w_.held[group_of(a) * ET_ + e];
+    o_.d_expert[a] = e;
+    o_.d_slot[a] = static_cast<std::int32_t>(h++);
+    w_.owns[a] = 1;
+    ++o_.d_load[e];
+  }
+  [[nodiscard]] std::int32_t held_slot(std::int64_t t, std::int32_t e) const {
+    for (std::int32_t j = 0; j < k_; ++j)
+      if (o_.d_expert[t * k_ + j] == e) return o_.d_slot[t * k_ + j];
+    return -1;
+  }
+  void grant_reroute(std::int64_t a, std::int32_t target) {
+    const std::int64_t t = a / k_;
+    const std::int32_t shared = held_slot(t, target);
+    if (shared < 0 && !room(group_of(a), target)) return;
+    o_.d_fate[a] = fate::rerouted;
+    if (shared >= 0) {
+      o_.d_expert[a] = target;
+      o_.d_slot[a] = shared;
+    } else {
+      take(a, target);
+    }
+    ++o_.d_received[target];
+    ++o_.d_rerouted[ids_[a]];
+  }
+
+  /// Outputs cleared; fates; requests; the valid assignments in the base order.
+  void requests() {
+    std::fill(o_.d_requested, o_.d_requested + E_, std::int64_t{0});
+    std::fill(o_.d_kept, o_.d_kept + E_, std::int64_t{0});
+    std::fill(o_.d_rerouted, o_.d_rerouted + E_, std::int64_t{0});
+    std::fill(o_.d_received, o_.d_received + ET_, std::int64_t{0});
+    std::fill(o_.d_load, o_.d_load + ET_, std::int64_t{0});
+    std::fill(w_.held, w_.held + cells_, std::int64_t{0});
+    const auto visit = [&](std::int64_t a, std::int64_t t) {
+      o_.d_expert[a] = -1;
+      o_.d_slot[a] = -1;
+      o_.d_weight[a] = 0.0f;
+      w_.owns[a] = 0;
+      if (!valid(t)) {
+        o_.d_fate[a] = fate::masked;
+        ++totals_.masked;
+        return;
+      }
+      o_.d_fate[a] = fate::dropped;
+      ++o_.d_requested[ids_[a]];
+      w_.order[m_++] = static_cast<std::int32_t>(a);
+    };
+    if (d_.prio == priority::choice_major) {
+      for (std::int32_t j = 0; j < k_; ++j)
+        for (std::int64_t t = 0; t < T_; ++t) visit(t * k_ + j, t);
+    } else {
+      for (std::int64_t t = 0; t < T_; ++t)
+        for (std::int32_t j = 0; j < k_; ++j) visit(t * k_ + j, t);
+    }
+  }
+
+  /// The priority order: radix by the 32-bit value key, then by choice rank, then by group.
+  void priority_order() {
+    order_ = w_.order;
+    std::int32_t* spare = w_.scratch;
+    const bool keyed = d_.prio == priority::score_per_expert || d_.prio == priority::random ||
+                       d_.prio == priority::batch_prioritized;
+    if (keyed) {
+      for (std::int64_t i = 0; i < m_; ++i) w_.key[i] = priority_key(cfg_, p_, order_[i]);
+      // the three digit histograms in one read of the keys; a pass whose digit is the same
+      // for every key would move nothing (the sort is stable), so it is skipped
+      constexpr std::int64_t D = radix_digits;
+      constexpr std::uint32_t mask = D - 1;
+      std::int64_t* hist = w_.histogram;  // [radix_passes][D + 1], counts at digit + 1
+      std::fill(hist, hist + radix_passes * (D + 1), std::int64_t{0});
+      for (std::int64_t i = 0; i < m_; ++i)
+        for (int pass = 0; pass < radix_passes; ++pass)
+          ++hist[pass * (D + 1) + ((w_.key[i] >> (pass * radix_bits)) & mask) + 1];
+      std::uint32_t* key = w_.key;
+      std::uint32_t* key_spare = w_.key_scratch;
+      for (int pass = 0; pass < radix_passes && m_ > 0; ++pass) {
+        const int shift = pass * radix_bits;
+        std::int64_t* count = hist + pass * (D + 1);
+        if (count[((key[0] >> shift) & mask) + 1] == m_) continue;
+        for (std::int64_t dg = 0; dg < D; ++dg) count[dg + 1] += count[dg];
+        for (std::int64_t i = 0; i < m_; ++i) {
+          const std::int64_t to = count[(key[i] >> shift) & mask]++;
+          spare[to] = order_[i];
+          key_spare[to] = key[i];
+        }
+        std::swap(order_, spare);
+        std::swap(key, key_spare);
+      }
+    }
+    if (d_.prio == priority::batch_prioritized && k_ > 1) {
+      counting_pass(
+          m_, k_, w_.histogram,
+          [&](std::int64_t i) { return static_cast<std::int64_t>(order_[i] % k_); },
+          [&](std::int64_t i, std::int64_t to) { spare[to] = order_[i]; });
+      std::swap(order_, spare);
+    }
+    if (Q_ > 1) {
+      counting_pass(
+          m_, Q_, w_.histogram, [&](std::int64_t i) { return group_of(order_[i]); },
+          [&](std::int64_t i, std::int64_t to) { spare[to] = order_[i]; });
+      std::swap(order_, spare);
+    }
+  }
+
+  /// The capacity (capacity_mode::max_load: from the largest queue per group and expert).
+  void capacity() {
+    std::int64_t max_load = 0;
+    if (capacity_needs_loads(cfg_)) {
+      for (std::int64_t i = 0; i < m_; ++i) {
+        const std::int64_t a = order_[i];
+        if (skipped(a)) continue;
+        max_load = std::max(max_load, ++w_.held[group_of(a) * ET_ + ids_[a]]);
+      }
+      std::fill(w_.held, w_.held + cells_, std::int64_t{0});
+    }
+    C_ = expert_capacity(cfg_, T_, max_load);
+    totals_.capacity = C_;
+    totals_.fallback_capacity = cfg_.has_dedicated_fallback() ? d_.fallback.capacity : 0;
+  }
+
+  /// base[q, e]: the first slot of group q at expert e (earlier groups' holders).
+  void bases() {
+    for (std::int32_t e = 0; e < ET_; ++e) {
+      std::int64_t b = 0;
+      for (std::int64_t q = 0; q < Q_; ++q) {
+        w_.base[q * ET_ + e] = b;
+        b += w_.held[q * ET_ + e];
+      }
+    }
+  }
+
+  const routing_config& cfg_;
+  const dispatch_params& p_;
+  const dispatch_space& w_;
+  const dispatch_config& d_;
+  const dispatch_result& o_;
+  const std::int32_t* ids_;
+  std::int64_t T_;
+  std::int32_t k_, E_, ET_;
+  std::int64_t n_, Q_, per_group_;
+  std::size_t cells_;
+  bool random_second_;
+  dispatch_totals totals_{};
+  std::int64_t m_ = 0;             ///< valid assignments
+  std::int32_t* order_ = nullptr;  ///< them, in priority order
+  std::int64_t C_ = 0;             ///< the capacity
+};
+
+}  // namespace detail
+
 /// @brief Capacity assignment for a batch on the CPU: bit-identical to reference::dispatch
 ///        (fates, experts, slots, counts, totals and weights), with the params of
 ///        cuda::dispatch (host pointers).
@@ -221,240 +526,17 @@ void counting_pass(std::int64_t m, std::int64_t digits, std::int64_t* count, Dig
     return status::make(status_code::invalid_argument, "gated: a value cpu::dispatch rejects");
   }
 
-  const std::int64_t T = p.tokens;
-  const std::int32_t k = cfg.top_k, E = cfg.num_experts, ET = cfg.total_experts();
-  const std::int64_t n = T * k;
-  const auto& d = cfg.dispatch;
-  const std::int64_t Q = cfg.capacity_groups(T);
-  const std::int64_t GT = std::max<std::int64_t>(cfg.capacity_group_tokens(T), 1);
-  const std::int32_t* ids = p.gated.d_ids;
-  const float* gates = p.gated.d_gates;
-  const dispatch_result& o = p.out;
-  const auto valid = [&](std::int64_t t) { return p.d_valid == nullptr || p.d_valid[t] != 0; };
-  // (64-bit divisions are costly: the common cases avoid them)
-  const bool random_second = cfg.gating.second_expert.policy == second_expert_policy::random &&
-                             p.gated.d_second_skipped != nullptr && k > 1;
-  const auto skipped = [&](std::int64_t a) {
-    return random_second && a % k == 1 && p.gated.d_second_skipped[a / k] != 0;
-  };
-  const std::int64_t per_group = std::int64_t{k} * GT;
-  const auto group_of = [&](std::int64_t a) -> std::int64_t { return Q == 1 ? 0 : a / per_group; };
-
-  // 0. a token's experts (its k ids and R reroute candidates) are distinct, as gating makes
-  //    them; ids an engine chose itself may not be (O(T (k + R)), `held` as the stamp of the
-  //    last token that named each expert, before anything is written)
-  if (auto s = detail::check_distinct(p, T, E, k, cfg.candidates_per_token() - k, w.held); !s)
-    return s;
-
-  // 1. outputs cleared; fates; requests; valid assignments in the base order
-  std::fill(o.d_requested, o.d_requested + E, std::int64_t{0});
-  std::fill(o.d_kept, o.d_kept + E, std::int64_t{0});
-  std::fill(o.d_rerouted, o.d_rerouted + E, std::int64_t{0});
-  std::fill(o.d_received, o.d_received + ET, std::int64_t{0});
-  std::fill(o.d_load, o.d_load + ET, std::int64_t{0});
-  const std::size_t cells = static_cast<std::size_t>(Q * ET);
-  std::fill(w.held, w.held + cells, std::int64_t{0});
-  dispatch_totals totals{};
-  std::int64_t m = 0;  // valid assignments
-  const auto visit = [&](std::int64_t a, std::int64_t t) {
-    o.d_expert[a] = -1;
-    o.d_slot[a] = -1;
-    o.d_weight[a] = 0.0f;
-    w.owns[a] = 0;
-    if (!valid(t)) {
-      o.d_fate[a] = fate::masked;
-      ++totals.masked;
-      return;
-    }
-    o.d_fate[a] = fate::dropped;
-    ++o.d_requested[ids[a]];
-    w.order[m++] = static_cast<std::int32_t>(a);
-  };
-  if (d.prio == priority::choice_major) {
-    for (std::int32_t j = 0; j < k; ++j)
-      for (std::int64_t t = 0; t < T; ++t) visit(t * k + j, t);
+  detail::dispatch_run run(cfg, p, w);
+  if (auto s = run.check_distinct(); !s) return s;
+  run.grant();
+  if (cfg.dispatch.dropped == drop_policy::fallback) run.fallback();
+  if (cfg.dispatch.dropped == drop_policy::next_choice) run.next_choice();
+  if (cfg.dispatch.slots == slot_order::token_index) {
+    run.renumber();
   } else {
-    for (std::int64_t t = 0; t < T; ++t)
-      for (std::int32_t j = 0; j < k; ++j) visit(t * k + j, t);
+    run.rebase();
   }
-
-  // 2. priority order: radix by the 32-bit value key, then by choice rank, then by group
-  std::int32_t* order = w.order;
-  std::int32_t* spare = w.scratch;
-  const bool keyed = d.prio == priority::score_per_expert || d.prio == priority::random ||
-                     d.prio == priority::batch_prioritized;
-  if (keyed) {
-    for (std::int64_t i = 0; i < m; ++i) w.key[i] = detail::priority_key(cfg, p, order[i]);
-    // the three digit histograms in one read of the keys; a pass whose digit is the same for
-    // every key would move nothing (the sort is stable), so it is skipped
-    constexpr std::int64_t D = detail::radix_digits;
-    constexpr std::uint32_t mask = D - 1;
-    std::int64_t* hist = w.histogram;  // [radix_passes][D + 1], counts at digit + 1
-    std::fill(hist, hist + detail::radix_passes * (D + 1), std::int64_t{0});
-    for (std::int64_t i = 0; i < m; ++i)
-      for (int pass = 0; pass < detail::radix_passes; ++pass)
-        ++hist[pass * (D + 1) + ((w.key[i] >> (pass * detail::radix_bits)) & mask) + 1];
-    std::uint32_t* key = w.key;
-    std::uint32_t* key_spare = w.key_scratch;
-    for (int pass = 0; pass < detail::radix_passes && m > 0; ++pass) {
-      const int shift = pass * detail::radix_bits;
-      std::int64_t* count = hist + pass * (D + 1);
-      if (count[((key[0] >> shift) & mask) + 1] == m) continue;
-      for (std::int64_t dg = 0; dg < D; ++dg) count[dg + 1] += count[dg];
-      for (std::int64_t i = 0; i < m; ++i) {
-        const std::int64_t to = count[(key[i] >> shift) & mask]++;
-        spare[to] = order[i];
-        key_spare[to] = key[i];
-      }
-      std::swap(order, spare);
-      std::swap(key, key_spare);
-    }
-  }
-  if (d.prio == priority::batch_prioritized && k > 1) {
-    detail::counting_pass(
-        m, k, w.histogram, [&](std::int64_t i) { return static_cast<std::int64_t>(order[i] % k); },
-        [&](std::int64_t i, std::int64_t to) { spare[to] = order[i]; });
-    std::swap(order, spare);
-  }
-  if (Q > 1) {
-    detail::counting_pass(
-        m, Q, w.histogram, [&](std::int64_t i) { return group_of(order[i]); },
-        [&](std::int64_t i, std::int64_t to) { spare[to] = order[i]; });
-    std::swap(order, spare);
-  }
-
-  // 3. capacity (capacity_mode::max_load: from the largest queue per group and expert); then
-  //    grants in order
-  std::int64_t max_load = 0;
-  if (capacity_needs_loads(cfg)) {
-    for (std::int64_t i = 0; i < m; ++i) {
-      const std::int64_t a = order[i];
-      if (skipped(a)) continue;
-      max_load = std::max(max_load, ++w.held[group_of(a) * ET + ids[a]]);
-    }
-    std::fill(w.held, w.held + cells, std::int64_t{0});
-  }
-  const std::int64_t C = expert_capacity(cfg, T, max_load);
-  totals.capacity = C;
-  totals.fallback_capacity = cfg.has_dedicated_fallback() ? d.fallback.capacity : 0;
-  const auto room = [&](std::int64_t q, std::int32_t e) {
-    const std::int64_t cap = e < E ? C : totals.fallback_capacity;
-    return cap < 0 || w.held[q * ET + e] < cap;
-  };
-  const auto take = [&](std::int64_t a, std::int32_t e) {  // o.d_slot: local slot for now
-    std::int64_t& h = w.held[group_of(a) * ET + e];
-    o.d_expert[a] = e;
-    o.d_slot[a] = static_cast<std::int32_t>(h++);
-    w.owns[a] = 1;
-    ++o.d_load[e];
-  };
-  // grants in priority order (branch-free: under skew, which of an expert's requests
-  // still find room is a coin toss to the branch predictor; every store below rewrites what
-  // step 1 wrote when there is none)
-  for (std::int64_t i = 0; i < m; ++i) {
-    const std::int64_t a = order[i];
-    const std::int32_t e = ids[a];
-    std::int64_t& h = w.held[group_of(a) * ET + e];
-    const bool ok = !skipped(a) && room(group_of(a), e);
-    o.d_fate[a] = ok ? fate::kept : fate::dropped;
-    o.d_expert[a] = ok ? e : -1;
-    o.d_slot[a] = ok ? static_cast<std::int32_t>(h) : -1;  // local slot for now
-    w.owns[a] = ok ? 1 : 0;
-    h += ok ? 1 : 0;
-    o.d_load[e] += ok ? 1 : 0;
-    o.d_kept[e] += ok ? 1 : 0;
-  }
-
-  // 4. reroutes of the dropped ones, in the same order (group by group)
-  const auto held_slot = [&](std::int64_t t, std::int32_t e) -> std::int32_t {
-    for (std::int32_t j = 0; j < k; ++j)
-      if (o.d_expert[t * k + j] == e) return o.d_slot[t * k + j];
-    return -1;
-  };
-  const auto grant_reroute = [&](std::int64_t a, std::int32_t target) {
-    const std::int64_t t = a / k;
-    const std::int32_t shared = held_slot(t, target);
-    if (shared < 0 && !room(group_of(a), target)) return;
-    o.d_fate[a] = fate::rerouted;
-    if (shared >= 0) {
-      o.d_expert[a] = target;
-      o.d_slot[a] = shared;
-    } else {
-      take(a, target);
-    }
-    ++o.d_received[target];
-    ++o.d_rerouted[ids[a]];
-  };
-  if (d.dropped == drop_policy::fallback) {
-    const std::int32_t target = d.fallback.expert < 0 ? E : d.fallback.expert;
-    for (std::int64_t i = 0; i < m; ++i)
-      if (o.d_fate[order[i]] == fate::dropped) grant_reroute(order[i], target);
-  } else if (d.dropped == drop_policy::next_choice) {
-    const std::int32_t R = cfg.candidates_per_token() - k;
-    std::fill(w.next, w.next + T, 0);
-    for (std::int32_t round = 0; round < R; ++round) {
-      bool any = false;
-      for (std::int64_t i = 0; i < m; ++i) {
-        const std::int64_t a = order[i];
-        if (o.d_fate[a] != fate::dropped) continue;
-        const std::int64_t t = a / k;
-        if (w.next[t] >= R) continue;
-        any = true;
-        grant_reroute(a, p.gated.d_reroute_ids[t * R + w.next[t]++]);
-      }
-      if (!any) break;
-      ++totals.reroute_rounds;
-    }
-  }
-
-  // 5. counts: every valid assignment was requested of its first choice and is kept there,
-  //    rerouted from it or dropped, so the drops per expert follow from the other counts;
-  //    slot numbering dense per expert over the groups (base = earlier groups' holders)
-  for (std::int32_t e = 0; e < E; ++e) {
-    o.d_dropped[e] = o.d_requested[e] - o.d_kept[e] - o.d_rerouted[e];
-    totals.kept += o.d_kept[e];
-    totals.rerouted += o.d_rerouted[e];
-    totals.dropped += o.d_dropped[e];
-  }
-  for (std::int32_t e = 0; e < ET; ++e) {
-    std::int64_t b = 0;
-    for (std::int64_t q = 0; q < Q; ++q) {
-      w.base[q * ET + e] = b;
-      b += w.held[q * ET + e];
-    }
-  }
-  if (d.slots == slot_order::token_index) {
-    // owners get base + their rank by assignment index; a shared slot then takes the final
-    // slot of its token's owner at that expert (a token owns at most one slot per expert)
-    std::fill(w.held, w.held + cells, std::int64_t{0});
-    for (std::int64_t a = 0; a < n; ++a) {  // (branch-free, as the grants)
-      const bool own = w.owns[a] != 0;
-      const std::int64_t cell = group_of(a) * ET + (own ? o.d_expert[a] : 0);
-      const std::int64_t h = w.held[cell];
-      o.d_slot[a] = own ? static_cast<std::int32_t>(w.base[cell] + h) : o.d_slot[a];
-      w.held[cell] = h + (own ? 1 : 0);
-    }
-    for (std::int64_t a = 0; a < n; ++a) {
-      if (!((w.owns[a] == 0) & (o.d_expert[a] >= 0))) continue;  // one branch, rarely taken
-      const std::int64_t t0 = a / k * k;
-      for (std::int64_t b = t0; b < t0 + k; ++b)
-        if (w.owns[b] && o.d_expert[b] == o.d_expert[a]) o.d_slot[a] = o.d_slot[b];
-    }
-  } else if (Q > 1) {  // one group: every base is 0, the local slots are final
-    for (std::int64_t a = 0; a < n; ++a)
-      if (o.d_expert[a] >= 0)
-        o.d_slot[a] =
-            static_cast<std::int32_t>(w.base[group_of(a) * ET + o.d_expert[a]] + o.d_slot[a]);
-  }
-
-  // 6. combine weights (the reference's arithmetic, in rank order)
-  if (cfg.gating.renorm == renormalize::after_drop) {
-    for (std::int64_t t = 0; t < T; ++t)
-      detail::renormalized_weights(cfg, o.d_fate + t * k, gates + t * k, o.d_weight + t * k);
-  } else {
-    for (std::int64_t a = 0; a < n; ++a) o.d_weight[a] = holds_row(o.d_fate[a]) ? gates[a] : 0.0f;
-  }
-  *o.d_totals = totals;
+  run.finalize();
   return status::success();
 }
 

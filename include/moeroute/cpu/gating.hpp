@@ -14,12 +14,12 @@
 #include <type_traits>
 
 #include <moeroute/config.hpp>
+#include <moeroute/cpu/detail/gating_plan.hpp>
+#include <moeroute/cpu/detail/math.hpp>
+#include <moeroute/cpu/detail/select.hpp>
+#include <moeroute/cpu/detail/select_columns.hpp>
 #include <moeroute/cpu/element.hpp>
-#include <moeroute/cpu/gating_plan.hpp>
-#include <moeroute/cpu/math.hpp>
 #include <moeroute/cpu/parallel.hpp>
-#include <moeroute/cpu/select.hpp>
-#include <moeroute/cpu/select_columns.hpp>
 #include <moeroute/dtype.hpp>
 #include <moeroute/macros.hpp>
 #include <moeroute/params/gating.hpp>

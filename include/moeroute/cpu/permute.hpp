@@ -9,9 +9,9 @@
 #include <cstring>
 
 #include <moeroute/config.hpp>
+#include <moeroute/cpu/detail/rows.hpp>
 #include <moeroute/cpu/element.hpp>
 #include <moeroute/cpu/parallel.hpp>
-#include <moeroute/cpu/rows.hpp>
 #include <moeroute/params/permute.hpp>
 #include <moeroute/status.hpp>
 #include <moeroute/types.hpp>

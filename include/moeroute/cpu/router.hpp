@@ -31,6 +31,7 @@
 #include <moeroute/cpu/losses.hpp>
 #include <moeroute/cpu/parallel.hpp>
 #include <moeroute/cpu/permute.hpp>
+#include <moeroute/cpu/permute_backward.hpp>
 #include <moeroute/router_buffers.hpp>
 #include <moeroute/status.hpp>
 #include <moeroute/types.hpp>
@@ -45,7 +46,7 @@ using moeroute::router_options;
 ///                  of the three, per call)
 /// @tparam Allocator allocates the one block of bytes the router owns (an engine's pool)
 template <class Element = float, class Allocator = std::allocator<std::byte>>
-class router {
+class router : public router_core {
   static_assert(is_element_v<Element>, "Element must be float, half_bits or bf16_bits");
 
  public:
@@ -53,8 +54,10 @@ class router {
   ///        `hidden` columns. @throws moeroute::error naming the bad argument.
   router(const routing_config& cfg, std::int64_t max_tokens, std::int64_t hidden,
          const router_options& options = {}, const Allocator& alloc = Allocator())
-      : store_(cfg, max_tokens, hidden, sizeof(Element), options, workspace_bytes, alloc),
-        b_(store_) {}
+      : router_core(cfg, max_tokens, hidden, sizeof(Element), options, workspace_bytes),
+        block_(b_.bytes(), alloc) {
+    b_.attach(block_.get());
+  }
 
   /// @brief Gating, dispatch, layout and losses of `logits` [T, E] (T <= max_tokens).
   /// @tparam Logits a contiguous range of float, half_bits or bf16_bits (a std::vector, a span)
@@ -79,8 +82,7 @@ class router {
       return status::make(status_code::invalid_shape,
                           "router::route: valid has " + std::to_string(valid.size()) +
                               " elements, expected T = " + std::to_string(T));
-    tokens_ = T;
-    routed_ = weight_grad_ = residual_grad_ = false;
+    begin_batch(T);
     gating_params<Logit> g;
     g.d_logits = logits.data();
     g.tokens = T;
@@ -213,20 +215,7 @@ class router {
     return status::success();
   }
 
-  // ---- the router and its routed batch (valid after a successful route())
-  [[nodiscard]] const routing_config& config() const noexcept { return b_.config(); }
-  [[nodiscard]] std::int64_t max_tokens() const noexcept { return b_.max_tokens(); }
-  [[nodiscard]] std::int64_t hidden() const noexcept { return b_.hidden(); }
-  [[nodiscard]] std::int64_t max_rows() const noexcept { return b_.max_rows(); }
-  [[nodiscard]] layout_kind layout_kind_used() const noexcept { return b_.kind(); }
-  [[nodiscard]] std::int64_t tokens() const noexcept { return tokens_; }
-  /// Rows of the expert buffer for the routed batch (its layout's bound for T tokens).
-  [[nodiscard]] std::int64_t rows() const noexcept { return b_.rows_for(tokens_); }
-  [[nodiscard]] bool routed() const noexcept { return routed_; }
-  /// The gating outputs, the dispatch decisions and the layout: views for the params API.
-  [[nodiscard]] const_gating_result gated() const noexcept { return b_.gating_out(); }
-  [[nodiscard]] const_dispatch_result dispatched() const noexcept { return b_.dispatch_out(); }
-  [[nodiscard]] const_layout_result layout() const noexcept { return b_.layout_out(); }
+  // ---- the routed batch's results (valid after a successful route()); the rest: router_core
   [[nodiscard]] const dispatch_totals& totals() const noexcept {
     return *b_.ptr<dispatch_totals>("totals");
   }
@@ -239,8 +228,6 @@ class router {
     return b_.get<std::int64_t>("offsets").first(
         static_cast<std::size_t>(b_.config().total_experts()) + 1);
   }
-  /// Bytes the router holds (one allocation).
-  [[nodiscard]] std::size_t bytes() const noexcept { return b_.bytes(); }
 
  private:
   /// What gating and dispatch need, the one workspace of both (they run one after the other).
@@ -254,7 +241,7 @@ class router {
   /// A view of `per_row` x `rows` elements (per_row: hidden by default) must be that long.
   [[nodiscard]] status check_rows(const char* op, const char* name, std::size_t got,
                                   std::int64_t rows, std::int64_t per_row = -1) const {
-    if (auto s = router_buffers::check_routed(op, routed_); !s) return s;
+    if (auto s = check_routed(op); !s) return s;
     const std::int64_t want = rows * (per_row < 0 ? b_.hidden() : per_row);
     if (static_cast<std::int64_t>(got) != want)
       return status::make(status_code::invalid_shape,
@@ -263,12 +250,7 @@ class router {
     return status::success();
   }
 
-  owned_router_buffers<Allocator> store_;  ///< the block, through the allocator
-  const router_buffers& b_;                ///< its buffers (a non-dependent name for them)
-  std::int64_t tokens_ = 0;
-  bool routed_ = false;
-  bool residual_grad_ = false;  ///< grad_x holds combine_backward's residual pass-through
-  bool weight_grad_ = false;    ///< grad_weight holds combine_backward's, for gating_backward
+  owned_block<Allocator> block_;  ///< the one allocation, laid out by b_
 };
 
 }  // namespace moeroute::cpu

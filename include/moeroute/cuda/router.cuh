@@ -29,6 +29,7 @@
 #include <moeroute/cuda/layout.cuh>
 #include <moeroute/cuda/losses.cuh>
 #include <moeroute/cuda/permute.cuh>
+#include <moeroute/cuda/permute_backward.cuh>
 #include <moeroute/router_buffers.hpp>
 #include <moeroute/status.hpp>
 #include <moeroute/types.hpp>
@@ -57,7 +58,7 @@ struct router_summary {
 ///                  of the three, per call)
 /// @tparam Allocator allocates the one block of device bytes the router owns
 template <class Element = float, class Allocator = device_allocator<std::byte>>
-class router {
+class router : public router_core {
   static_assert(kernels::is_routed_element_v<Element>,
                 "Element must be float, __half or __nv_bfloat16");
 
@@ -66,8 +67,10 @@ class router {
   ///        of `hidden` columns. @throws moeroute::error naming the bad argument.
   router(const routing_config& cfg, std::int64_t max_tokens, std::int64_t hidden,
          const router_options& options = {}, const Allocator& alloc = Allocator())
-      : store_(cfg, max_tokens, hidden, sizeof(Element), options, workspace_bytes, alloc),
-        b_(store_) {}
+      : router_core(cfg, max_tokens, hidden, sizeof(Element), options, workspace_bytes),
+        block_(b_.bytes(), alloc) {
+    b_.attach(block_.get());
+  }
 
   /// @brief Gating, dispatch, layout and losses of `d_logits` [T, E] (T <= max_tokens), on
   ///        `stream`. Asynchronous.
@@ -80,8 +83,7 @@ class router {
                              cudaStream_t stream = nullptr) {
     const routing_config& cfg = b_.config();
     if (auto s = b_.check_tokens("route", tokens); !s) return s;
-    tokens_ = tokens;
-    routed_ = weight_grad_ = residual_grad_ = false;
+    begin_batch(tokens);
     gating_params<Logit> g;
     g.d_logits = d_logits;
     g.tokens = tokens;
@@ -215,7 +217,8 @@ class router {
     return status::success();
   }
 
-  // ---- device buffers of the routed batch (valid after the call that writes them)
+  // ---- device buffers of the routed batch (valid after the call that writes them); the
+  // config, sizes and views: router_core
   [[nodiscard]] Element* expert_in() const noexcept { return b_.ptr<Element>("expert_in"); }
   [[nodiscard]] Element* y() const noexcept { return b_.ptr<Element>("y"); }
   [[nodiscard]] Element* grad_expert_out() const noexcept {
@@ -223,37 +226,14 @@ class router {
   }
   [[nodiscard]] Element* grad_x() const noexcept { return b_.ptr<Element>("grad_x"); }
   [[nodiscard]] float* grad_logits() const noexcept { return b_.ptr<float>("grad_logits"); }
-  /// The gating outputs, the dispatch decisions and the layout: device views for the launchers.
-  [[nodiscard]] const_gating_result gated() const noexcept { return b_.gating_out(); }
-  [[nodiscard]] const_dispatch_result dispatched() const noexcept { return b_.dispatch_out(); }
-  [[nodiscard]] const_layout_result layout() const noexcept { return b_.layout_out(); }
-
-  [[nodiscard]] const routing_config& config() const noexcept { return b_.config(); }
-  [[nodiscard]] std::int64_t max_tokens() const noexcept { return b_.max_tokens(); }
-  [[nodiscard]] std::int64_t hidden() const noexcept { return b_.hidden(); }
-  [[nodiscard]] std::int64_t max_rows() const noexcept { return b_.max_rows(); }
-  [[nodiscard]] layout_kind layout_kind_used() const noexcept { return b_.kind(); }
-  [[nodiscard]] std::int64_t tokens() const noexcept { return tokens_; }
-  /// Rows of the expert buffer for the routed batch (its layout's bound for T tokens).
-  [[nodiscard]] std::int64_t rows() const noexcept { return b_.rows_for(tokens_); }
-  /// Device bytes the router holds (one allocation).
-  [[nodiscard]] std::size_t bytes() const noexcept { return b_.bytes(); }
 
  private:
   /// What gating and dispatch need, the one workspace of both (they run one after the other).
   static std::size_t workspace_bytes(const routing_config& cfg, std::int64_t tokens) {
     return std::max(gating_workspace_bytes(cfg, tokens), dispatch_workspace_bytes(cfg, tokens));
   }
-  [[nodiscard]] status check_routed(const char* op) const {
-    return router_buffers::check_routed(op, routed_);
-  }
 
-  owned_router_buffers<Allocator> store_;  ///< the block, through the allocator
-  const router_buffers& b_;                ///< its buffers (a non-dependent name for them)
-  std::int64_t tokens_ = 0;
-  bool routed_ = false;
-  bool residual_grad_ = false;  ///< grad_x holds combine_backward's residual pass-through
-  bool weight_grad_ = false;    ///< grad_weight holds combine_backward's, for gating_backward
+  owned_block<Allocator> block_;  ///< the one allocation, laid out by b_
 };
 
 }  // namespace moeroute::cuda

@@ -13,7 +13,7 @@
 #include <moeroute/ep/plan.hpp>
 #include <moeroute/ep/transport.hpp>
 #include <moeroute/macros.hpp>
-#include <moeroute/reference/combine_backward.hpp>
+#include <moeroute/reference/row_grad.hpp>
 
 MOEROUTE_PRECISE_FP_BEGIN
 namespace moeroute::ep {

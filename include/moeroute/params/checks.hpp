@@ -76,4 +76,18 @@ requires(std::is_same_v<Named, named_pointer>&&...) [[nodiscard]] status
   return status::success();
 }
 
+/// @brief `p` read as `To*`: a pointer to an element type of the same size and bits
+///        (half_bits and __half, bf16_bits and __nv_bfloat16). What the params structs'
+///        rebind<To>() use to hand a host-typed params struct to the CUDA launchers.
+template <class To, class From>
+[[nodiscard]] const To* rebind_elements(const From* p) noexcept {
+  static_assert(sizeof(To) == sizeof(From), "rebind: the element types differ in size");
+  return reinterpret_cast<const To*>(p);
+}
+template <class To, class From>
+[[nodiscard]] To* rebind_elements(From* p) noexcept {
+  static_assert(sizeof(To) == sizeof(From), "rebind: the element types differ in size");
+  return reinterpret_cast<To*>(p);
+}
+
 }  // namespace moeroute::param_checks

@@ -53,4 +53,17 @@ template <class Element>
       param_checks::required(p.d_x, "d_x"));
 }
 
+/// @brief The same call with the rows read as `To` (same size and bits).
+template <class To, class From>
+[[nodiscard]] combine_params<To> rebind(const combine_params<From>& p) noexcept {
+  return {param_checks::rebind_elements<To>(p.d_expert_out),
+          p.rows,
+          p.tokens,
+          p.hidden,
+          p.layout,
+          p.dispatched,
+          param_checks::rebind_elements<To>(p.d_x),
+          param_checks::rebind_elements<To>(p.d_y)};
+}
+
 }  // namespace moeroute

@@ -91,4 +91,17 @@ template <class Element>
       param_checks::required(o.sums.d_seq_tokens, "out.sums.d_seq_tokens"));
 }
 
+/// @brief The same call with the logits read as `To` (same size and bits, e.g. bf16_bits ->
+///        __nv_bfloat16): every field copied, the element pointer re-typed.
+template <class To, class From>
+[[nodiscard]] gating_params<To> rebind(const gating_params<From>& p) noexcept {
+  gating_params<To> q;
+  q.d_logits = param_checks::rebind_elements<To>(p.d_logits);
+  q.tokens = p.tokens;
+  q.d_bias = p.d_bias;
+  q.d_valid = p.d_valid;
+  q.out = p.out;
+  return q;
+}
+
 }  // namespace moeroute

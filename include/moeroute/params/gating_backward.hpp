@@ -70,4 +70,20 @@ template <class Element>
       param_checks::required(p.gated.sums.d_seq_tokens, "gated.sums.d_seq_tokens"));
 }
 
+/// @brief The same call with the logits read as `To` (same size and bits).
+template <class To, class From>
+[[nodiscard]] gating_backward_params<To> rebind(const gating_backward_params<From>& p) noexcept {
+  gating_backward_params<To> q;
+  q.d_logits = param_checks::rebind_elements<To>(p.d_logits);
+  q.tokens = p.tokens;
+  q.d_valid = p.d_valid;
+  q.gated = p.gated;
+  q.dispatched = p.dispatched;
+  q.d_grad_weight = p.d_grad_weight;
+  q.weights = p.weights;
+  q.accumulate = p.accumulate;
+  q.d_grad_logits = p.d_grad_logits;
+  return q;
+}
+
 }  // namespace moeroute

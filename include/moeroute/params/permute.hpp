@@ -42,4 +42,11 @@ template <class Element>
       param_checks::required(p.d_out, "d_out"));
 }
 
+/// @brief The same call with the rows read as `To` (same size and bits).
+template <class To, class From>
+[[nodiscard]] permute_params<To> rebind(const permute_params<From>& p) noexcept {
+  return {param_checks::rebind_elements<To>(p.d_x),  p.tokens, p.hidden, p.layout, p.rows,
+          param_checks::rebind_elements<To>(p.d_out)};
+}
+
 }  // namespace moeroute

@@ -1,6 +1,6 @@
 // SPDX-License-Identifier: Apache-2.0
-// CPU reference, stage 4: permute hidden states into an expert layout, and combine the
-// experts' outputs back into token order by combine weight (docs/numerics.md, "Combine").
+// CPU reference, stage 4b: combine the experts' outputs back into token order by combine weight
+// (docs/numerics.md, "Combine"). Permute, its other half, is reference/permute.hpp.
 #pragma once
 
 #include <cstdint>
@@ -12,60 +12,10 @@
 #include <moeroute/dtype.hpp>
 #include <moeroute/reference/dispatch.hpp>
 #include <moeroute/reference/layout.hpp>
+#include <moeroute/reference/row_checks.hpp>
 
 MOEROUTE_PRECISE_FP_BEGIN
 namespace moeroute::reference {
-
-namespace detail {
-/// rows * d, or -1 when that product overflows (no buffer has that many elements).
-inline std::int64_t elements(std::int64_t rows, std::int64_t d) {
-  std::int64_t n = 0;
-  return __builtin_mul_overflow(rows, d, &n) ? -1 : n;
-}
-
-/// Extents every permute/combine call shares: 0 <= tokens <= max_tokens, 0 <= d <= max_hidden,
-/// and a layout whose arrays have their documented lengths.
-inline void check_extents(const layout_output& L, std::int64_t tokens, std::int64_t d) {
-  if (tokens < 0 || tokens > max_tokens)
-    throw error(
-        status::make(status_code::invalid_shape,
-                     moeroute::detail::field_msg("tokens", tokens, "must be in [0, max_tokens]")));
-  throw_if_error(validate_hidden(d));
-  if (L.num_rows < 0 || static_cast<std::int64_t>(L.row_token.size()) != L.num_rows)
-    throw error(status::make(status_code::invalid_argument,
-                             "layout_output.row_token has " + std::to_string(L.row_token.size()) +
-                                 " elements, expected num_rows = " + std::to_string(L.num_rows)));
-}
-
-inline void check_size(const char* what, std::size_t got, std::int64_t want) {
-  if (want < 0 || static_cast<std::int64_t>(got) != want)
-    throw error(status::make(status_code::invalid_shape,
-                             std::string(what) + " has " + std::to_string(got) +
-                                 " elements, expected " + std::to_string(want)));
-}
-}  // namespace detail
-
-/// @brief out[row] = x[row_token[row]], padding rows zero. x [T, d], out [num_rows, d].
-///        cfg: the config of the routing the layout belongs to (checked with validate()).
-template <class T>
-void permute(const routing_config& cfg, const layout_output& L, std::span<const T> x,
-             std::int64_t tokens, std::int64_t d, std::span<T> out) {
-  throw_if_error(validate(cfg));
-  detail::check_extents(L, tokens, d);
-  detail::check_size("x", x.size(), detail::elements(tokens, d));
-  detail::check_size("out", out.size(), detail::elements(L.num_rows, d));
-  for (std::int64_t r = 0; r < L.num_rows; ++r)
-    if (L.row_token[r] < -1 || L.row_token[r] >= tokens)
-      throw error(status::make(status_code::invalid_argument,
-                               "layout_output.row_token[" + std::to_string(r) +
-                                   "] = " + std::to_string(L.row_token[r]) +
-                                   " is outside [-1, tokens = " + std::to_string(tokens) +
-                                   "): layout of another batch?"));
-  for (std::int64_t r = 0; r < L.num_rows; ++r) {
-    const std::int32_t t = L.row_token[r];
-    for (std::int64_t c = 0; c < d; ++c) out[r * d + c] = t < 0 ? T{} : x[t * d + c];
-  }
-}
 
 /// @brief y[t] = sum_j weight[t, j] * expert_out[row(t, j)], the k terms added in rank order
 ///        in float. With drop_policy::residual a token with nothing kept or rerouted gets

@@ -1,6 +1,7 @@
 // SPDX-License-Identifier: Apache-2.0
-// CPU reference, backward of stage 4: combine (d y -> d expert outputs, d combine weights, the
-// residual pass-through) and permute (d expert-buffer rows -> d x). Deterministic: every sum
+// CPU reference, backward of combine: d y -> d expert outputs, d combine weights and the
+// residual pass-through (permute's backward, d expert-buffer rows -> d x, is
+// reference/permute_backward.hpp; the two share reference/row_grad.hpp). Deterministic: every sum
 // runs in a fixed order (a token's assignments in rank order j, columns independent).
 // Formulas in docs/numerics.md ("Gradients").
 #pragma once
@@ -17,58 +18,10 @@
 #include <moeroute/reference/dispatch.hpp>
 #include <moeroute/reference/gating_backward.hpp>
 #include <moeroute/reference/layout.hpp>
+#include <moeroute/reference/row_grad.hpp>
 
 MOEROUTE_PRECISE_FP_BEGIN
 namespace moeroute::reference {
-
-/// Accumulation type of the combine/permute backward for storage type T: double for double,
-/// float for float, half_bits and bf16_bits.
-template <class T>
-using grad_acc_t = std::conditional_t<std::is_same_v<T, double>, double, float>;
-
-namespace detail {
-template <class T>
-grad_acc_t<T> load_acc(T v) {
-  if constexpr (std::is_same_v<T, double> || std::is_same_v<T, float>) {
-    return v;
-  } else {
-    return to_float(v);
-  }
-}
-template <class T>
-T store_acc(grad_acc_t<T> v) {
-  if constexpr (std::is_same_v<T, double> || std::is_same_v<T, float>) {
-    return v;
-  } else {
-    return from_float<T>(v);
-  }
-}
-
-/// Throws unless cfg is valid and dsp has its extents, d is a hidden size, and the layout's
-/// rows and tokens fit dsp (sizes and ranges): what both backward passes read before they start.
-inline void check_backward_inputs(const routing_config& cfg, const dispatch_output& dsp,
-                                  const layout_output& L, std::int64_t d) {
-  check_dispatch_of(cfg, dsp);
-  throw_if_error(validate_hidden(d));
-  if (dsp.tokens < 0 || dsp.k < 0 || L.num_rows < 0)
-    throw error(status::make(status_code::invalid_shape,
-                             "dispatch_output tokens / k or layout num_rows is negative"));
-  grad_check_size("layout row_token", L.row_token.size(), L.num_rows);
-  grad_check_size("layout assignment_row", L.assignment_row.size(), dsp.tokens * dsp.k);
-  for (std::int64_t r = 0; r < L.num_rows; ++r)
-    if (L.row_token[r] < -1 || L.row_token[r] >= dsp.tokens)
-      throw error(
-          status::make(status_code::invalid_argument, "layout row_token[" + std::to_string(r) +
-                                                          "] = " + std::to_string(L.row_token[r]) +
-                                                          ": not a token of dispatch_output"));
-  for (std::size_t a = 0; a < L.assignment_row.size(); ++a)
-    if (L.assignment_row[a] < -1 || L.assignment_row[a] >= L.num_rows)
-      throw error(status::make(status_code::invalid_argument,
-                               "layout assignment_row[" + std::to_string(a) +
-                                   "] = " + std::to_string(L.assignment_row[a]) +
-                                   ": not a row of the layout"));
-}
-}  // namespace detail
 
 /// @brief Combine backward. Forward: y[t] = sum_j w[t,j] * expert_out[row(t,j)] (+ x[t] for a
 ///        token passed through by the residual policy).
@@ -136,43 +89,6 @@ void combine_backward(const routing_config& cfg, const dispatch_output& dsp, con
     if (d_x.empty()) continue;
     const bool pass = residual && !any && k > 0 && dsp.fates[t * k] != fate::masked;
     for (std::int64_t c = 0; c < d; ++c) d_x[t * d + c] = pass ? dy[t * d + c] : T{};
-  }
-}
-
-/// @brief Permute backward. Forward: buf[row] = x[row_token[row]]. Backward: d x[t] = sum of
-///        d_buf over the distinct rows token t holds, in rank order j of the assignment that
-///        first names each row (a row shared by rerouted assignments counts once, as the forward
-///        wrote x[t] there once). Padding rows contribute nothing.
-/// @param cfg        the config of the routing (its top_k must match dsp)
-/// @param d_buf      [num_rows, d]
-/// @param d_x        [T, d]: written, or added to when accumulate (e.g. on top of the residual
-///                   pass-through from combine_backward); the existing value is the first term.
-template <class T = float>
-void permute_backward(const routing_config& cfg, const dispatch_output& dsp, const layout_output& L,
-                      grad_cspan<T> d_buf, std::int64_t d, grad_span<T> d_x,
-                      bool accumulate = false) {
-  using A = grad_acc_t<T>;
-  const std::int64_t Tn = dsp.tokens;
-  const std::int32_t k = dsp.k;
-  detail::check_backward_inputs(cfg, dsp, L, d);
-  detail::grad_check_size("d_buf", d_buf.size(), L.num_rows * d);
-  detail::grad_check_size("d_x", d_x.size(), Tn * d);
-  detail::grad_check_size("layout assignment_row", L.assignment_row.size(), Tn * k);
-  std::vector<std::int64_t> rows;
-  for (std::int64_t t = 0; t < Tn; ++t) {
-    rows.clear();
-    for (std::int32_t j = 0; j < k; ++j) {
-      const std::int64_t row = L.assignment_row[t * k + j];
-      if (row < 0) continue;
-      bool seen = false;
-      for (std::int64_t r : rows) seen = seen || r == row;
-      if (!seen) rows.push_back(row);
-    }
-    for (std::int64_t c = 0; c < d; ++c) {
-      A acc = accumulate ? detail::load_acc<T>(d_x[t * d + c]) : A{0};
-      for (std::int64_t r : rows) acc += detail::load_acc<T>(d_buf[r * d + c]);
-      d_x[t * d + c] = detail::store_acc<T>(acc);
-    }
   }
 }
 

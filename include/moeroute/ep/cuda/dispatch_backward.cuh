@@ -5,7 +5,7 @@
 
 #include <cuda_runtime.h>
 
-#include <moeroute/cuda/combine_backward.cuh>
+#include <moeroute/cuda/permute_backward.cuh>
 #include <moeroute/ep/cuda/exchange.cuh>
 
 namespace moeroute::ep::cuda {

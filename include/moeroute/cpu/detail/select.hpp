@@ -24,7 +24,7 @@
 #include <limits>
 
 #include <moeroute/config.hpp>
-#include <moeroute/cpu/math.hpp>
+#include <moeroute/cpu/detail/math.hpp>
 
 #if defined(__AVX512F__) || defined(__AVX2__)
 #include <immintrin.h>

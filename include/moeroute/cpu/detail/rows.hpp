@@ -14,7 +14,7 @@
 #include <immintrin.h>
 #endif
 
-#include <moeroute/cpu/math.hpp>
+#include <moeroute/cpu/detail/math.hpp>
 #include <moeroute/dtype.hpp>
 #include <moeroute/status.hpp>
 
