@@ -240,23 +240,8 @@ struct routed_rows {
   reference::layout_output L;
   dispatch_totals totals{};
   aligned_vector<bf16_bits> x, buf, y, grad;  // 64-byte aligned, as an engine's tensors
-  const_dispatch_result dview() const {
-    return {dsp.expert.data(),
-            dsp.slot.data(),
-            dsp.weight.data(),
-            dsp.fates.data(),
-            dsp.requested.data(),
-            dsp.kept.data(),
-            dsp.rerouted.data(),
-            dsp.dropped.data(),
-            dsp.received.data(),
-            dsp.load.data(),
-            &totals};
-  }
-  const_layout_result lview() const {
-    return {L.offsets.data(), L.rows_used.data(), L.row_token.data(), L.assignment_row.data(),
-            nullptr,          &L.num_rows};
-  }
+  const_dispatch_result dview() const { return reference::view(dsp, totals); }
+  const_layout_result lview() const { return reference::view(L); }
 };
 
 routed_rows make_rows(const model_shape& m, std::int64_t T, std::int64_t d) {

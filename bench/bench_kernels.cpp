@@ -197,7 +197,7 @@ void register_all() {
             std::vector<bf16_bits> x(static_cast<std::size_t>(T * d), to_bf16(0.5f));
             std::vector<bf16_bits> y(static_cast<std::size_t>(T * d));
             for (auto _ : st) {
-              reference::combine<bf16_bits>(p.cfg, p.dispatch, L, eo, d, x, y);
+              reference::combine<bf16_bits>(p.cfg, L, p.dispatch, eo, d, x, y);
               benchmark::DoNotOptimize(y.data());
               benchmark::ClobberMemory();
             }
@@ -221,7 +221,7 @@ void register_all() {
             std::vector<bf16_bits> deo(eo.size()), dx(dy.size());
             std::vector<float> dw(static_cast<std::size_t>(T * k));
             for (auto _ : st) {
-              reference::combine_backward<bf16_bits>(p.cfg, p.dispatch, L, eo, d, dy, deo, dw, dx);
+              reference::combine_backward<bf16_bits>(p.cfg, L, p.dispatch, eo, d, dy, deo, dw, dx);
               benchmark::DoNotOptimize(deo.data());
               benchmark::DoNotOptimize(dw.data());
               benchmark::ClobberMemory();
@@ -243,7 +243,7 @@ void register_all() {
             std::vector<bf16_bits> dbuf(static_cast<std::size_t>(L.num_rows * d), to_bf16(0.25f));
             std::vector<bf16_bits> dx(static_cast<std::size_t>(T * d));
             for (auto _ : st) {
-              reference::permute_backward<bf16_bits>(p.cfg, p.dispatch, L, dbuf, d, dx);
+              reference::permute_backward<bf16_bits>(p.cfg, L, p.dispatch, dbuf, d, dx);
               benchmark::DoNotOptimize(dx.data());
               benchmark::ClobberMemory();
             }

@@ -103,7 +103,7 @@ int main() {
   for (std::int32_t e = 0; e < E; ++e)
     for (std::int64_t row = L.offsets[e]; row < L.offsets[e + 1]; ++row)
       for (std::int64_t c = 0; c < D; ++c) rbuf[row * D + c] *= 1.0f + float(e) / 8.0f;
-  mr::reference::combine<float>(cfg, r.dispatch, L, rbuf, D, x, ry);
+  mr::reference::combine<float>(cfg, L, r.dispatch, rbuf, D, x, ry);
   bool same = expert == r.dispatch.expert && slot == r.dispatch.slot &&
               totals.dropped == r.dispatch.total_dropped;
   for (std::size_t i = 0; i < y.size(); ++i)

@@ -88,7 +88,7 @@ int main() {
 
   // 6. combine back into token order (weighted by the gates; residual for fully dropped tokens)
   std::vector<float> y(T * d);
-  reference::combine<float>(cfg, r.dispatch, L, ye, d, x, y);
+  reference::combine<float>(cfg, L, r.dispatch, ye, d, x, y);
   // [/snippet]
 
   // Check against a direct per-token computation of the same routing.

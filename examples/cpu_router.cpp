@@ -58,7 +58,7 @@ int main() {
   for (std::int32_t e = 0; e < cfg.num_experts; ++e)
     for (std::int64_t row = L.offsets[e]; row < L.offsets[e + 1]; ++row)
       for (std::int64_t c = 0; c < D; ++c) rbuf[row * D + c] *= 1.0f + float(e) / 8.0f;
-  mr::reference::combine<float>(cfg, r.dispatch, L, rbuf, D, x, ry);
+  mr::reference::combine<float>(cfg, L, r.dispatch, rbuf, D, x, ry);
   const auto& got = router.dispatched();
   bool same = router.totals().dropped == r.dispatch.total_dropped && router.rows() == L.num_rows;
   for (std::int64_t a = 0; a < T * cfg.top_k; ++a)

@@ -138,7 +138,7 @@ int main() {
       for (std::int64_t c = 0; c < d; ++c)
         rbuf[r * d + c] = mr::to_bf16(mr::to_float(rbuf[r * d + c]) * s);
     }
-    mr::reference::combine<mr::bf16_bits>(cfg, rd, rl, rbuf, d, rx, ry);
+    mr::reference::combine<mr::bf16_bits>(cfg, rl, rd, rbuf, d, rx, ry);
 
     const auto gy = y.download();
     const auto t = totals.download()[0];

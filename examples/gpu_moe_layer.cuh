@@ -105,7 +105,7 @@ inline std::vector<float> reference_moe_forward(
       }
     }
   std::vector<float> y(static_cast<std::size_t>(T * d));
-  reference::combine<float>(cfg, r.dispatch, L, ye, d, x, y);
+  reference::combine<float>(cfg, L, r.dispatch, ye, d, x, y);
   if (out_routing) *out_routing = r;
   return y;
 }

@@ -112,7 +112,7 @@ trend part_a_aux_loss() {
     std::vector<float> buf(L.num_rows * D), out, y(T * D);
     ref::permute<float>(cfg, L, x, T, D, buf);
     experts_forward(l, L, buf, out);
-    ref::combine<float>(cfg, r.dispatch, L, out, D, x, y);
+    ref::combine<float>(cfg, L, r.dispatch, out, D, x, y);
     double task = 0.0;
     std::vector<float> dy(T * D);
     for (std::int64_t i = 0; i < T * D; ++i) {
@@ -131,9 +131,9 @@ trend part_a_aux_loss() {
     // [snippet:cpu-backward]
     // backward: combine -> experts -> permute (d x, unused here), and the router's logits
     std::vector<float> d_out(L.num_rows * D), d_weight(T * cfg.top_k), d_x(T * D), d_buf;
-    ref::combine_backward(cfg, r.dispatch, L, out, D, dy, d_out, d_weight, d_x);
+    ref::combine_backward(cfg, L, r.dispatch, out, D, dy, d_out, d_weight, d_x);
     experts_backward(l, L, d_out, d_buf);
-    ref::permute_backward(cfg, r.dispatch, L, d_buf, D, d_x, /*accumulate=*/true);
+    ref::permute_backward(cfg, L, r.dispatch, d_buf, D, d_x, /*accumulate=*/true);
     std::vector<float> d_logits(T * E, 0.0f);
     ref::gating_backward(cfg, logits, r.gating, r.dispatch, d_weight, d_logits);
     // [/snippet]

@@ -22,6 +22,7 @@
 #include <moeroute/reference/permute_backward.hpp>
 #include <moeroute/reference/routing_from_ids.hpp>
 #include <moeroute/reference/stats.hpp>
+#include <moeroute/reference/views.hpp>
 
 namespace moeroute::reference {
 

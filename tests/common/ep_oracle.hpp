@@ -159,14 +159,14 @@ expected<T> single_device(const routing_config& cfg, const batch& b, std::int64_
   for (std::int32_t e = 0; e < L.total_experts; ++e) seg_expert[e] = e;
   run_experts(L.offsets, seg_expert, buf, d, eo);
   out.y.assign(n * d, T{});
-  reference::combine<T>(cfg, out.dsp, L, eo, d, x, out.y);
+  reference::combine<T>(cfg, L, out.dsp, eo, d, x, out.y);
   std::vector<T> d_eo(L.num_rows * d), d_buf;
   out.d_weight.assign(n * cfg.top_k, 0.0f);
   out.d_x.assign(n * d, T{});
   if constexpr (!std::is_same_v<T, double>) {
-    reference::combine_backward<T>(cfg, out.dsp, L, eo, d, dy, d_eo, out.d_weight, out.d_x);
+    reference::combine_backward<T>(cfg, L, out.dsp, eo, d, dy, d_eo, out.d_weight, out.d_x);
     run_experts(L.offsets, seg_expert, d_eo, d, d_buf);
-    reference::permute_backward<T>(cfg, out.dsp, L, d_buf, d, out.d_x, true);
+    reference::permute_backward<T>(cfg, L, out.dsp, d_buf, d, out.d_x, true);
   }
   return out;
 }

@@ -52,9 +52,7 @@ void check_logit_grads(const grid_logit_case& c, std::int64_t T, std::uint32_t s
   p.d_logits = xb.data();
   p.tokens = T;
   p.d_valid = valid.empty() ? nullptr : valid.data();
-  p.gated.d_ids = g.ids.data();
-  p.gated.sums = {g.aux_score_sum.data(), g.aux_count.data(), &g.valid_tokens,    nullptr, nullptr,
-                  g.seq_score_sum.data(), g.seq_count.data(), g.seq_tokens.data()};
+  p.gated = reference::view(g);
   p.dispatched.d_fate = d.fates.data();
   for (const auto& ps : backward_passes) {
     INFO("pass " << ps.name);

@@ -29,7 +29,7 @@ TEST_CASE("cpu combine backward equals the reference", "[cpu][backward]") {
       std::vector<H> want_dbuf(static_cast<std::size_t>(used * hidden)),
           want_dx(static_cast<std::size_t>(T * hidden));
       std::vector<float> want_dw(static_cast<std::size_t>(T * k));
-      reference::combine_backward<H>(c.cfg, c.d, c.L, used_out, hidden, dy, want_dbuf, want_dw,
+      reference::combine_backward<H>(c.cfg, c.L, c.d, used_out, hidden, dy, want_dbuf, want_dw,
                                      want_dx);
       std::vector<H> dbuf(static_cast<std::size_t>(rows * hidden), from_float<H>(3.0f)),
           dx(want_dx.size(), from_float<H>(3.0f));

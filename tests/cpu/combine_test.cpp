@@ -29,7 +29,7 @@ TEST_CASE("cpu combine equals the reference bit for bit, serial and OpenMP", "[c
       // expert outputs: random rows of the full buffer
       const auto expert_out = random_values<H>(static_cast<std::size_t>(rows * hidden), c.seed + 1);
       std::vector<H> want(static_cast<std::size_t>(T * hidden));
-      reference::combine<H>(c.cfg, c.d, c.L,
+      reference::combine<H>(c.cfg, c.L, c.d,
                             std::vector<H>(expert_out.begin(), expert_out.begin() + used * hidden),
                             hidden, x, want);
       std::vector<H> y(want.size(), from_float<H>(9.0f)), y2(want.size());
@@ -73,7 +73,7 @@ void check_streamed_combine(const routing_config& cfg, std::int64_t T, std::int6
   const auto expert_out = random_values<H>(static_cast<std::size_t>(rows * hidden), 4);
   std::vector<H> want(static_cast<std::size_t>(T * hidden));
   reference::combine<H>(
-      cfg, d, L, std::vector<H>(expert_out.begin(), expert_out.begin() + L.num_rows * hidden),
+      cfg, L, d, std::vector<H>(expert_out.begin(), expert_out.begin() + L.num_rows * hidden),
       hidden, x, want);
   // aligned (streamed), then one element off the boundary (stored): serial and OpenMP
   for (const std::size_t offset : {0, 1})

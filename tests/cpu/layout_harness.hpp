@@ -9,6 +9,7 @@
 
 #include <moeroute/cpu/layout.hpp>
 #include <moeroute/reference/dispatch.hpp>
+#include <moeroute/reference/views.hpp>
 
 namespace moeroute::test {
 
@@ -16,12 +17,7 @@ namespace moeroute::test {
 struct dispatch_view {
   reference::dispatch_output d;
   dispatch_totals totals;
-  const_dispatch_result view() const {
-    return {
-        d.expert.data(), d.slot.data(),     d.weight.data(),  d.fates.data(),    d.requested.data(),
-        d.kept.data(),   d.rerouted.data(), d.dropped.data(), d.received.data(), d.load.data(),
-        &totals};
-  }
+  const_dispatch_result view() const { return reference::view(d, totals); }
 };
 
 /// cpu::layout of a dispatch, owning its outputs.

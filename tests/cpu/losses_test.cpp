@@ -29,14 +29,8 @@ TEST_CASE("cpu losses and expert-bias update equal the reference bit for bit", "
     double aux = -1, seq = -1, z = -1;
     loss_params p;
     p.tokens = g.tokens;
-    p.sums = {g.aux_score_sum.data(),
-              g.aux_count.data(),
-              &g.valid_tokens,
-              &want.z.sum_squares,
-              nullptr,
-              g.seq_score_sum.data(),
-              g.seq_count.data(),
-              g.seq_tokens.data()};
+    p.sums = reference::view(g).sums;
+    p.sums.d_z_sum_squares = &want.z.sum_squares;  // (gating_output keeps no z sum)
     p.d_aux_loss = &aux;
     p.d_sequence_aux_loss = &seq;
     p.d_z_loss = &z;

@@ -25,7 +25,7 @@ TEST_CASE("cpu permute backward equals the reference bit for bit", "[cpu][backwa
       const auto start = random_values<H>(static_cast<std::size_t>(T * hidden), c.seed + 4);
       for (const bool accumulate : {false, true}) {
         std::vector<H> want(start), got(start);
-        reference::permute_backward<H>(c.cfg, c.d, c.L,
+        reference::permute_backward<H>(c.cfg, c.L, c.d,
                                        std::vector<H>(dbuf.begin(), dbuf.begin() + used * hidden),
                                        hidden, want, accumulate);
         const permute_backward_params<H> q{dbuf.data(), rows,       T,         hidden,

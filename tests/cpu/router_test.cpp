@@ -116,7 +116,7 @@ void check_batch(cpu::router<float>& r, const routing_config& cfg, std::int64_t 
       ry(static_cast<std::size_t>(T * D));
   reference::permute<float>(cfg, L, x, T, D, rbuf);
   scale_rows(rbuf);
-  reference::combine<float>(cfg, dsp, L, rbuf, D, x, ry);
+  reference::combine<float>(cfg, L, dsp, rbuf, D, x, ry);
   for (std::size_t i = 0; i < ry.size(); ++i) {
     INFO("y[" << i << "]");
     REQUIRE(close(y[i], ry[i], 1e-5, 1e-6));
@@ -127,13 +127,13 @@ void check_batch(cpu::router<float>& r, const routing_config& cfg, std::int64_t 
   std::span<float> d_expert_out, d_x, d_logits;
   REQUIRE(r.combine_backward(dy, expert_out, d_expert_out).ok());
   std::vector<float> rd_out(rbuf.size()), rd_w(static_cast<std::size_t>(T * k)), rd_x(ry.size());
-  reference::combine_backward<float>(cfg, dsp, L, rbuf, D, dy, rd_out, rd_w, rd_x);
+  reference::combine_backward<float>(cfg, L, dsp, rbuf, D, dy, rd_out, rd_w, rd_x);
   for (std::size_t i = 0; i < rd_out.size(); ++i)
     REQUIRE(close(d_expert_out[i], rd_out[i], 1e-5, 1e-6));
   scale_rows(d_expert_out);
   scale_rows(rd_out);
   REQUIRE(r.permute_backward(d_expert_out, d_x).ok());
-  reference::permute_backward<float>(cfg, dsp, L, rd_out, D, rd_x, /*accumulate=*/true);
+  reference::permute_backward<float>(cfg, L, dsp, rd_out, D, rd_x, /*accumulate=*/true);
   for (std::size_t i = 0; i < rd_x.size(); ++i) {
     INFO("d x[" << i << "]");
     REQUIRE(close(d_x[i], rd_x[i], 1e-5, 1e-6));

@@ -193,9 +193,9 @@ void check_grid_combine(const grid_combine_case& c, std::int64_t T, std::int64_t
   }
   std::vector<Bits> w_eo(eo.size()), w_dx(dy.size());
   std::vector<float> w_dw(T * k);
-  ref::combine_backward<Bits>(c.cfg, dsp, L, eo, d, dy, w_eo, w_dw, w_dx);
+  ref::combine_backward<Bits>(c.cfg, L, dsp, eo, d, dy, w_eo, w_dw, w_dx);
   std::vector<Bits> w_px = accumulate ? w_dx : std::vector<Bits>(dy.size(), from_float<Bits>(7.0f));
-  ref::permute_backward<Bits>(c.cfg, dsp, L, w_eo, d, w_px, accumulate);
+  ref::permute_backward<Bits>(c.cfg, L, dsp, w_eo, d, w_px, accumulate);
 
   device_buffer<Bits> d_eo(eo), d_dy(dy), g_eo(eo.size()), g_dx(dy.size()), g_px(dy.size());
   device_buffer<float> g_dw(T * k);

@@ -207,9 +207,9 @@ TEST_CASE("cuda backward: combine and permute backward equal the CPU reference",
     const std::int32_t k = dsp.k;
     const auto eo = random_values(L.num_rows * d, 4), dy = random_values(T * d, 5);
     std::vector<float> w_eo(L.num_rows * d), w_dw(T * k), w_dx(T * d);
-    ref::combine_backward(c.cfg, dsp, L, eo, d, dy, w_eo, w_dw, w_dx);
+    ref::combine_backward(c.cfg, L, dsp, eo, d, dy, w_eo, w_dw, w_dx);
     std::vector<float> w_px = w_dx;
-    ref::permute_backward(c.cfg, dsp, L, w_eo, d, w_px, true);
+    ref::permute_backward(c.cfg, L, dsp, w_eo, d, w_px, true);
 
     device_buffer<float> d_eo(eo), d_dy(dy), g_eo(L.num_rows * d), g_dw(T * k), g_dx(T * d);
     const moeroute::test::device_layout forward(dsp, L);

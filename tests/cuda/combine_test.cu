@@ -40,7 +40,7 @@ void check_combine(std::int64_t T, std::int32_t E, std::int32_t k, std::int64_t 
   const auto x = random_host<H>(static_cast<std::size_t>(T * d), seed + 1);
   const auto eo = random_host<H>(static_cast<std::size_t>(L.num_rows * d), seed + 2);
   std::vector<H> want(static_cast<std::size_t>(T * d));
-  reference::combine<H>(cfg, ref, L, eo, d, x, want);
+  reference::combine<H>(cfg, L, ref, eo, d, x, want);
 
   // inputs straight from the reference, so this checks combine alone
   auto dx = upload_bits<Dev>(x);
@@ -199,7 +199,7 @@ TEST_CASE("pipeline: dispatch -> layout -> permute -> combine, reruns and graph 
     std::vector<float> rbuf(static_cast<std::size_t>(RL.num_rows * d)),
         want(static_cast<std::size_t>(T * d));
     reference::permute<float>(cfg, RL, hx, T, d, rbuf);
-    reference::combine<float>(cfg, ref, RL, rbuf, d, hx, want);
+    reference::combine<float>(cfg, RL, ref, rbuf, d, hx, want);
 
     pipeline pl(cfg, g, d, hx);
     cudaStream_t stream;

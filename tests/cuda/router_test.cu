@@ -71,7 +71,7 @@ void check_router_batch(cuda::router<float>& r, const routing_config& cfg, std::
   std::vector<float> rbuf(rows.size()), ry(static_cast<std::size_t>(T * D));
   reference::permute<float>(cfg, L, x, T, D, rbuf);
   scale_rows(rbuf);
-  reference::combine<float>(cfg, dsp, L, rbuf, D, x, ry);
+  reference::combine<float>(cfg, L, dsp, rbuf, D, x, ry);
   const auto y = download_bits<float>(r.y(), ry.size());
   for (std::size_t i = 0; i < ry.size(); ++i) {
     INFO("y[" << i << "]");
@@ -84,13 +84,13 @@ void check_router_batch(cuda::router<float>& r, const routing_config& cfg, std::
   REQUIRE(r.combine_backward(d_dy.get(), d_expert_out.get()).ok());
   auto d_out = download_bits<float>(r.grad_expert_out(), rows.size());
   std::vector<float> rd_out(rows.size()), rd_w(n), rd_x(ry.size());
-  reference::combine_backward<float>(cfg, dsp, L, rbuf, D, dy, rd_out, rd_w, rd_x);
+  reference::combine_backward<float>(cfg, L, dsp, rbuf, D, dy, rd_out, rd_w, rd_x);
   for (std::size_t i = 0; i < rd_out.size(); ++i) REQUIRE(near(d_out[i], rd_out[i], 1e-5, 1e-6));
   scale_rows(d_out);
   scale_rows(rd_out);
   device_buffer<float> d_grad_in(d_out);
   REQUIRE(r.permute_backward(d_grad_in.get()).ok());
-  reference::permute_backward<float>(cfg, dsp, L, rd_out, D, rd_x, /*accumulate=*/true);
+  reference::permute_backward<float>(cfg, L, dsp, rd_out, D, rd_x, /*accumulate=*/true);
   const auto dx = download_bits<float>(r.grad_x(), rd_x.size());
   for (std::size_t i = 0; i < rd_x.size(); ++i) REQUIRE(near(dx[i], rd_x[i], 1e-5, 1e-6));
   REQUIRE(r.gating_backward(d_logits.get()).ok());

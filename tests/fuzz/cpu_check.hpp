@@ -235,12 +235,12 @@ inline void check_stages(const decoded_case& c, const reference::gating_output& 
     expect(same_bits(buf.data(), want_buf.data(), want_buf.size()), "permute differs");
     std::vector<float> y(x.size()), want_y(x.size()), eo_full(buf.size());
     std::copy(eo.begin(), eo.end(), eo_full.begin());
-    reference::combine<float>(cfg, want, L, eo, d, x, want_y);
+    reference::combine<float>(cfg, L, want, eo, d, x, want_y);
     combine_params<float> cp{eo_full.data(), max_rows, T, d, lp.out, dp.out, x.data(), y.data()};
     expect(cpu::combine(cfg, cp).ok(), "cpu::combine failed");
     expect(same_bits(y.data(), want_y.data(), y.size()), "combine differs");
     std::vector<float> w_deo(eo.size()), w_dx(x.size()), w_dw(static_cast<std::size_t>(n));
-    reference::combine_backward<float>(cfg, want, L, eo, d, x, w_deo, w_dw, w_dx);
+    reference::combine_backward<float>(cfg, L, want, eo, d, x, w_deo, w_dw, w_dx);
     std::vector<float> deo(buf.size()), dx(x.size()), dw(static_cast<std::size_t>(n));
     combine_backward_params<float> bp{eo_full.data(), x.data(), max_rows,   T,         d,
                                       lp.out,         dp.out,   deo.data(), dw.data(), dx.data()};
@@ -257,9 +257,9 @@ inline void check_stages(const decoded_case& c, const reference::gating_output& 
   double aux = -1, seq = -1, z = -1;
   loss_params lp;
   lp.tokens = T;
-  lp.sums = {
-      g.aux_score_sum.data(), g.aux_count.data(), &g.valid_tokens,    &wl.z.sum_squares, nullptr,
-      g.seq_score_sum.data(), g.seq_count.data(), g.seq_tokens.data()};
+  lp.sums = reference::view(g).sums;
+  lp.sums.d_z_sum_squares = &wl.z.sum_squares;  // (gating_output keeps no z sum)
+  lp.sums.d_nonfinite = nullptr;
   lp.d_aux_loss = &aux;
   lp.d_sequence_aux_loss = &seq;
   lp.d_z_loss = &z;

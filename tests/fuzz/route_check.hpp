@@ -118,7 +118,7 @@ inline void check_layouts(const decoded_case& c, const reference::dispatch_outpu
       }
     // identity experts: y[t] = sum_j w_j x[t] in rank order; residual passes x through
     std::vector<float> y(static_cast<std::size_t>(T * dh), -1.0f);
-    reference::combine<float>(cfg, d, L, permuted, dh, x, y);
+    reference::combine<float>(cfg, L, d, permuted, dh, x, y);
     std::int64_t fully = 0;
     for (std::int64_t t = 0; t < T; ++t) {
       bool any = false;

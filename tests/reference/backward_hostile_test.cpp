@@ -155,68 +155,68 @@ TEST_CASE("backward hostile: combine_backward and permute_backward",
   const std::int64_t d = 3, R = r.L.num_rows;
   std::vector<float> eo(R * d, 1.0f), dy(T * d, 1.0f), deo(R * d), dw(T * K), dx(T * d),
       dbuf(R * d, 1.0f);
-  ref::combine_backward(r.cfg, r.d, r.L, eo, d, dy, deo, dw, dx);
-  ref::permute_backward(r.cfg, r.d, r.L, dbuf, d, dx);
+  ref::combine_backward(r.cfg, r.L, r.d, eo, d, dy, deo, dw, dx);
+  ref::permute_backward(r.cfg, r.L, r.d, dbuf, d, dx);
   std::vector<float> s1(R * d - 1), s2(T * d + 1), s3(T * K - 1);
-  expect_error([&] { ref::combine_backward(r.cfg, r.d, r.L, s1, d, dy, deo, dw); },
+  expect_error([&] { ref::combine_backward(r.cfg, r.L, r.d, s1, d, dy, deo, dw); },
                status_code::invalid_shape, {"expert_out"});
-  expect_error([&] { ref::combine_backward(r.cfg, r.d, r.L, eo, d, dy, s1, dw); },
+  expect_error([&] { ref::combine_backward(r.cfg, r.L, r.d, eo, d, dy, s1, dw); },
                status_code::invalid_shape, {"d_expert_out"});
-  expect_error([&] { ref::combine_backward(r.cfg, r.d, r.L, eo, d, s2, deo, dw); },
+  expect_error([&] { ref::combine_backward(r.cfg, r.L, r.d, eo, d, s2, deo, dw); },
                status_code::invalid_shape, {"dy"});
-  expect_error([&] { ref::combine_backward(r.cfg, r.d, r.L, eo, d, dy, deo, s3); },
+  expect_error([&] { ref::combine_backward(r.cfg, r.L, r.d, eo, d, dy, deo, s3); },
                status_code::invalid_shape, {"d_weight"});
-  expect_error([&] { ref::combine_backward(r.cfg, r.d, r.L, eo, d, dy, deo, dw, s2); },
+  expect_error([&] { ref::combine_backward(r.cfg, r.L, r.d, eo, d, dy, deo, dw, s2); },
                status_code::invalid_shape, {"d_x"});
   // d out of range
   for (std::int64_t bad_d :
        {std::int64_t{-1}, max_hidden + 1, std::numeric_limits<std::int64_t>::max()}) {
-    expect_error([&] { ref::combine_backward(r.cfg, r.d, r.L, eo, bad_d, dy, deo, dw); },
+    expect_error([&] { ref::combine_backward(r.cfg, r.L, r.d, eo, bad_d, dy, deo, dw); },
                  status_code::invalid_shape, {"hidden size d"});
-    expect_error([&] { ref::permute_backward(r.cfg, r.d, r.L, dbuf, bad_d, dx); },
+    expect_error([&] { ref::permute_backward(r.cfg, r.L, r.d, dbuf, bad_d, dx); },
                  status_code::invalid_shape, {"hidden size d"});
   }
   // config / dispatch / layout of another batch
   auto other = r.cfg;
   other.top_k = 1;
-  expect_error([&] { ref::combine_backward(other, r.d, r.L, eo, d, dy, deo, dw); },
+  expect_error([&] { ref::combine_backward(other, r.L, r.d, eo, d, dy, deo, dw); },
                status_code::invalid_argument, {"top_k"});
   auto d2 = r.d;
   d2.weight.pop_back();
-  expect_error([&] { ref::combine_backward(r.cfg, d2, r.L, eo, d, dy, deo, dw); },
+  expect_error([&] { ref::combine_backward(r.cfg, r.L, d2, eo, d, dy, deo, dw); },
                status_code::invalid_shape, {"dispatch_output weight"});
   d2 = r.d;
   d2.fates.resize(1);
-  expect_error([&] { ref::combine_backward(r.cfg, d2, r.L, eo, d, dy, deo, dw); },
+  expect_error([&] { ref::combine_backward(r.cfg, r.L, d2, eo, d, dy, deo, dw); },
                status_code::invalid_shape, {"dispatch_output fates"});
   auto L2 = r.L;
   L2.row_token.pop_back();
-  expect_error([&] { ref::combine_backward(r.cfg, r.d, L2, eo, d, dy, deo, dw); },
+  expect_error([&] { ref::combine_backward(r.cfg, L2, r.d, eo, d, dy, deo, dw); },
                status_code::invalid_shape, {"layout row_token"});
-  expect_error([&] { ref::permute_backward(r.cfg, r.d, L2, dbuf, d, dx); },
+  expect_error([&] { ref::permute_backward(r.cfg, L2, r.d, dbuf, d, dx); },
                status_code::invalid_shape, {"layout row_token"});
   L2 = r.L;
   L2.row_token[0] = static_cast<std::int32_t>(T);
-  expect_error([&] { ref::combine_backward(r.cfg, r.d, L2, eo, d, dy, deo, dw); },
+  expect_error([&] { ref::combine_backward(r.cfg, L2, r.d, eo, d, dy, deo, dw); },
                status_code::invalid_argument, {"layout row_token[0]"});
   L2 = r.L;
   L2.assignment_row[1] = R;
-  expect_error([&] { ref::combine_backward(r.cfg, r.d, L2, eo, d, dy, deo, dw); },
+  expect_error([&] { ref::combine_backward(r.cfg, L2, r.d, eo, d, dy, deo, dw); },
                status_code::invalid_argument, {"layout assignment_row[1]"});
-  expect_error([&] { ref::permute_backward(r.cfg, r.d, L2, dbuf, d, dx); },
+  expect_error([&] { ref::permute_backward(r.cfg, L2, r.d, dbuf, d, dx); },
                status_code::invalid_argument, {"layout assignment_row[1]"});
   L2 = r.L;
   L2.assignment_row.pop_back();
-  expect_error([&] { ref::permute_backward(r.cfg, r.d, L2, dbuf, d, dx); },
+  expect_error([&] { ref::permute_backward(r.cfg, L2, r.d, dbuf, d, dx); },
                status_code::invalid_shape, {"layout assignment_row"});
   L2 = r.L;
   L2.num_rows = -1;
-  CHECK_THROWS_AS(ref::permute_backward(r.cfg, r.d, L2, dbuf, d, dx), error);
-  expect_error([&] { ref::permute_backward(r.cfg, r.d, r.L, s1, d, dx); },
+  CHECK_THROWS_AS(ref::permute_backward(r.cfg, L2, r.d, dbuf, d, dx), error);
+  expect_error([&] { ref::permute_backward(r.cfg, r.L, r.d, s1, d, dx); },
                status_code::invalid_shape, {"d_buf"});
-  expect_error([&] { ref::permute_backward(r.cfg, r.d, r.L, dbuf, d, s2); },
+  expect_error([&] { ref::permute_backward(r.cfg, r.L, r.d, dbuf, d, s2); },
                status_code::invalid_shape, {"d_x"});
-  expect_error([&] { ref::permute_backward(r.cfg, r.d, r.L, dbuf, d, {}); },
+  expect_error([&] { ref::permute_backward(r.cfg, r.L, r.d, dbuf, d, {}); },
                status_code::invalid_shape, {"d_x"});
 }
 

@@ -72,7 +72,7 @@ void check_combine(const std::string& name, const routed& r, std::int64_t d) {
   const auto eo = upstream(rows * d, 5), x = upstream(T * d, 6), dy = upstream(T * d, 7);
   const std::vector<double> w(r.d.weight.begin(), r.d.weight.end());
   std::vector<double> d_eo(rows * d), d_w(T * k), d_x(T * d);
-  ref::combine_backward<double>(r.cfg, r.d, r.L, eo, d, dy, d_eo, d_w, d_x);
+  ref::combine_backward<double>(r.cfg, r.L, r.d, eo, d, dy, d_eo, d_w, d_x);
   const auto loss_eo = [&](const std::vector<double>& v) {
     return dot(dy, combine_double(r, w, v, x, d));
   };
@@ -94,7 +94,7 @@ void check_combine(const std::string& name, const routed& r, std::int64_t d) {
   std::vector<float> eo_f(eo.begin(), eo.end()), x_f(x.begin(), x.end()), y(T * d);
   const auto real = [&](const ref::dispatch_output& dd, const std::vector<float>& e,
                         const std::vector<float>& xx) {
-    ref::combine<float>(r.cfg, dd, r.L, e, d, xx, y);
+    ref::combine<float>(r.cfg, r.L, dd, e, d, xx, y);
     return dot(dy, y);
   };
   check_fd_float([&](const std::vector<float>& v) { return real(r.d, v, x_f); }, eo_f, d_eo);
@@ -108,7 +108,7 @@ void check_combine(const std::string& name, const routed& r, std::int64_t d) {
       r.d.weight, d_w_alive);
   // float backward = double backward to float rounding
   std::vector<float> dy_f(dy.begin(), dy.end()), d_eo_f(rows * d), d_w_f(T * k), d_x_f(T * d);
-  ref::combine_backward(r.cfg, r.d, r.L, eo_f, d, dy_f, d_eo_f, d_w_f, d_x_f);
+  ref::combine_backward(r.cfg, r.L, r.d, eo_f, d, dy_f, d_eo_f, d_w_f, d_x_f);
   for (std::int64_t i = 0; i < rows * d; ++i) REQUIRE(d_eo_f[i] == Approx(d_eo[i]).margin(1e-6));
   for (std::int64_t i = 0; i < T * k; ++i) REQUIRE(d_w_f[i] == Approx(d_w[i]).margin(1e-5));
 }
@@ -149,7 +149,7 @@ TEST_CASE("backward: permute gradient sums a token's distinct rows, matches fini
     INFO("padded " << padded);
     const auto dbuf = upstream(rows * d, 8), x = upstream(T * d, 9);
     std::vector<double> dx(T * d);
-    ref::permute_backward<double>(r.cfg, r.d, r.L, dbuf, d, dx);
+    ref::permute_backward<double>(r.cfg, r.L, r.d, dbuf, d, dx);
     // double forward: buf[row] = x[row_token[row]]
     const auto loss = [&](const std::vector<double>& xs) {
       double s = 0;
@@ -173,7 +173,7 @@ TEST_CASE("backward: permute gradient sums a token's distinct rows, matches fini
         x_f, dx);
     // accumulate adds on top of what is there
     std::vector<double> acc(T * d, 1.0);
-    ref::permute_backward<double>(r.cfg, r.d, r.L, dbuf, d, acc, true);
+    ref::permute_backward<double>(r.cfg, r.L, r.d, dbuf, d, acc, true);
     for (std::int64_t i = 0; i < T * d; ++i) CHECK(acc[i] == Approx(dx[i] + 1.0).margin(1e-15));
   }
 }
@@ -185,12 +185,12 @@ TEST_CASE("backward: combine and permute backward are bitwise deterministic",
   const auto eo = upstream(rows * d, 1), dy = upstream(T * d, 2);
   std::vector<float> eo_f(eo.begin(), eo.end()), dy_f(dy.begin(), dy.end());
   std::vector<float> a1(rows * d), w1(T * 3), a2(rows * d), w2(T * 3), x1(T * d), x2(T * d);
-  ref::combine_backward(r.cfg, r.d, r.L, eo_f, d, dy_f, a1, w1);
-  ref::combine_backward(r.cfg, r.d, r.L, eo_f, d, dy_f, a2, w2);
+  ref::combine_backward(r.cfg, r.L, r.d, eo_f, d, dy_f, a1, w1);
+  ref::combine_backward(r.cfg, r.L, r.d, eo_f, d, dy_f, a2, w2);
   CHECK(a1 == a2);
   CHECK(w1 == w2);
-  ref::permute_backward(r.cfg, r.d, r.L, a1, d, x1);
-  ref::permute_backward(r.cfg, r.d, r.L, a2, d, x2);
+  ref::permute_backward(r.cfg, r.L, r.d, a1, d, x1);
+  ref::permute_backward(r.cfg, r.L, r.d, a2, d, x2);
   CHECK(x1 == x2);
 }
 
@@ -202,7 +202,7 @@ TEST_CASE("backward: combine/permute backward in bf16 storage", "[backward][comb
     eo[i] = to_bf16(0.25f * static_cast<float>(i % 7) - 0.5f);
   for (std::int64_t i = 0; i < T * d; ++i) dy[i] = to_bf16(0.5f * static_cast<float>(i % 3) - 0.5f);
   std::vector<float> dw(T * 2);
-  ref::combine_backward<bf16_bits>(r.cfg, r.d, r.L, eo, d, dy, d_eo, dw);
+  ref::combine_backward<bf16_bits>(r.cfg, r.L, r.d, eo, d, dy, d_eo, dw);
   for (std::int64_t t = 0; t < T; ++t)
     for (std::int32_t j = 0; j < 2; ++j) {
       const std::int64_t row = r.L.assignment_row[t * 2 + j];
@@ -211,7 +211,7 @@ TEST_CASE("backward: combine/permute backward in bf16 storage", "[backward][comb
         want += to_float(dy[t * d + c]) * to_float(eo[row * d + c]);
       CHECK(dw[t * 2 + j] == want);
     }
-  ref::permute_backward<bf16_bits>(r.cfg, r.d, r.L, d_eo, d, dx);
+  ref::permute_backward<bf16_bits>(r.cfg, r.L, r.d, d_eo, d, dx);
   for (std::int64_t t = 0; t < T; ++t) {
     for (std::int64_t c = 0; c < d; ++c) {
       float want = 0.0f;  // both weights of the token times dy, each rounded to bf16 first

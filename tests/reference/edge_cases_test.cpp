@@ -88,7 +88,7 @@ TEST_CASE("edge: T = 0 is a successful no-op everywhere", "[reference][edge]") {
     CHECK(L.num_rows == 0);
     std::vector<float> none;
     reference::permute<float>(c, L, none, 0, 3, none);
-    reference::combine<float>(c, r.dispatch, L, none, 3, none, none);
+    reference::combine<float>(c, L, r.dispatch, none, 3, none, none);
     const auto st = reference::compute_stats(r.dispatch, L);
     CHECK(st.drop_rate == 0.0);
     CHECK(st.fully_dropped_tokens == 0);
@@ -151,7 +151,7 @@ TEST_CASE("edge: capacity 0 drops (or reroutes) everything", "[reference][edge]"
     std::vector<float> xx(T * d), rows(L.num_rows * d), y(T * d, -7.0f);
     for (std::size_t i = 0; i < xx.size(); ++i) xx[i] = static_cast<float>(i) * 0.5f;
     reference::permute<float>(c, L, xx, T, d, rows);
-    reference::combine<float>(c, r.dispatch, L, rows, d, xx, y);
+    reference::combine<float>(c, L, r.dispatch, rows, d, xx, y);
     for (std::size_t i = 0; i < y.size(); ++i) {
       if (policy == drop_policy::residual)
         CHECK(y[i] == xx[i]);

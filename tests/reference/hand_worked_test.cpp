@@ -74,7 +74,7 @@ TEST_CASE("hand-worked: the seed's token loop on six tokens", "[reference][hand]
   for (std::size_t i = 0; i < x.size(); ++i) x[i] = static_cast<float>(i + 1);
   std::vector<float> rows(L.num_rows * dm), y(six_T * dm);
   reference::permute<float>(cfg, L, x, six_T, dm, rows);
-  reference::combine<float>(cfg, d, L, rows, dm, x, y);  // identity experts
+  reference::combine<float>(cfg, L, d, rows, dm, x, y);  // identity experts
   for (std::int64_t c = 0; c < dm; ++c) {
     CHECK(y[3 * dm + c] == x[3 * dm + c]);
     CHECK(y[5 * dm + c] == x[5 * dm + c]);

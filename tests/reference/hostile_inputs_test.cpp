@@ -282,39 +282,39 @@ TEST_CASE("hostile: combine rejects mismatched config, layout and buffers",
   const std::int64_t d = 2;
   const std::vector<float> eo(static_cast<std::size_t>(r.L.num_rows * d), 1.0f), x(6 * d, 1.0f);
   std::vector<float> y(6 * d);
-  ref::combine<float>(r.cfg, r.d, r.L, eo, d, x, y);  // the good call works
+  ref::combine<float>(r.cfg, r.L, r.d, eo, d, x, y);  // the good call works
   auto other = r.cfg;
   other.top_k = 1;
-  expect_error([&] { ref::combine<float>(other, r.d, r.L, eo, d, x, y); },
+  expect_error([&] { ref::combine<float>(other, r.L, r.d, eo, d, x, y); },
                status_code::invalid_argument, {"does not match config", "top_k = 1"});
   other = r.cfg;
   other.dispatch.dropped = drop_policy::fallback;  // adds a dedicated expert the dispatch lacks
-  expect_error([&] { ref::combine<float>(other, r.d, r.L, eo, d, x, y); },
+  expect_error([&] { ref::combine<float>(other, r.L, r.d, eo, d, x, y); },
                status_code::invalid_argument, {"does not match config"});
   expect_error(
-      [&] { ref::combine<float>(r.cfg, r.d, r.L, std::span<const float>(eo).first(3), d, x, y); },
+      [&] { ref::combine<float>(r.cfg, r.L, r.d, std::span<const float>(eo).first(3), d, x, y); },
       status_code::invalid_shape, {"expert_out", "3 elements"});
   expect_error(
-      [&] { ref::combine<float>(r.cfg, r.d, r.L, eo, d, x, std::span<float>(y).first(11)); },
+      [&] { ref::combine<float>(r.cfg, r.L, r.d, eo, d, x, std::span<float>(y).first(11)); },
       status_code::invalid_shape, {"y", "11 elements", "expected 12"});
-  expect_error([&] { ref::combine<float>(r.cfg, r.d, r.L, eo, -2, x, y); },
+  expect_error([&] { ref::combine<float>(r.cfg, r.L, r.d, eo, -2, x, y); },
                status_code::invalid_shape, {"hidden size d", "-2"});
   auto res = r.cfg;
   res.dispatch.dropped = drop_policy::residual;
   expect_error(
-      [&] { ref::combine<float>(res, r.d, r.L, eo, d, std::span<const float>(x).first(4), y); },
+      [&] { ref::combine<float>(res, r.L, r.d, eo, d, std::span<const float>(x).first(4), y); },
       status_code::invalid_shape, {"x (residual policy)", "4 elements"});
   // a layout of a different (smaller) batch
   const auto small = route_small(3);
-  expect_error([&] { ref::combine<float>(r.cfg, r.d, small.L, eo, d, x, y); },
+  expect_error([&] { ref::combine<float>(r.cfg, small.L, r.d, eo, d, x, y); },
                status_code::invalid_shape, {"layout_output.assignment_row"});
   auto L = r.L;
   L.assignment_row[1] = L.num_rows + 5;
-  expect_error([&] { ref::combine<float>(r.cfg, r.d, L, eo, d, x, y); },
+  expect_error([&] { ref::combine<float>(r.cfg, L, r.d, eo, d, x, y); },
                status_code::invalid_argument, {"layout_output.assignment_row[1]"});
   auto dsp = r.d;
   dsp.weight.resize(3);
-  expect_error([&] { ref::combine<float>(r.cfg, dsp, r.L, eo, d, x, y); },
+  expect_error([&] { ref::combine<float>(r.cfg, r.L, dsp, eo, d, x, y); },
                status_code::invalid_shape, {"dispatch_output.weight"});
 }
 

@@ -1,6 +1,7 @@
 // SPDX-License-Identifier: Apache-2.0
 // Layouts (padded and compact with a block size), permute, combine (every drop policy,
 // including residual and fallback / next_choice reroutes) and the routing statistics.
+#include <algorithm>
 #include <catch2/catch.hpp>
 #include <cstdint>
 #include <moeroute/reference.hpp>
@@ -174,7 +175,7 @@ TEST_CASE("permute and combine: every drop policy, both layouts, exact expert ro
             for (std::int64_t cc = 0; cc < dm; ++cc)
               out[row * dm + cc] = rows[row * dm + cc] * static_cast<float>(row_expert[row] + 1);
           std::vector<float> y(T * dm, -99.0f);
-          reference::combine<float>(c, d, L, out, dm, x, y);
+          reference::combine<float>(c, L, d, out, dm, x, y);
           std::int64_t residual_tokens = 0;
           for (std::int64_t t = 0; t < T; ++t) {
             bool any = false;
@@ -232,8 +233,8 @@ TEST_CASE("combine: 16-bit buffers round the fp32 accumulation once", "[referenc
   reference::permute<bf16_bits>(c, L, xb, T, dm, ob);
   reference::permute<float>(c, L, xf, T, dm, of);
   for (std::size_t i = 0; i < ob.size(); ++i) CHECK(to_float(ob[i]) == of[i]);
-  reference::combine<bf16_bits>(c, r.dispatch, L, ob, dm, xb, yb);
-  reference::combine<float>(c, r.dispatch, L, of, dm, xf, yf);
+  reference::combine<bf16_bits>(c, L, r.dispatch, ob, dm, xb, yb);
+  reference::combine<float>(c, L, r.dispatch, of, dm, xf, yf);
   for (std::size_t i = 0; i < yb.size(); ++i) CHECK(yb[i].bits == to_bf16(yf[i]).bits);
 }
 
@@ -254,7 +255,7 @@ TEST_CASE("combine: padding tokens get zeros, not the residual", "[reference][co
   const std::vector<float> x = {1, 2, 3, 4, 5, 6, 7, 8};
   std::vector<float> rows(L.num_rows * dm), y(T * dm);
   reference::permute<float>(c, L, x, T, dm, rows);
-  reference::combine<float>(c, r.dispatch, L, rows, dm, x, y);
+  reference::combine<float>(c, L, r.dispatch, rows, dm, x, y);
   const float w = r.dispatch.weight[0];
   CHECK(y == std::vector<float>{w * 1, w * 2, 0, 0, 5, 6, 7, 8});
   const auto st = reference::compute_stats(r.dispatch, L);
@@ -262,4 +263,35 @@ TEST_CASE("combine: padding tokens get zeros, not the residual", "[reference][co
   CHECK(st.fully_dropped_tokens == 2);
   CHECK(st.drop_rate == 2.0 / 3.0);
   CHECK(st.padding_waste == 0.5);  // 2 experts x C = 1, one row used
+}
+
+// The argument order before 0.3 — (cfg, dispatch, layout, ...) — still compiles (deprecated)
+// and gives the same values as the order of the cpu / cuda params, (cfg, layout, dispatch).
+TEST_CASE("combine and the row backward passes: the old argument order still works",
+          "[reference][combine]") {
+  const routing_config cfg = presets::deepspeed_top2(8, 1.0);
+  const std::int64_t T = 24, d = 3;
+  std::vector<float> logits(T * 8);
+  for (std::size_t i = 0; i < logits.size(); ++i) logits[i] = float((i * 37) % 11) / 4.0f;
+  const auto r = reference::route<float>(cfg, logits, T);
+  const auto L = reference::layout(cfg, r.dispatch, layout_kind::padded);
+  std::vector<float> x(T * d), out(L.num_rows * d), dy(T * d, 0.5f);
+  for (std::size_t i = 0; i < x.size(); ++i) x[i] = float(i % 7) - 3.0f;
+  for (std::size_t i = 0; i < out.size(); ++i) out[i] = float(i % 5) / 2.0f;
+  std::vector<float> y_new(T * d), y_old(T * d), dout_new(out.size()), dout_old(out.size()),
+      dw_new(T * 2), dw_old(T * 2), dx_new(T * d), dx_old(T * d);
+  reference::combine<float>(cfg, L, r.dispatch, out, d, x, y_new);
+  reference::combine_backward<float>(cfg, L, r.dispatch, out, d, dy, dout_new, dw_new, dx_new);
+  reference::permute_backward<float>(cfg, L, r.dispatch, dout_new, d, dx_new, true);
+#pragma GCC diagnostic push
+#pragma GCC diagnostic ignored "-Wdeprecated-declarations"
+  reference::combine<float>(cfg, r.dispatch, L, out, d, x, y_old);
+  reference::combine_backward<float>(cfg, r.dispatch, L, out, d, dy, dout_old, dw_old, dx_old);
+  reference::permute_backward<float>(cfg, r.dispatch, L, dout_old, d, dx_old, true);
+#pragma GCC diagnostic pop
+  REQUIRE(y_old == y_new);
+  REQUIRE(dout_old == dout_new);
+  REQUIRE(dw_old == dw_new);
+  REQUIRE(dx_old == dx_new);
+  REQUIRE(std::any_of(y_new.begin(), y_new.end(), [](float v) { return v != 0.0f; }));
 }

@@ -305,7 +305,7 @@ TEST_CASE("validate: batch shapes and gating inputs", "[reference][validate]") {
   CHECK_THROWS_WITH(reference::permute<float>(presets::mixtral(8, 2), L, xx, 3, 4,
                                               std::span<float>(out.data(), 1)),
                     Contains("out has 1"));
-  CHECK_THROWS_WITH(reference::combine<float>(presets::mixtral(8, 2), r.dispatch, L, out, 4, xx,
+  CHECK_THROWS_WITH(reference::combine<float>(presets::mixtral(8, 2), L, r.dispatch, out, 4, xx,
                                               std::span<float>(y.data(), 5)),
                     Contains("y has 5"));
 }

@@ -21,7 +21,7 @@ namespace moeroute::reference {
 ///        in float. With drop_policy::residual a token with nothing kept or rerouted gets
 ///        y[t] = x[t]. expert_out [num_rows, d]; x [T, d] (needed for residual only); y [T, d].
 template <class T>
-void combine(const routing_config& cfg, const dispatch_output& dsp, const layout_output& L,
+void combine(const routing_config& cfg, const layout_output& L, const dispatch_output& dsp,
              std::span<const T> expert_out, std::int64_t d, std::span<const T> x, std::span<T> y) {
   const std::int64_t Tn = dsp.tokens;
   const std::int32_t k = dsp.k;
@@ -57,6 +57,14 @@ void combine(const routing_config& cfg, const dispatch_output& dsp, const layout
       for (std::int64_t c = 0; c < d; ++c) y[t * d + c] = from_float<T>(acc[c]);
     }
   }
+}
+
+/// @brief combine with the dispatch before the layout, the order before 0.3.
+template <class T>
+[[deprecated("reference::combine takes (cfg, layout, dispatch, ...), as cpu / cuda do")]] void
+combine(const routing_config& cfg, const dispatch_output& dsp, const layout_output& L,
+        std::span<const T> expert_out, std::int64_t d, std::span<const T> x, std::span<T> y) {
+  combine<T>(cfg, L, dsp, expert_out, d, x, y);
 }
 
 }  // namespace moeroute::reference

@@ -40,7 +40,7 @@ namespace moeroute::reference {
 ///                     valid token with nothing kept under drop_policy::residual, 0 elsewhere.
 ///                     Add permute_backward(..., accumulate = true) on top for the full d x.
 template <class T = float>
-void combine_backward(const routing_config& cfg, const dispatch_output& dsp, const layout_output& L,
+void combine_backward(const routing_config& cfg, const layout_output& L, const dispatch_output& dsp,
                       grad_cspan<T> expert_out, std::int64_t d, grad_cspan<T> dy,
                       grad_span<T> d_expert_out, grad_span<grad_acc_t<T>> d_weight,
                       grad_span<T> d_x = {}) {
@@ -90,6 +90,17 @@ void combine_backward(const routing_config& cfg, const dispatch_output& dsp, con
     const bool pass = residual && !any && k > 0 && dsp.fates[t * k] != fate::masked;
     for (std::int64_t c = 0; c < d; ++c) d_x[t * d + c] = pass ? dy[t * d + c] : T{};
   }
+}
+
+/// @brief combine_backward with the dispatch before the layout, the order before 0.3.
+template <class T = float>
+[[deprecated(
+    "reference::combine_backward takes (cfg, layout, dispatch, ...), as cpu / cuda do")]] void
+combine_backward(const routing_config& cfg, const dispatch_output& dsp, const layout_output& L,
+                 grad_cspan<T> expert_out, std::int64_t d, grad_cspan<T> dy,
+                 grad_span<T> d_expert_out, grad_span<grad_acc_t<T>> d_weight,
+                 grad_span<T> d_x = {}) {
+  combine_backward<T>(cfg, L, dsp, expert_out, d, dy, d_expert_out, d_weight, d_x);
 }
 
 }  // namespace moeroute::reference

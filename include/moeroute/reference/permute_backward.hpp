@@ -24,7 +24,7 @@ namespace moeroute::reference {
 /// @param d_x        [T, d]: written, or added to when accumulate (e.g. on top of the residual
 ///                   pass-through from combine_backward); the existing value is the first term.
 template <class T = float>
-void permute_backward(const routing_config& cfg, const dispatch_output& dsp, const layout_output& L,
+void permute_backward(const routing_config& cfg, const layout_output& L, const dispatch_output& dsp,
                       grad_cspan<T> d_buf, std::int64_t d, grad_span<T> d_x,
                       bool accumulate = false) {
   using A = grad_acc_t<T>;
@@ -50,6 +50,15 @@ void permute_backward(const routing_config& cfg, const dispatch_output& dsp, con
       d_x[t * d + c] = detail::store_acc<T>(acc);
     }
   }
+}
+
+/// @brief permute_backward with the dispatch before the layout, the order before 0.3.
+template <class T = float>
+[[deprecated(
+    "reference::permute_backward takes (cfg, layout, dispatch, ...), as cpu / cuda do")]] void
+permute_backward(const routing_config& cfg, const dispatch_output& dsp, const layout_output& L,
+                 grad_cspan<T> d_buf, std::int64_t d, grad_span<T> d_x, bool accumulate = false) {
+  permute_backward<T>(cfg, L, dsp, d_buf, d, d_x, accumulate);
 }
 
 }  // namespace moeroute::reference
