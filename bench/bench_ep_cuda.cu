@@ -44,8 +44,9 @@ void run_case(benchmark::State& st, const model_shape& m, std::int64_t T, std::i
       v = static_cast<float>((s >> 40) % 2000) / 500.0f;
     }
     const auto g = moeroute::reference::gating(cfg, logits, T);
-    const ep::plan p = ep::make_plan(t, cfg, place, opt, ep::layout(cfg, place, opt, t.rank(), g),
-                                     m.hidden, sizeof(__nv_bfloat16));
+    const ep::plan p =
+        ep::make_plan(t, cfg, place, opt, ep::local_dispatch(cfg, place, opt, t.rank(), g),
+                      m.hidden, sizeof(__nv_bfloat16));
     device_buffer<std::byte> plan_mem(std::max<std::size_t>(ep::cuda::device_plan_bytes(p), 1));
     ep::cuda::device_plan dp;
     moeroute::throw_if_error(

@@ -65,8 +65,8 @@ layer& layer_for(const moeroute::bench::model_shape& m, std::int64_t tokens,
   layer L;
   L.name = key;
   L.d = m.hidden;
-  L.plan = ep::make_plan(t, cfg, place, opt, ep::layout(cfg, place, opt, t.rank(), g), m.hidden,
-                         sizeof(bf16_bits));
+  L.plan = ep::make_plan(t, cfg, place, opt, ep::local_dispatch(cfg, place, opt, t.rank(), g),
+                         m.hidden, sizeof(bf16_bits));
   L.x.assign(tokens * m.hidden, bf16_bits{0x3f80});
   L.received.resize(L.plan.receive_rows * m.hidden);
   L.returned.resize(L.plan.send_total() * m.hidden);

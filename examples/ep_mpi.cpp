@@ -96,7 +96,7 @@ int main(int argc, char** argv) {
     // [snippet:ep-layer]
     // Phases: routing (local), layout (local), plan (the one counts exchange).
     const auto g = moeroute::reference::gating(cfg, logits, T);
-    const auto layout = ep::layout(cfg, place, opt, me, g);
+    const auto layout = ep::local_dispatch(cfg, place, opt, me, g);
     const ep::plan p = ep::make_plan(t, cfg, place, opt, layout, D, sizeof(float));
     std::vector<std::byte> ws(ep::workspace_bytes(p));
 

@@ -97,7 +97,7 @@ int main() {
 
         // Routing (host), layout (local), plan: the one counts exchange and host sync.
         const auto g = moeroute::reference::gating(cfg, logits, T);
-        const auto L = ep::layout(cfg, place, opt, me, g);
+        const auto L = ep::local_dispatch(cfg, place, opt, me, g);
         const ep::plan p = ep::make_plan(t, cfg, place, opt, L, D, sizeof(float));
         device_buffer<std::byte> plan_mem(std::max<std::size_t>(ep::cuda::device_plan_bytes(p), 1));
         ep::cuda::device_plan dp;

@@ -8,7 +8,7 @@
 #include <moeroute/ep/combine_backward.hpp>
 #include <moeroute/ep/dispatch.hpp>
 #include <moeroute/ep/dispatch_backward.hpp>
-#include <moeroute/ep/layout.hpp>
+#include <moeroute/ep/local_dispatch.hpp>
 #include <moeroute/ep/loopback.hpp>
 #include <moeroute/ep/options.hpp>
 #include <moeroute/ep/placement.hpp>

@@ -134,7 +134,7 @@ inline std::vector<check> all_checks(std::int32_t R) {
     rank_routing rr = route_rank(s, t.ranks(), t.rank());
     if (spoil_gating) {
       spoil_gating(rr.g);
-      rr.layout = ep::layout(s.cfg, rr.place, s.opt, t.rank(), rr.g);
+      rr.layout = ep::local_dispatch(s.cfg, rr.place, s.opt, t.rank(), rr.g);
     }
     return ep::make_plan(t, s.cfg, rr.place, s.opt, rr.layout, hidden, sizeof(float));
   };

@@ -86,13 +86,13 @@ inline batch make_batch(const scenario& s) {
 }
 
 /// One rank's share of a scenario: the global batch, the placement, its token range, its own
-/// routing (reference gating of its slice) and its ep::layout.
+/// routing (reference gating of its slice) and its ep::local_dispatch.
 struct rank_routing {
   batch b;
   ep::placement place = ep::placement::contiguous(1, 1);
   std::int64_t t0 = 0, n = 0;  ///< first global token, tokens on this rank
   reference::gating_output g;
-  ep::layout_output layout;
+  ep::local_dispatch_output layout;
 };
 inline rank_routing route_rank(const scenario& s, std::int32_t R, std::int32_t me) {
   rank_routing rr;
@@ -105,7 +105,7 @@ inline rank_routing route_rank(const scenario& s, std::int32_t R, std::int32_t m
                             rr.b.logits.begin() + (rr.t0 + rr.n) * E);
   std::vector<std::uint8_t> valid(rr.b.valid.begin() + rr.t0, rr.b.valid.begin() + rr.t0 + rr.n);
   rr.g = reference::gating(s.cfg, logits, rr.n, {}, valid);
-  rr.layout = ep::layout(s.cfg, rr.place, s.opt, me, rr.g);
+  rr.layout = ep::local_dispatch(s.cfg, rr.place, s.opt, me, rr.g);
   return rr;
 }
 

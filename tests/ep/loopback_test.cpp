@@ -109,8 +109,8 @@ TEST_CASE("ep receive_rows_bound covers every worst-case plan", "[ep]") {
     const std::int64_t t0 = b.first[t.rank()], n = b.first[t.rank() + 1] - t0;
     std::vector<float> logits(b.logits.begin() + t0 * 7, b.logits.begin() + (t0 + n) * 7);
     const auto g = moeroute::reference::gating(s.cfg, logits, n);
-    const auto p =
-        ep::make_plan(t, s.cfg, place, s.opt, ep::layout(s.cfg, place, s.opt, t.rank(), g), 4, 4);
+    const auto p = ep::make_plan(t, s.cfg, place, s.opt,
+                                 ep::local_dispatch(s.cfg, place, s.opt, t.rank(), g), 4, 4);
     if (p.receive_rows > ep::receive_rows_bound(s.cfg, place, s.opt, t.rank()))
       throw std::runtime_error("bound exceeded");
   });
@@ -122,7 +122,7 @@ TEST_CASE("ep simulate_plan (the capacity tool's cluster mode) equals every rank
     for (const auto& s : scenarios(R)) {
       INFO(s.name << " R=" << R);
       const auto place = make_placement(s, R);
-      std::vector<ep::layout_output> layouts(R);
+      std::vector<ep::local_dispatch_output> layouts(R);
       std::vector<ep::plan> plans(R);
       ep::loopback_group(R).run([&](ep::transport& t) {
         const std::int32_t me = t.rank();

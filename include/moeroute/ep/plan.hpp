@@ -19,7 +19,7 @@
 #include <moeroute/config.hpp>
 #include <moeroute/config_fields.hpp>
 #include <moeroute/ep/agree.hpp>
-#include <moeroute/ep/layout.hpp>
+#include <moeroute/ep/local_dispatch.hpp>
 #include <moeroute/ep/options.hpp>
 #include <moeroute/ep/placement.hpp>
 #include <moeroute/ep/transport.hpp>
@@ -382,7 +382,7 @@ namespace detail {
 /// One rank's counts record (what make_plan all-gathers): a fixed prefix, the rows per
 /// expert [ET] and, for the global scope, the requests [k, E].
 inline std::vector<std::int64_t> count_record(const routing_config& cfg, const options& opt,
-                                              const layout_output& L) {
+                                              const local_dispatch_output& L) {
   const bool global = opt.scope == capacity_scope::global;
   const std::int64_t ET = cfg.total_experts();
   const std::int64_t stride =
@@ -400,7 +400,7 @@ inline std::vector<std::int64_t> count_record(const routing_config& cfg, const o
 /// The plan of rank `me` from every rank's record, [R, stride]: pure arithmetic, the same on
 /// every rank for the group counts.
 inline plan plan_from_records(const routing_config& cfg, const placement& place, const options& opt,
-                              const layout_output& L, const std::vector<std::int64_t>& rec,
+                              const local_dispatch_output& L, const std::vector<std::int64_t>& rec,
                               std::int32_t me, std::int64_t hidden, std::size_t element_bytes) {
   const std::int32_t R = place.ranks();
   plan p;
@@ -584,7 +584,7 @@ inline plan plan_from_records(const routing_config& cfg, const placement& place,
 /// @brief Phase 2: the plan. Collective — every rank calls it, also ranks with T = 0.
 /// @param t             the group (its ranks() must equal place.ranks())
 /// @param cfg, place, opt  equal on every rank (validation mode checks fingerprints)
-/// @param L             this rank's ep::layout
+/// @param L             this rank's ep::local_dispatch
 /// @param hidden        d of the rows dispatch will move
 /// @param element_bytes sizeof the row element (2 for f16/bf16, 4 for f32, 8 for double)
 /// @return the plan. Bad input on any rank, or ranks that disagree, throw moeroute::error on
@@ -592,13 +592,13 @@ inline plan plan_from_records(const routing_config& cfg, const placement& place,
 /// @note One all-gather of a fixed header (validation mode) and one of the counts; no other
 ///       communication. Deterministic: the same inputs give the same plan on every run.
 [[nodiscard]] inline plan make_plan(transport& t, const routing_config& cfg, const placement& place,
-                                    const options& opt, const layout_output& L, std::int64_t hidden,
-                                    std::size_t element_bytes) {
+                                    const options& opt, const local_dispatch_output& L,
+                                    std::int64_t hidden, std::size_t element_bytes) {
   const std::int32_t R = t.ranks(), me = t.rank();
   status local = L.error;
   if (local && (L.rank != me || L.ranks != R))
     local = status::make(status_code::invalid_argument,
-                         "layout_output is for rank " + std::to_string(L.rank) + " of " +
+                         "local_dispatch_output is for rank " + std::to_string(L.rank) + " of " +
                              std::to_string(L.ranks) + "; this is rank " + std::to_string(me) +
                              " of " + std::to_string(R));
   if (local && (hidden < 0 || hidden > max_hidden))
@@ -634,11 +634,12 @@ inline plan plan_from_records(const routing_config& cfg, const placement& place,
 }
 
 /// @brief The plan rank `rank` would get, computed in one process from every rank's layout
-///        (layouts[r] = ep::layout for rank r): no communication. The group counts (send
+///        (layouts[r] = ep::local_dispatch for rank r): no communication. The group counts (send
 ///        matrix, expert rows, drops, hotspot) are every rank's. What the capacity tool uses
 ///        to simulate a cluster of any size. Throws the first rank's layout error.
 [[nodiscard]] inline plan simulate_plan(const routing_config& cfg, const placement& place,
-                                        const options& opt, std::span<const layout_output> layouts,
+                                        const options& opt,
+                                        std::span<const local_dispatch_output> layouts,
                                         std::int32_t rank, std::int64_t hidden = 0,
                                         std::size_t element_bytes = 4) {
   if (static_cast<std::int64_t>(layouts.size()) != place.ranks())

@@ -18,7 +18,7 @@
 #include <fmt/format.h>
 #include <nlohmann/json.hpp>
 
-#include <moeroute/ep/layout.hpp>
+#include <moeroute/ep/local_dispatch.hpp>
 #include <moeroute/ep/placement.hpp>
 #include <moeroute/ep/plan.hpp>
 #include <moeroute/reference.hpp>
@@ -134,10 +134,10 @@ inline std::vector<ep_row> simulate_ep(const routing_config& base, const sweep_i
     ep::options opt;
     opt.scope = scope;
     if (!ep::validate(cfg, opt)) return;  // e.g. global with a score priority: not simulated
-    std::vector<ep::layout_output> layouts;
+    std::vector<ep::local_dispatch_output> layouts;
     layouts.reserve(R);
     for (std::int32_t r = 0; r < R; ++r)
-      layouts.push_back(ep::layout(cfg, place, opt, r, gates[r]));
+      layouts.push_back(ep::local_dispatch(cfg, place, opt, r, gates[r]));
     const ep::plan p = ep::simulate_plan(cfg, place, opt, layouts, 0);
     ep_row row;
     row.input = in.name;
