@@ -295,6 +295,16 @@ struct routing_config {
     const std::int64_t c = std::int64_t{top_k} + dispatch.reroute.max_candidates;
     return static_cast<std::int32_t>(c < num_experts ? c : num_experts);
   }
+  /// R, the reroute candidates per token (next_choice; 0 otherwise): the width of
+  /// gating_result::d_reroute_ids.
+  [[nodiscard]] std::int32_t reroute_candidates() const noexcept {
+    return candidates_per_token() - top_k;
+  }
+  /// c, the experts a token counts for in the aux loss: 1 (aux_counts::top1) or k — the width
+  /// of gating_result::d_aux_count_ids.
+  [[nodiscard]] std::int32_t aux_counts_per_token() const noexcept {
+    return loss.counts == aux_counts::top1 ? 1 : top_k;
+  }
   /// Tokens per capacity group for a batch of T tokens: capacity.group_tokens, or T.
   [[nodiscard]] std::int64_t capacity_group_tokens(std::int64_t tokens) const noexcept {
     return capacity.group_tokens > 0 ? capacity.group_tokens : tokens;

@@ -78,7 +78,7 @@ struct gating_buffer_options {
     const routing_config& cfg, std::int64_t tokens, const gating_buffer_options& options = {}) {
   using bt = buffer_type;
   const std::int64_t T = tokens, E = cfg.num_experts, k = cfg.top_k;
-  const std::int64_t R = cfg.candidates_per_token() - cfg.top_k;
+  const std::int64_t R = cfg.reroute_candidates();
   const buffer_need z =
       cfg.loss.z_coefficient != 0.0f ? buffer_need::required : buffer_need::optional;
   std::vector<buffer_shape> s = {{"ids", bt::i32, {T, k}},
@@ -101,7 +101,7 @@ struct gating_buffer_options {
   if (cfg.gating.second_expert.policy == second_expert_policy::random)
     s.push_back({"second_skipped", bt::u8, {T}});
   if (options.per_token_aux) {
-    const std::int64_t c = cfg.loss.counts == aux_counts::top1 ? 1 : k;
+    const std::int64_t c = cfg.aux_counts_per_token();
     s.push_back({"aux_scores", bt::f32, {T, E}, buffer_need::optional});
     s.push_back({"aux_count_ids", bt::i32, {T, c}, buffer_need::optional});
   }

@@ -191,8 +191,7 @@ name, as the C++ routing_config and docs/api.md spell it ("capacity.factor",
       .def_property_readonly("total_experts", &routing_config::total_experts,
                              "E, plus one for a dedicated fallback expert")
       .def_property_readonly(
-          "reroute_candidates",
-          [](const routing_config& c) { return c.candidates_per_token() - c.top_k; },
+          "reroute_candidates", [](const routing_config& c) { return c.reroute_candidates(); },
           "R: next-best experts gating keeps per token for next_choice")
       .def(
           "capacity",

@@ -171,7 +171,7 @@ inline std::string describe(const routing_config& c, std::int64_t T) {
     << to_string(c.gating.noise.target) << " counts=" << to_string(c.loss.counts) << "/"
     << to_string(c.loss.count_source) << " L=" << c.loss.sequence_length << "/"
     << to_string(c.loss.sequence_order) << "/" << to_string(c.loss.sequence_reduce)
-    << " R=" << c.candidates_per_token() - c.top_k;
+    << " R=" << c.reroute_candidates();
   return o.str();
 }
 

@@ -34,7 +34,7 @@ inline std::string at(std::int64_t a, std::int32_t k) {
 ///        aux counts summing to valid tokens * counted.
 inline std::string gating_violation(const routing_config& cfg, const reference::gating_output& g) {
   const std::int64_t T = g.tokens;
-  const std::int32_t k = cfg.top_k, E = cfg.num_experts, R = cfg.candidates_per_token() - k;
+  const std::int32_t k = cfg.top_k, E = cfg.num_experts, R = cfg.reroute_candidates();
   if (g.k != k || g.experts != E || g.reroute_candidates != R) return "gating_output extents";
   if (static_cast<std::int64_t>(g.ids.size()) != T * k ||
       static_cast<std::int64_t>(g.gates.size()) != T * k ||
@@ -69,7 +69,7 @@ inline std::string gating_violation(const routing_config& cfg, const reference::
     if (!std::isfinite(g.logsumexp[t])) return "logsumexp not finite at token " + std::to_string(t);
   }
   if (g.valid_tokens != valid) return "valid_tokens disagrees with the mask";
-  const std::int64_t counted = cfg.loss.counts == aux_counts::top1 ? 1 : k;
+  const std::int64_t counted = cfg.aux_counts_per_token();
   std::int64_t sum = 0;
   for (std::int32_t e = 0; e < E; ++e) {
     sum += g.aux_count[e];
@@ -92,7 +92,7 @@ inline std::string dispatch_violation(const routing_config& cfg, const reference
   using detail::at;
   const std::int64_t T = d.tokens;
   const std::int32_t k = d.k, E = d.experts, ET = d.total_experts;
-  const std::int32_t R = cfg.candidates_per_token() - cfg.top_k;
+  const std::int32_t R = cfg.reroute_candidates();
   if (T != g.tokens || k != cfg.top_k || E != cfg.num_experts || ET != cfg.total_experts())
     return "dispatch_output extents";
   if (static_cast<std::int64_t>(d.fates.size()) != T * k ||

@@ -35,7 +35,7 @@ struct given {
 
   given(const routing_config& cfg, std::int64_t T, std::uint64_t seed, bool masked) {
     lcg r(seed);
-    const std::int32_t E = cfg.num_experts, k = cfg.top_k, R = cfg.candidates_per_token() - k;
+    const std::int32_t E = cfg.num_experts, k = cfg.top_k, R = cfg.reroute_candidates();
     for (std::int64_t t = 0; t < T; ++t) {
       std::vector<std::int32_t> pool(static_cast<std::size_t>(E));
       for (std::int32_t e = 0; e < E; ++e) pool[e] = e;

@@ -41,7 +41,7 @@ struct cpu_gating_buffers {
     const std::size_t E = static_cast<std::size_t>(cfg.num_experts),
                       t = static_cast<std::size_t>(T);
     const std::size_t k = static_cast<std::size_t>(cfg.top_k);
-    const std::size_t R = static_cast<std::size_t>(cfg.candidates_per_token() - cfg.top_k);
+    const std::size_t R = static_cast<std::size_t>(cfg.reroute_candidates());
     g.ids.assign(t * k, -7);
     g.gates.assign(t * k, -7.0f);
     g.reroute_ids.assign(t * R, -7);
@@ -49,7 +49,7 @@ struct cpu_gating_buffers {
     g.token_priority.assign(cfg.dispatch.prio == priority::batch_prioritized ? t : 0, -7.0f);
     g.second_skipped.assign(cfg.gating.second_expert.policy == second_expert_policy::random ? t : 0,
                             7);
-    const std::size_t counted = cfg.loss.counts == aux_counts::top1 ? 1 : k;
+    const std::size_t counted = cfg.aux_counts_per_token();
     g.aux_scores.assign(t * E, -7.0f);
     g.aux_count_ids.assign(t * counted, -7);
     g.aux_score_sum.assign(E, -7.0);

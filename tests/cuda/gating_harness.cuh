@@ -56,9 +56,8 @@ struct gating_buffers {
         skipped(static_cast<std::size_t>(
             cfg.gating.second_expert.policy == second_expert_policy::random ? T : 0)),
         ids(static_cast<std::size_t>(T * cfg.top_k)),
-        reroute(static_cast<std::size_t>(T * (cfg.candidates_per_token() - cfg.top_k))),
-        count_ids(
-            static_cast<std::size_t>(T * (cfg.loss.counts == aux_counts::top1 ? 1 : cfg.top_k))),
+        reroute(static_cast<std::size_t>(T * (cfg.reroute_candidates()))),
+        count_ids(static_cast<std::size_t>(T * cfg.aux_counts_per_token())),
         gates(static_cast<std::size_t>(T * cfg.top_k)),
         lse(static_cast<std::size_t>(T)),
         priority(

@@ -34,7 +34,7 @@ reference::gating_output as_gating_output(const routing_config& cfg, std::int64_
   o.tokens = T;
   o.experts = cfg.num_experts;
   o.k = cfg.top_k;
-  o.reroute_candidates = cfg.candidates_per_token() - cfg.top_k;
+  o.reroute_candidates = cfg.reroute_candidates();
   o.ids = g.ids;
   o.gates = g.gates;
   o.reroute_ids = g.reroute_ids;

@@ -80,7 +80,7 @@ inline test::gating_outputs run_cpu_gating(const routing_config& cfg,
   test::gating_outputs g;
   const std::size_t t = static_cast<std::size_t>(T), k = static_cast<std::size_t>(cfg.top_k),
                     E = static_cast<std::size_t>(cfg.num_experts),
-                    R = static_cast<std::size_t>(cfg.candidates_per_token() - cfg.top_k);
+                    R = static_cast<std::size_t>(cfg.reroute_candidates());
   const std::size_t S =
       cfg.loss.sequence_length > 0 ? static_cast<std::size_t>(T / cfg.loss.sequence_length) : 0;
   g.ids.resize(t * k);
@@ -90,7 +90,7 @@ inline test::gating_outputs run_cpu_gating(const routing_config& cfg,
   g.token_priority.resize(cfg.dispatch.prio == priority::batch_prioritized ? t : 0);
   g.second_skipped.resize(cfg.gating.second_expert.policy == second_expert_policy::random ? t : 0);
   g.aux_scores.resize(t * E);
-  g.aux_count_ids.resize(t * (cfg.loss.counts == aux_counts::top1 ? 1 : k));
+  g.aux_count_ids.resize(t * static_cast<std::size_t>(cfg.aux_counts_per_token()));
   g.aux_score_sum.resize(E);
   g.aux_count.resize(E);
   g.seq_score_sum.resize(S * E);
@@ -125,7 +125,7 @@ inline bool differs_by_near_ties_only(const routing_config& cfg, const std::vect
                                       const reference::gating_output& want,
                                       const test::gating_outputs& got) {
   const auto& g = cfg.gating;
-  const std::int32_t E = cfg.num_experts, k = cfg.top_k, R = cfg.candidates_per_token() - k;
+  const std::int32_t E = cfg.num_experts, k = cfg.top_k, R = cfg.reroute_candidates();
   if (!got.st.ok() || got.ids.size() != want.ids.size() ||
       got.reroute_ids.size() != want.reroute_ids.size())
     return false;

@@ -58,7 +58,7 @@ bool throws_code(F&& fn, status_code code) {
 /// logits, an independent top-k (sanitised logits, larger first, ties to the lower index).
 inline void check_against_logits(const decoded_case& c, const reference::gating_output& g) {
   const routing_config& cfg = c.cfg;
-  const std::int32_t E = cfg.num_experts, k = cfg.top_k, R = cfg.candidates_per_token() - k;
+  const std::int32_t E = cfg.num_experts, k = cfg.top_k, R = cfg.reroute_candidates();
   const bool plain_selection = cfg.gating.select == select_from::logits && !cfg.noise_active() &&
                                !cfg.gating.expert_bias && cfg.gating.group_limit.groups <= 1 &&
                                cfg.gating.second_expert.policy != second_expert_policy::sampling;

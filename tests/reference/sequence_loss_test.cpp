@@ -225,7 +225,7 @@ TEST_CASE("per-token aux outputs add up to the sums; padding rows count for noth
   for (const auto& c :
        {presets::megatron(E, 3), presets::deepspeed_top2(E), presets::olmoe(E, 4)}) {
     const auto g = ref::gating(c, grid_logits(T, E, 71), T, {}, valid);
-    const std::int32_t cn = c.loss.counts == aux_counts::top1 ? 1 : c.top_k;
+    const std::int32_t cn = c.aux_counts_per_token();
     REQUIRE(g.aux_scores.size() == static_cast<std::size_t>(T * E));
     REQUIRE(g.aux_count_ids.size() == static_cast<std::size_t>(T * cn));
     std::vector<double> psum(E, 0.0);

@@ -64,7 +64,7 @@ namespace detail {
       return bad("gated.d_ids", a, "is outside [0, num_experts)");
     if (!std::isfinite(p.gated.d_gates[a])) return bad("gated.d_gates", a, "is not finite");
   }
-  const std::int64_t R = cfg.candidates_per_token() - cfg.top_k;
+  const std::int64_t R = cfg.reroute_candidates();
   for (std::int64_t i = 0; i < p.tokens * R; ++i)
     if (p.gated.d_reroute_ids[i] < 0 || p.gated.d_reroute_ids[i] >= E)
       return bad("gated.d_reroute_ids", i, "is outside [0, num_experts)");
@@ -214,7 +214,7 @@ class dispatch_run {
   /// them; ids an engine chose itself may not be (O(T (k + R)), `held` as the stamp of the
   /// last token that named each expert, before anything is written).
   [[nodiscard]] status check_distinct() const {
-    return detail::check_distinct(p_, T_, E_, k_, cfg_.candidates_per_token() - k_, w_.held);
+    return detail::check_distinct(p_, T_, E_, k_, cfg_.reroute_candidates(), w_.held);
   }
 
   /// Outputs cleared, fates and requests, the valid assignments in priority order, the
@@ -251,7 +251,7 @@ class dispatch_run {
   /// drop_policy::next_choice: rounds over the dropped assignments in order, each trying its
   /// token's next reroute candidate; stops after a round with no attempt.
   void next_choice() {
-    const std::int32_t R = cfg_.candidates_per_token() - k_;
+    const std::int32_t R = cfg_.reroute_candidates();
     std::fill(w_.next, w_.next + T_, 0);
     for (std::int32_t round = 0; round < R; ++round) {
       bool any = false;

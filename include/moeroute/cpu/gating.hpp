@@ -211,7 +211,7 @@ struct gating_agent {
     E = cfg.num_experts;
     row_bytes = static_cast<std::size_t>(E) * sizeof(Element);
     k = cfg.top_k;
-    R = cfg.candidates_per_token() - k;
+    R = cfg.reroute_candidates();
     G = g.group_limit.groups > 1 ? g.group_limit.groups : 1;
     per_group = E / G;
     softmax_score = g.score == score_function::softmax;
@@ -514,7 +514,7 @@ struct gating_agent {
 
     // 7. aux inputs over valid tokens
     is_valid = p.d_valid == nullptr || p.d_valid[t] != 0;
-    const std::int32_t counted = cfg.loss.counts == aux_counts::top1 ? 1 : k;
+    const std::int32_t counted = cfg.aux_counts_per_token();
     if (!is_valid) {  // the optional per-token outputs: nothing counted
       if (o.d_aux_scores != nullptr)
         std::fill(o.d_aux_scores + t * E, o.d_aux_scores + (t + 1) * E, 0.0f);

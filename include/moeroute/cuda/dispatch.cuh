@@ -96,7 +96,7 @@ class dispatch_run {
     s_.n = p.tokens * cfg.top_k;
     s_.experts = cfg.num_experts;
     s_.total_experts = cfg.total_experts();
-    s_.reroute = cfg.candidates_per_token() - cfg.top_k;
+    s_.reroute = cfg.reroute_candidates();
     s_.groups = cfg.capacity_groups(p.tokens);
     s_.group_tokens = cfg.capacity_group_tokens(p.tokens);
     s_.gated = p.gated;

@@ -16,7 +16,7 @@
 namespace moeroute {
 
 /// @brief Inputs and outputs of one gating call. Every output is written (never added to).
-///        R = cfg.candidates_per_token() - k reroute candidates; S = T / loss.sequence_length.
+///        R = cfg.reroute_candidates(); S = T / loss.sequence_length.
 /// @tparam Element the logits' type: float, __half or __nv_bfloat16
 template <class Element>
 struct gating_params {

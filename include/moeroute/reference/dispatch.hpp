@@ -155,7 +155,7 @@ inline priority_key make_key(const routing_config& cfg, const gating_output& g, 
     return bad(status_code::invalid_argument,
                "gating_output.k = " + std::to_string(g.k) +
                    " does not match config top_k = " + std::to_string(cfg.top_k));
-  const std::int32_t R = cfg.candidates_per_token() - cfg.top_k;
+  const std::int32_t R = cfg.reroute_candidates();
   if (g.reroute_candidates != R)
     return bad(status_code::invalid_argument,
                "gating_output.reroute_candidates = " + std::to_string(g.reroute_candidates) +

@@ -182,7 +182,7 @@ gating_output gating(const routing_config& cfg, std::span<const In> logits, std:
   const bool softmax_after =
       g.score == score_function::softmax && g.stage == softmax_stage::after_topk;
   const bool noise = cfg.noise_active();
-  const std::int32_t R = cfg.candidates_per_token() - k;
+  const std::int32_t R = cfg.reroute_candidates();
 
   gating_output out;
   out.tokens = tokens;
@@ -206,7 +206,7 @@ gating_output gating(const routing_config& cfg, std::span<const In> logits, std:
   out.seq_score_sum.assign(out.sequences * E, 0.0);
   out.seq_count.assign(out.sequences * E, 0);
   out.seq_tokens.assign(out.sequences, 0);
-  const std::int32_t counted = cfg.loss.counts == aux_counts::top1 ? 1 : k;
+  const std::int32_t counted = cfg.aux_counts_per_token();
   out.aux_scores.assign(tokens * E, 0.0f);
   out.aux_count_ids.assign(tokens * counted, -1);
 

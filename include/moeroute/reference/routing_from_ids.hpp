@@ -52,7 +52,7 @@ inline gating_output routing_from_ids(const routing_config& cfg, const given_rou
   g.tokens = T;
   g.experts = cfg.num_experts;
   g.k = k;
-  g.reroute_candidates = cfg.candidates_per_token() - k;
+  g.reroute_candidates = cfg.reroute_candidates();
   g.ids.assign(r.ids.begin(), r.ids.end());
   g.gates.assign(r.gates.begin(), r.gates.end());
   g.reroute_ids.assign(r.reroute_ids.begin(), r.reroute_ids.end());
@@ -73,7 +73,7 @@ inline gating_output routing_from_ids(const routing_config& cfg, const given_rou
   g.seq_score_sum.assign(static_cast<std::size_t>(g.sequences * E), 0.0);
   g.seq_count.assign(static_cast<std::size_t>(g.sequences * E), 0);
   g.seq_tokens.assign(static_cast<std::size_t>(g.sequences), 0);
-  const std::int32_t counted = cfg.loss.counts == aux_counts::top1 ? 1 : k;
+  const std::int32_t counted = cfg.aux_counts_per_token();
   for (std::int64_t t = 0; t < T; ++t) {
     if (g.valid[static_cast<std::size_t>(t)] == 0) continue;
     const std::int64_t seq = L > 0 ? t / L : -1;

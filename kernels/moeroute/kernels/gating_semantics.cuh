@@ -36,7 +36,7 @@ inline gating_semantics make_gating_semantics(const routing_config& cfg) {
   gating_semantics s;
   s.experts = cfg.num_experts;
   s.k = cfg.top_k;
-  s.reroute = cfg.candidates_per_token() - cfg.top_k;
+  s.reroute = cfg.reroute_candidates();
   s.score = g.score;
   s.select_scores = g.select == select_from::scores;
   s.softmax_after = g.score == score_function::softmax && g.stage == softmax_stage::after_topk;
@@ -54,7 +54,7 @@ inline gating_semantics make_gating_semantics(const routing_config& cfg) {
   s.noise_scale = g.noise.scale;
   s.noise_seed = g.noise.seed;
   s.noise_offset = g.noise.offset;
-  s.counted = cfg.loss.counts == aux_counts::top1 ? 1 : cfg.top_k;
+  s.counted = cfg.aux_counts_per_token();
   s.fresh_counts = cfg.loss.count_source == aux_count_source::fresh_topk;
   s.token_priority = cfg.dispatch.prio == priority::batch_prioritized;
   s.second_sampling = g.second_expert.policy == second_expert_policy::sampling;

@@ -29,7 +29,7 @@ struct gating_variant {
   friend bool operator==(const gating_variant&, const gating_variant&) = default;
 };
 inline gating_variant variant_of(const routing_config& cfg) {
-  return {cfg.candidates_per_token() - cfg.top_k, cfg.dispatch.prio == priority::batch_prioritized,
+  return {cfg.reroute_candidates(), cfg.dispatch.prio == priority::batch_prioritized,
           cfg.loss.z_coefficient != 0.0f};
 }
 
