@@ -16,6 +16,8 @@
 #include <moeroute/cpu/gating.hpp>
 #include <moeroute/reference/gating.hpp>
 
+#include <moeroute/reference/views.hpp>
+
 #include "../common/gating_cases.hpp"
 #include "../common/gating_compare.hpp"
 #include "reverse_order_run.hpp"
@@ -37,26 +39,8 @@ struct cpu_gating_buffers {
                      std::size_t misalign_elements)
       : logits(h_logits.size() + misalign_elements), bias(h_bias), valid(h_valid) {
     std::copy(h_logits.begin(), h_logits.end(), logits.begin() + misalign_elements);
-    const std::int64_t S = cfg.loss.sequence_length > 0 ? T / cfg.loss.sequence_length : 0;
-    const std::size_t E = static_cast<std::size_t>(cfg.num_experts),
-                      t = static_cast<std::size_t>(T);
-    const std::size_t k = static_cast<std::size_t>(cfg.top_k);
-    const std::size_t R = static_cast<std::size_t>(cfg.reroute_candidates());
-    g.ids.assign(t * k, -7);
-    g.gates.assign(t * k, -7.0f);
-    g.reroute_ids.assign(t * R, -7);
-    g.logsumexp.assign(t, -7.0f);
-    g.token_priority.assign(cfg.dispatch.prio == priority::batch_prioritized ? t : 0, -7.0f);
-    g.second_skipped.assign(cfg.gating.second_expert.policy == second_expert_policy::random ? t : 0,
-                            7);
-    const std::size_t counted = cfg.aux_counts_per_token();
-    g.aux_scores.assign(t * E, -7.0f);
-    g.aux_count_ids.assign(t * counted, -7);
-    g.aux_score_sum.assign(E, -7.0);
-    g.aux_count.assign(E, -7);
-    g.seq_score_sum.assign(static_cast<std::size_t>(S) * E, -7.0);
-    g.seq_count.assign(static_cast<std::size_t>(S) * E, -7);
-    g.seq_tokens.assign(static_cast<std::size_t>(S), -7);
+    // every output the config has, per-token aux included, filled with garbage
+    reference::resize_gating_outputs(g, cfg, T, {/*logsumexp=*/true, /*per_token_aux=*/true}, -7.0);
     workspace.assign(cpu::gating_workspace_bytes(cfg, T), 0xAB);
     p.d_logits = logits.data() + misalign_elements;
     p.tokens = T;

@@ -78,24 +78,7 @@ inline test::gating_outputs run_cpu_gating(const routing_config& cfg,
                                            const std::vector<float>& bias,
                                            const std::vector<std::uint8_t>& valid) {
   test::gating_outputs g;
-  const std::size_t t = static_cast<std::size_t>(T), k = static_cast<std::size_t>(cfg.top_k),
-                    E = static_cast<std::size_t>(cfg.num_experts),
-                    R = static_cast<std::size_t>(cfg.reroute_candidates());
-  const std::size_t S =
-      cfg.loss.sequence_length > 0 ? static_cast<std::size_t>(T / cfg.loss.sequence_length) : 0;
-  g.ids.resize(t * k);
-  g.gates.resize(t * k);
-  g.reroute_ids.resize(t * R);
-  g.logsumexp.resize(t);
-  g.token_priority.resize(cfg.dispatch.prio == priority::batch_prioritized ? t : 0);
-  g.second_skipped.resize(cfg.gating.second_expert.policy == second_expert_policy::random ? t : 0);
-  g.aux_scores.resize(t * E);
-  g.aux_count_ids.resize(t * static_cast<std::size_t>(cfg.aux_counts_per_token()));
-  g.aux_score_sum.resize(E);
-  g.aux_count.resize(E);
-  g.seq_score_sum.resize(S * E);
-  g.seq_count.resize(S * E);
-  g.seq_tokens.resize(S);
+  reference::resize_gating_outputs(g, cfg, T, {/*logsumexp=*/true, /*per_token_aux=*/true});
   gating_params<float> p;
   p.d_logits = logits.data();
   p.tokens = T;

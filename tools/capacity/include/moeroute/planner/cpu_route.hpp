@@ -18,6 +18,7 @@
 
 #include <moeroute/cpu.hpp>
 #include <moeroute/reference.hpp>
+#include <moeroute/reference/views.hpp>
 
 namespace moeroute::planner {
 
@@ -86,29 +87,16 @@ class cpu_gating_call {
     r_.variant = variant_of(cfg);
     r_.tokens = T;
     reference::gating_output& g = r_.g;
-    const std::size_t t = static_cast<std::size_t>(T), k = static_cast<std::size_t>(cfg.top_k),
-                      E = static_cast<std::size_t>(cfg.num_experts),
-                      R = static_cast<std::size_t>(r_.variant.reroute_candidates);
     const std::int64_t L = cfg.loss.sequence_length;
-    const std::size_t S = L > 0 ? static_cast<std::size_t>(T / L) : 0;
     g.tokens = T;
     g.experts = cfg.num_experts;
     g.k = cfg.top_k;
     g.reroute_candidates = r_.variant.reroute_candidates;
-    g.ids.resize(t * k);
-    g.gates.resize(t * k);
-    g.reroute_ids.resize(t * R);
-    g.logsumexp.resize(r_.variant.z_loss ? t : 0);
-    g.token_priority.resize(r_.variant.prioritized ? t : 0);
-    g.second_skipped.resize(cfg.gating.second_expert.policy == second_expert_policy::random ? t
-                                                                                            : 0);
-    g.valid.assign(t, 1);
-    g.aux_score_sum.resize(E);
-    g.aux_count.resize(E);
-    g.sequences = static_cast<std::int64_t>(S);
-    g.seq_score_sum.resize(S * E);
-    g.seq_count.resize(S * E);
-    g.seq_tokens.resize(S);
+    g.sequences = L > 0 ? T / L : 0;
+    // the buffers cpu::gating writes for this config (shapes.hpp): the logsumexp only with a
+    // z-loss, as an engine without one passes none
+    reference::resize_gating_outputs(g, cfg, T, {/*logsumexp=*/r_.variant.z_loss, false});
+    g.valid.assign(static_cast<std::size_t>(T), 1);
     p_.d_logits = logits.data();
     p_.tokens = T;
     p_.d_bias = bias.empty() ? nullptr : bias.data();
