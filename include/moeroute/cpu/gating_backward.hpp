@@ -267,37 +267,46 @@ struct gating_backward_agent {
         }
         jof[ids[j]] = static_cast<std::int8_t>(j);
       }
+    // The four terms at element e, named as the reference's passes that add them
+    // (reference::routing_backward, aux_loss_backward, sequence_aux_loss_backward,
+    // z_loss_backward) and as the kernel's helpers.
+    const auto routing_backward = [&](std::int32_t e) {
+      double r = 0.0;
+      // the choices naming e, in j order: the mapped one, or all k scanned
+      const std::int32_t j_lo = mapped ? (jof[e] >= 0 ? jof[e] : k) : 0;
+      const std::int32_t j_hi = mapped ? (jof[e] >= 0 ? jof[e] + 1 : k) : k;
+      if (softmax_after) {
+        for (std::int32_t j = j_lo; j < j_hi; ++j)
+          if (ids[j] == e) r += h_of(j) * (dgpre_of(j) - dot3);
+        return r;
+      }
+      if (score == score_function::softmax) r = -s_of(e) * dot3;
+      for (std::int32_t j = j_lo; j < j_hi; ++j) {
+        if (ids[j] != e) continue;
+        if (score == score_function::softmax) {
+          r += s_of(e) * dh_of(j);
+        } else {
+          const double x = xg(e);
+          r += dh_of(j) * bwd::score_deriv(score, x, bwd::score(score, x));
+        }
+      }
+      return r;
+    };
+    const auto aux_loss_backward = [&](std::int32_t e) {
+      return p_backward(e, c_aux * static_cast<double>(aux_count[e]), dot_aux);
+    };
+    const auto sequence_aux_loss_backward = [&](std::int32_t e) {
+      return p_backward(e, gp_seq(e), dot_seq);
+    };
+    const auto z_loss_backward = [&](std::int32_t e) { return c_z * lse * soft(e); };
     // ---- one pass over the row: routing, aux, sequence-aux, z, each rounded and added
     for (std::int32_t e = 0; e < E; ++e) {
       float v = p.accumulate ? out[e] : 0.0f;
       if (std::isfinite(raw(e))) {
-        if (any) {
-          double r = 0.0;
-          // the choices naming e, in j order: the mapped one, or all k scanned
-          const std::int32_t j_lo = mapped ? (jof[e] >= 0 ? jof[e] : k) : 0;
-          const std::int32_t j_hi = mapped ? (jof[e] >= 0 ? jof[e] + 1 : k) : k;
-          if (softmax_after) {
-            for (std::int32_t j = j_lo; j < j_hi; ++j)
-              if (ids[j] == e) r += h_of(j) * (dgpre_of(j) - dot3);
-          } else {
-            if (score == score_function::softmax) r = -s_of(e) * dot3;
-            for (std::int32_t j = j_lo; j < j_hi; ++j) {
-              if (ids[j] != e) continue;
-              if (score == score_function::softmax) {
-                r += s_of(e) * dh_of(j);
-              } else {
-                const double x = xg(e);
-                r += dh_of(j) * bwd::score_deriv(score, x, bwd::score(score, x));
-              }
-            }
-          }
-          v += static_cast<float>(r);
-        }
-        if (aux)
-          v +=
-              static_cast<float>(p_backward(e, c_aux * static_cast<double>(aux_count[e]), dot_aux));
-        if (seq) v += static_cast<float>(p_backward(e, gp_seq(e), dot_seq));
-        if (zl) v += static_cast<float>(c_z * lse * soft(e));
+        if (any) v += static_cast<float>(routing_backward(e));
+        if (aux) v += static_cast<float>(aux_loss_backward(e));
+        if (seq) v += static_cast<float>(sequence_aux_loss_backward(e));
+        if (zl) v += static_cast<float>(z_loss_backward(e));
       }
       out[e] = v;
     }

@@ -2,7 +2,9 @@
 // CPU reference, backward of stage 1 and of the losses: gradients with respect to the router
 // logits from the combine weights (routing), the load-balancing loss and the z-loss.
 // Plain loops, one token at a time, every intermediate in double; the formulas are in
-// docs/numerics.md ("Gradients").
+// docs/numerics.md ("Gradients"). The four terms are the passes routing_backward,
+// aux_loss_backward, sequence_aux_loss_backward and z_loss_backward; cpu::gating_backward and
+// the kernel name their per-element helpers the same, and add the terms in this order.
 #pragma once
 
 #include <algorithm>

@@ -246,35 +246,44 @@ __global__ void gating_backward_kernel(const gating_backward_args<Element> a) {
       return bwd::score_deriv(sem.score, x, sc) * (gp - dot) / (ssum + 1e-20);
     };
     const double lse = cm + log(cse);
-    // ---- one pass over the row
+    // The four terms at element e, named as the reference's passes that add them
+    // (reference::routing_backward, aux_loss_backward, sequence_aux_loss_backward,
+    // z_loss_backward) and as the CPU backend's helpers.
+    auto routing_backward = [&](std::int32_t e) {
+      double r = 0.0;
+      if (sem.softmax_after) {
+        for (std::int32_t j = 0; j < k; ++j)
+          if (ids[j] == e) r += h_of(j) * (dgpre_of(j) - dot3);
+        return r;
+      }
+      if (sem.score == score_function::softmax) r = -s_of(e) * dot3;
+      for (std::int32_t j = 0; j < k; ++j) {
+        if (ids[j] != e) continue;
+        if (sem.score == score_function::softmax) {
+          r += s_of(e) * dh_of(j);
+        } else {
+          const double x = xg(e);
+          r += dh_of(j) * bwd::score_deriv(sem.score, x, bwd::score(sem.score, x));
+        }
+      }
+      return r;
+    };
+    auto aux_loss_backward = [&](std::int32_t e) {
+      return p_backward(e, c_aux * static_cast<double>(aux_count[e]), dot_aux);
+    };
+    auto sequence_aux_loss_backward = [&](std::int32_t e) {
+      return p_backward(e, gp_seq(e), dot_seq);
+    };
+    auto z_loss_backward = [&](std::int32_t e) { return c_z * lse * (exp(clean(e) - cm) / cse); };
+    // ---- one pass over the row: routing, aux, sequence-aux, z, each rounded and added
     for (std::int32_t e = lane; e < E; e += Lanes) {
       const double raw = load_logit<Element>(a, t, e);
       float v = a.accumulate ? out[e] : 0.0f;
       if (bwd::finite(raw)) {
-        if (any) {
-          double r = 0.0;
-          if (sem.softmax_after) {
-            for (std::int32_t j = 0; j < k; ++j)
-              if (ids[j] == e) r += h_of(j) * (dgpre_of(j) - dot3);
-          } else {
-            if (sem.score == score_function::softmax) r = -s_of(e) * dot3;
-            for (std::int32_t j = 0; j < k; ++j) {
-              if (ids[j] != e) continue;
-              if (sem.score == score_function::softmax) {
-                r += s_of(e) * dh_of(j);
-              } else {
-                const double x = xg(e);
-                r += dh_of(j) * bwd::score_deriv(sem.score, x, bwd::score(sem.score, x));
-              }
-            }
-          }
-          v = __fadd_rn(v, static_cast<float>(r));
-        }
-        if (aux)
-          v = __fadd_rn(v, static_cast<float>(
-                               p_backward(e, c_aux * static_cast<double>(aux_count[e]), dot_aux)));
-        if (seq) v = __fadd_rn(v, static_cast<float>(p_backward(e, gp_seq(e), dot_seq)));
-        if (zl) v = __fadd_rn(v, static_cast<float>(c_z * lse * (exp(clean(e) - cm) / cse)));
+        if (any) v = __fadd_rn(v, static_cast<float>(routing_backward(e)));
+        if (aux) v = __fadd_rn(v, static_cast<float>(aux_loss_backward(e)));
+        if (seq) v = __fadd_rn(v, static_cast<float>(sequence_aux_loss_backward(e)));
+        if (zl) v = __fadd_rn(v, static_cast<float>(z_loss_backward(e)));
       }
       out[e] = v;
     }
