@@ -96,6 +96,11 @@ class router_buffers {
         (reinterpret_cast<std::uintptr_t>(block) + buffer_alignment - 1) / buffer_alignment *
         buffer_alignment);
     carve_buffers(shapes_, aligned, at_);
+    // the stage views, made once: a routing call hands them to every stage (looking ~30
+    // buffers up by name on each call would cost a decode step microseconds for nothing)
+    gating_ = make_gating_out();
+    dispatch_ = make_dispatch_out();
+    layout_ = make_layout_out();
   }
 
   /// The buffer `name` as T (empty when the config has none).
@@ -111,43 +116,10 @@ class router_buffers {
     return get<T>(name).data();
   }
 
-  /// Views over the buffers, for the params structs.
-  [[nodiscard]] gating_result gating_out() const noexcept {
-    gating_result o;
-    o.d_ids = ptr<std::int32_t>("ids");
-    o.d_gates = ptr<float>("gates");
-    o.d_reroute_ids = ptr<std::int32_t>("reroute_ids");
-    o.d_logsumexp = ptr<float>("logsumexp");
-    o.sums = {ptr<double>("aux_score_sum"),
-              ptr<std::int64_t>("aux_count"),
-              ptr<std::int64_t>("valid_tokens"),
-              cfg_.loss.z_coefficient != 0.0f ? ptr<double>("z_sum_squares") : nullptr,
-              ptr<std::int64_t>("nonfinite"),
-              ptr<double>("seq_score_sum"),
-              ptr<std::int64_t>("seq_count"),
-              ptr<std::int64_t>("seq_tokens")};
-    o.d_token_priority = ptr<float>("token_priority");
-    o.d_second_skipped = ptr<std::uint8_t>("second_skipped");
-    return o;
-  }
-  [[nodiscard]] dispatch_result dispatch_out() const noexcept {
-    return {ptr<std::int32_t>("expert"),    ptr<std::int32_t>("slot"),
-            ptr<float>("weight"),           ptr<fate>("fate"),
-            ptr<std::int64_t>("requested"), ptr<std::int64_t>("kept"),
-            ptr<std::int64_t>("rerouted"),  ptr<std::int64_t>("dropped"),
-            ptr<std::int64_t>("received"),  ptr<std::int64_t>("load"),
-            ptr<dispatch_totals>("totals")};
-  }
-  [[nodiscard]] layout_result layout_out() const noexcept {
-    layout_result o;
-    o.d_offsets = ptr<std::int64_t>("offsets");
-    o.d_rows_used = ptr<std::int64_t>("rows_used");
-    o.d_row_token = ptr<std::int32_t>("row_token");
-    o.d_assignment_row = ptr<std::int64_t>("assignment_row");
-    o.d_block_expert = ptr<std::int32_t>("block_expert");
-    o.d_num_rows = ptr<std::int64_t>("num_rows");
-    return o;
-  }
+  /// Views over the buffers, for the params structs (made by attach()).
+  [[nodiscard]] const gating_result& gating_out() const noexcept { return gating_; }
+  [[nodiscard]] const dispatch_result& dispatch_out() const noexcept { return dispatch_; }
+  [[nodiscard]] const layout_result& layout_out() const noexcept { return layout_; }
   /// The layout params for a batch of `tokens` (its max_rows: the layout's bound for T).
   [[nodiscard]] layout_params layout_params_for(std::int64_t tokens,
                                                 const_dispatch_result dispatched) const noexcept {
@@ -193,12 +165,52 @@ class router_buffers {
   }
 
  private:
+  [[nodiscard]] gating_result make_gating_out() const noexcept {
+    gating_result o;
+    o.d_ids = ptr<std::int32_t>("ids");
+    o.d_gates = ptr<float>("gates");
+    o.d_reroute_ids = ptr<std::int32_t>("reroute_ids");
+    o.d_logsumexp = ptr<float>("logsumexp");
+    o.sums = {ptr<double>("aux_score_sum"),
+              ptr<std::int64_t>("aux_count"),
+              ptr<std::int64_t>("valid_tokens"),
+              cfg_.loss.z_coefficient != 0.0f ? ptr<double>("z_sum_squares") : nullptr,
+              ptr<std::int64_t>("nonfinite"),
+              ptr<double>("seq_score_sum"),
+              ptr<std::int64_t>("seq_count"),
+              ptr<std::int64_t>("seq_tokens")};
+    o.d_token_priority = ptr<float>("token_priority");
+    o.d_second_skipped = ptr<std::uint8_t>("second_skipped");
+    return o;
+  }
+  [[nodiscard]] dispatch_result make_dispatch_out() const noexcept {
+    return {ptr<std::int32_t>("expert"),    ptr<std::int32_t>("slot"),
+            ptr<float>("weight"),           ptr<fate>("fate"),
+            ptr<std::int64_t>("requested"), ptr<std::int64_t>("kept"),
+            ptr<std::int64_t>("rerouted"),  ptr<std::int64_t>("dropped"),
+            ptr<std::int64_t>("received"),  ptr<std::int64_t>("load"),
+            ptr<dispatch_totals>("totals")};
+  }
+  [[nodiscard]] layout_result make_layout_out() const noexcept {
+    layout_result o;
+    o.d_offsets = ptr<std::int64_t>("offsets");
+    o.d_rows_used = ptr<std::int64_t>("rows_used");
+    o.d_row_token = ptr<std::int32_t>("row_token");
+    o.d_assignment_row = ptr<std::int64_t>("assignment_row");
+    o.d_block_expert = ptr<std::int32_t>("block_expert");
+    o.d_num_rows = ptr<std::int64_t>("num_rows");
+    return o;
+  }
+
   routing_config cfg_;
   std::int64_t max_tokens_ = 0, hidden_ = 0, max_rows_ = 0;
   router_options options_;
   layout_kind kind_ = layout_kind::padded;
   std::vector<buffer_shape> shapes_;
   std::vector<std::byte*> at_;
+  gating_result gating_{};
+  dispatch_result dispatch_{};
+  layout_result layout_{};
 };
 
 /// @brief `bytes` bytes allocated through `Allocator` (host or device alike) on construction,
