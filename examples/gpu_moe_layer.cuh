@@ -1,7 +1,7 @@
 // SPDX-License-Identifier: Apache-2.0
 // What the GPU examples share around the library's owning router (moeroute::cuda::router,
-// which allocates every routing buffer once and runs the launchers on a stream): host <->
-// device conversions of example data, the same MoE layer on the CPU reference to check a GPU
+// which allocates every routing buffer once and runs the launchers on a stream): device rows
+// read back as floats, the same MoE layer on the CPU reference to check a GPU
 // run against, and a naive grouped GEMM over the compact layout's blocks. Copy what you need.
 #pragma once
 
@@ -33,24 +33,6 @@ inline void check(const status& s, const char* what) {
 }
 
 using cuda::device_buffer;
-
-/// Host floats as the device element type Dev (float, or the bits of __half / __nv_bfloat16).
-template <class Dev>
-std::vector<Dev> device_values(const std::vector<float>& h) {
-  std::vector<Dev> out(h.size());
-  for (std::size_t i = 0; i < h.size(); ++i) {
-    if constexpr (sizeof(Dev) == 4) {
-      std::memcpy(static_cast<void*>(&out[i]), &h[i], 4);
-    } else if constexpr (std::is_same_v<Dev, __half>) {
-      const half_bits b = to_half(h[i]);
-      std::memcpy(static_cast<void*>(&out[i]), &b.bits, 2);
-    } else {
-      const bf16_bits b = to_bf16(h[i]);
-      std::memcpy(static_cast<void*>(&out[i]), &b.bits, 2);
-    }
-  }
-  return out;
-}
 
 /// `n` device elements at `d` as host floats (synchronous).
 template <class Dev>
