@@ -16,5 +16,6 @@
 #include <moeroute/cpu/parallel.hpp>
 #include <moeroute/cpu/permute.hpp>
 #include <moeroute/cpu/permute_backward.hpp>
+#include <moeroute/cpu/record.hpp>
 #include <moeroute/cpu/router.hpp>
 #include <moeroute/layout_rows.hpp>

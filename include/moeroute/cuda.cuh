@@ -17,4 +17,5 @@
 #include <moeroute/cuda/losses.cuh>
 #include <moeroute/cuda/permute.cuh>
 #include <moeroute/cuda/permute_backward.cuh>
+#include <moeroute/cuda/record.cuh>
 #include <moeroute/cuda/router.cuh>

@@ -20,6 +20,7 @@
 #include <moeroute/reference/losses.hpp>
 #include <moeroute/reference/permute.hpp>
 #include <moeroute/reference/permute_backward.hpp>
+#include <moeroute/reference/record.hpp>
 #include <moeroute/reference/routing_from_ids.hpp>
 #include <moeroute/reference/stats.hpp>
 #include <moeroute/reference/views.hpp>

@@ -65,6 +65,7 @@ struct buffer_shape {
 struct gating_buffer_options {
   bool logsumexp = true;       ///< [T] the logsumexp (optional for the call)
   bool per_token_aux = false;  ///< aux_scores [T, E] and aux_count_ids [T, c] (optional)
+  bool replay = false;         ///< replay_replaced, replay_invalid [1] (gating_replay; optional)
 };
 
 /// @brief The buffers of gating_result for `tokens` tokens: ids, gates [T, k]; reroute_ids
@@ -73,7 +74,8 @@ struct gating_buffer_options {
 ///        nonfinite [1]; seq_score_sum, seq_count [S, E], seq_tokens [S] (S = T /
 ///        loss.sequence_length, sequences only); token_priority [T] (batch_prioritized);
 ///        second_skipped [T] (a random second expert); aux_scores [T, E] and aux_count_ids
-///        [T, c] (options.per_token_aux; c = 1 for aux_counts::top1, else k).
+///        [T, c] (options.per_token_aux; c = 1 for aux_counts::top1, else k); the replay
+///        counts replay_replaced and replay_invalid [1] (options.replay, gating_replay).
 [[nodiscard]] inline std::vector<buffer_shape> gating_buffers(
     const routing_config& cfg, std::int64_t tokens, const gating_buffer_options& options = {}) {
   using bt = buffer_type;
@@ -104,6 +106,10 @@ struct gating_buffer_options {
     const std::int64_t c = cfg.aux_counts_per_token();
     s.push_back({"aux_scores", bt::f32, {T, E}, buffer_need::optional});
     s.push_back({"aux_count_ids", bt::i32, {T, c}, buffer_need::optional});
+  }
+  if (options.replay) {
+    s.push_back({"replay_replaced", bt::i64, {1}, buffer_need::optional});
+    s.push_back({"replay_invalid", bt::i64, {1}, buffer_need::optional});
   }
   return s;
 }

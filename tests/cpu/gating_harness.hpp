@@ -121,6 +121,17 @@ std::string check_lean(const routing_config& cfg, cpu_gating_buffers<In>& b,
   return same_bits(serial, r, "lean");
 }
 
+/// Runs `b` serially, with OpenMP and through the reverse-order hook into `serial` (the
+/// serial run's outputs); "" when the three wrote the same bits.
+template <class In>
+std::string run_three_ways(const routing_config& cfg, cpu_gating_buffers<In>& b,
+                           gating_outputs& serial) {
+  serial = b.run(cfg, cpu::executor::serial());
+  if (auto m = same_bits(serial, b.run(cfg, cpu::executor{}), "OpenMP"); !m.empty()) return m;
+  return same_bits(serial, b.run(cfg, cpu::executor{&reverse_order_run, nullptr, 0}),
+                   "reverse-order");
+}
+
 /// Runs reference and CPU backend on the same inputs and compares; "" when they agree.
 template <class In>
 std::string check_gating(const routing_config& cfg, const std::vector<In>& logits, std::int64_t T,
@@ -129,12 +140,8 @@ std::string check_gating(const routing_config& cfg, const std::vector<In>& logit
                          std::size_t misalign_elements = 0) {
   const auto ref = reference_gating(cfg, logits, T, bias, valid);
   cpu_gating_buffers<In> b(cfg, logits, T, bias, valid, misalign_elements);
-  const gating_outputs serial = b.run(cfg, cpu::executor::serial());
-  if (auto m = same_bits(serial, b.run(cfg, cpu::executor{}), "OpenMP"); !m.empty()) return m;
-  if (auto m = same_bits(serial, b.run(cfg, cpu::executor{&reverse_order_run, nullptr, 0}),
-                         "reverse-order");
-      !m.empty())
-    return m;
+  gating_outputs serial;
+  if (auto m = run_three_ways(cfg, b, serial); !m.empty()) return m;
   if (auto m = check_lean(cfg, b, serial); !m.empty()) return m;
   return compare(ref, serial);
 }

@@ -38,6 +38,8 @@ template <class Element>
 [[nodiscard]] status validate(const routing_config& cfg, const gating_params<Element>& p) {
   static_assert(is_element_v<Element>, "Element must be float, half_bits or bf16_bits");
   if (auto s = check_params(cfg, p); !s) return s;
+  if (p.tokens > 0 && p.replay.active())
+    if (auto s = check_replay_ids(cfg, p.replay.d_ids, p.tokens, "replay.d_ids"); !s) return s;
   if (p.tokens > 0 && cfg.gating.expert_bias)
     for (std::int32_t e = 0; e < cfg.num_experts; ++e)
       if (!std::isfinite(p.d_bias[e]))
@@ -102,21 +104,22 @@ inline constexpr std::int32_t max_gating_tile = column_rows;
 /// One token's place in a tile of a task's workspace: the task's partial sums and the tile
 /// slot's rows of scratch.
 struct gating_task_space {
-  double* scores;         // [E] sum of P over the task's valid tokens
-  std::int64_t* counts;   // [E] aux counts
-  double* z;              // [1] sum of logsumexp^2
-  std::int64_t* valid;    // [1] valid tokens
-  std::int64_t* bad;      // [1] non-finite logits
-  float* x;               // [E] sanitised logits
-  float* ex;              // [E] exp(x - max)
-  float* p;               // [E] softmax of the clean logits / normalised scores (aux P)
-  float* xn;              // [E] noisy logits
-  float* gate_scores;     // [E] scores the gates are taken from
-  float* sel;             // [E] selection values
-  std::uint8_t* allowed;  // [E] group limit mask
-  std::int32_t* order;    // [E] selection ids for large k, group-limit scratch
-  std::int64_t* keys;     // [key_capacity(E)] selection keys
-  float* gathered;        // [E] the kept groups' selection values side by side
+  double* scores;          // [E] sum of P over the task's valid tokens
+  std::int64_t* counts;    // [E] aux counts
+  double* z;               // [1] sum of logsumexp^2
+  std::int64_t* valid;     // [1] valid tokens
+  std::int64_t* bad;       // [1] non-finite logits
+  std::int64_t* replaced;  // [1] replayed slots the filter gave back
+  float* x;                // [E] sanitised logits
+  float* ex;               // [E] exp(x - max)
+  float* p;                // [E] softmax of the clean logits / normalised scores (aux P)
+  float* xn;               // [E] noisy logits
+  float* gate_scores;      // [E] scores the gates are taken from
+  float* sel;              // [E] selection values
+  std::uint8_t* allowed;   // [E] group limit mask
+  std::int32_t* order;     // [E] selection ids for large k, group-limit scratch
+  std::int64_t* keys;      // [key_capacity(E)] selection keys
+  float* gathered;         // [E] the kept groups' selection values side by side
 };
 
 /// The gating workspace: per-task partials and per-slot scratch rows, carved in one fixed
@@ -124,28 +127,37 @@ struct gating_task_space {
 struct gating_space {
   std::int32_t experts = 0;
   std::int32_t tile = 1;
-  double* scores = nullptr;         // [tasks, E]
-  std::int64_t* counts = nullptr;   // [tasks, E]
-  double* z = nullptr;              // [tasks]
-  std::int64_t* valid = nullptr;    // [tasks]
-  std::int64_t* bad = nullptr;      // [tasks]
-  float* rows = nullptr;            // [tasks, tile, 7, E]
-  std::uint8_t* allowed = nullptr;  // [tasks, tile, E]
-  std::int32_t* order = nullptr;    // [tasks, tile, E]
-  std::int64_t* keys = nullptr;     // [tasks, tile, key_capacity(E)]
+  double* scores = nullptr;          // [tasks, E]
+  std::int64_t* counts = nullptr;    // [tasks, E]
+  double* z = nullptr;               // [tasks]
+  std::int64_t* valid = nullptr;     // [tasks]
+  std::int64_t* bad = nullptr;       // [tasks]
+  std::int64_t* replaced = nullptr;  // [tasks]
+  float* rows = nullptr;             // [tasks, tile, 7, E]
+  std::uint8_t* allowed = nullptr;   // [tasks, tile, E]
+  std::int32_t* order = nullptr;     // [tasks, tile, E]
+  std::int64_t* keys = nullptr;      // [tasks, tile, key_capacity(E)]
 
   /// Task i's partials with the scratch of its tile slot `slot`.
   [[nodiscard]] gating_task_space task(std::int64_t i, std::int32_t slot) const noexcept {
     const std::size_t e = static_cast<std::size_t>(experts), u = static_cast<std::size_t>(i);
     const std::size_t w = u * static_cast<std::size_t>(tile) + static_cast<std::size_t>(slot);
     float* r = rows + w * 7 * e;
-    return {scores + u * e, counts + u * e,
-            z + u,          valid + u,
-            bad + u,        r,
-            r + e,          r + 2 * e,
-            r + 3 * e,      r + 4 * e,
-            r + 5 * e,      allowed + w * e,
-            order + w * e,  keys + w * static_cast<std::size_t>(key_capacity(experts)),
+    return {scores + u * e,
+            counts + u * e,
+            z + u,
+            valid + u,
+            bad + u,
+            replaced + u,
+            r,
+            r + e,
+            r + 2 * e,
+            r + 3 * e,
+            r + 4 * e,
+            r + 5 * e,
+            allowed + w * e,
+            order + w * e,
+            keys + w * static_cast<std::size_t>(key_capacity(experts)),
             r + 6 * e};
   }
 };
@@ -164,6 +176,7 @@ inline gating_space carve_gating_space(workspace_carver& w, const gating_plan& p
   s.z = w.take<double>(n);
   s.valid = w.take<std::int64_t>(n);
   s.bad = w.take<std::int64_t>(n);
+  s.replaced = w.take<std::int64_t>(n);
   s.rows = w.take<float>(slots * 7 * e);
   s.allowed = w.take<std::uint8_t>(slots * e);
   s.order = w.take<std::int32_t>(slots * e);
@@ -205,6 +218,8 @@ struct gating_agent {
   bool fused_sigmoid;  // load makes x, the sigmoid scores, sel (+ bias) and their sum in one pass
   bool defer_p;        // P is made in the aux pass: nothing reads it, or overwrites s.ex, before
   bool gathers;        // the group limit's kept groups are copied side by side and selected from
+  bool replay;         // the selection is replayed (select_replayed, row by row)
+  double log_ratio;    // the replay filter's threshold (softmax)
 
   gating_agent(const routing_config& c, const gating_params<Element>& params) : cfg(c), p(params) {
     const auto& g = cfg.gating;
@@ -230,8 +245,12 @@ struct gating_agent {
 #endif
     // (the group limit takes s.ex as scratch, and so do scores of noisy logits)
     defer_p = softmax_after && G == 1 && !(noise && g.select == select_from::scores);
-    // (a selection over half the row with no mask: DeepSeek-V3 keeps 4 of 8 groups)
-    gathers = G > 1 && group_limit_by_top2(cfg, E, G) && !sampling && !selects_by_columns(cfg);
+    replay = p.replay.active();
+    log_ratio = replay_log_ratio(p.replay.min_score_ratio);
+    // (a selection over half the row with no mask: DeepSeek-V3 keeps 4 of 8 groups; a replay
+    // takes the mask, which it opens and closes per expert)
+    gathers =
+        G > 1 && group_limit_by_top2(cfg, E, G) && !sampling && !selects_by_columns(cfg) && !replay;
   }
 
   /// scores of n values under the configured (per-expert or softmax) score function
@@ -453,6 +472,48 @@ struct gating_agent {
     }
   }
 #endif
+  // 5 under replay (moeroute/replay.hpp): the replayed ids in their slots, the best others by
+  // the config's rule in the rest, then the R candidates, written out; st.ids points at the
+  // written ids. Needs the token's own x row (no shared scratch). Returns the slots given back.
+  std::int64_t select_replayed(const gating_task_space& s, token_state& st) const {
+    const std::int64_t t = st.t;
+    const std::int32_t* r = p.replay.d_ids + t * k;
+    std::int32_t* ids = p.out.d_ids + t * k;
+    const float ratio = p.replay.min_score_ratio;
+    const auto value = [&](std::int32_t e) {  // the filter's value: logit, or score
+      return softmax_score ? s.x[e] : score_one(s.x[e]);
+    };
+    float weakest = 0.0f;
+    if (ratio > 0.0f) {
+      top_n(st.sel, E, st.allowed, k, nullptr, s.order, s.keys);
+      weakest = value(s.order[0]);
+      for (std::int32_t j = 1; j < k; ++j) weakest = std::min(weakest, value(s.order[j]));
+    }
+    std::uint8_t* open = s.allowed;  // the group limit's mask when there is one, else all
+    if (st.allowed == nullptr) std::fill(open, open + E, std::uint8_t{1});
+    std::int64_t replaced = 0;
+    std::int32_t free = 0;
+    for (std::int32_t j = 0; j < k; ++j) {
+      const std::int32_t e = r[j];
+      const bool kept = e >= 0 && (ratio <= 0.0f || replay_keeps(softmax_score, value(e), weakest,
+                                                                 ratio, log_ratio));
+      replaced += e >= 0 && !kept ? 1 : 0;
+      ids[j] = kept ? e : -1;
+      if (kept) {
+        open[e] = 0;
+      } else {
+        ++free;
+      }
+    }
+    if (free + R > 0) top_n(st.sel, E, open, free + R, nullptr, s.order, s.keys);
+    std::int32_t next = 0;
+    for (std::int32_t j = 0; j < k; ++j)
+      if (ids[j] < 0) ids[j] = s.order[next++];
+    for (std::int32_t i = 0; i < R; ++i) p.out.d_reroute_ids[t * R + i] = s.order[next++];
+    st.ids = ids;
+    return replaced;
+  }
+
   // the chosen ids into the outputs (k routed, then R reroute candidates)
   void write_ids(token_state& st, std::int32_t* ids) const {
     const gating_result& o = p.out;
@@ -645,6 +706,7 @@ template <class Element>
     *s.z = 0.0;
     *s.valid = 0;
     *s.bad = 0;
+    *s.replaced = 0;
     std::int64_t begin, end;
     plan.range(i, begin, end);
     // whole sequences: the task writes its sequences' sums directly, in token order
@@ -661,13 +723,13 @@ template <class Element>
     const bool direct = plan.whole_segments && S > 0;
     const std::int64_t L = plan.segment_tokens;
     const std::int32_t tile = space.tile;
-    [[maybe_unused]] const bool by_columns = detail::selects_by_columns(cfg);
+    [[maybe_unused]] const bool by_columns = detail::selects_by_columns(cfg) && !agent.replay;
     detail::gating_task_space slot[detail::max_gating_tile];
     for (std::int32_t r = 0; r < tile; ++r) slot[r] = space.task(i, r);
     // steps 1-4 in sub-tiles of `front` tokens (the row-by-row tile); where x and ex die in
     // prepare, a sub-tile's tokens reuse the first sub-tile's x / ex rows (less scratch in L1)
     const std::int32_t row_tile = detail::gating_tile(E);
-    const bool shared = tile > row_tile && detail::scratch_dies_in_prepare(cfg);
+    const bool shared = tile > row_tile && detail::scratch_dies_in_prepare(cfg) && !agent.replay;
     const std::int32_t front = shared ? row_tile : tile;
     for (std::int32_t r = front; shared && r < tile; ++r) {
       slot[r].x = slot[r % front].x;
@@ -691,12 +753,20 @@ template <class Element>
         for (std::int32_t r = r0; r < r1; ++r) agent.normalize(slot[r], st[r]);
         for (std::int32_t r = r0; r < r1; ++r) agent.prepare(slot[r], st[r]);
       }
+      if (agent.replay) {
+        for (std::int32_t r = 0; r < n; ++r) {
+          const std::int64_t replaced = agent.select_replayed(slot[r], st[r]);
+          if (p.d_valid == nullptr || p.d_valid[st[r].t] != 0) *s.replaced += replaced;
+        }
+      }
 #if defined(MOEROUTE_CPU_SELECT_COLUMNS)
-      if (by_columns)
+      else if (by_columns) {
         agent.select_columns(st, n);
-      else
+      }
 #endif
+      else {
         agent.select_tile(slot, st, n);
+      }
       for (std::int32_t r = 0; r < n; ++r) {
         bool valid = false;
         agent.finish(slot[r], st[r], valid, direct ? seq_scores : nullptr,
@@ -713,7 +783,7 @@ template <class Element>
   std::fill(sums.d_aux_score_sum, sums.d_aux_score_sum + E, 0.0);
   std::fill(sums.d_aux_count, sums.d_aux_count + E, std::int64_t{0});
   double z = 0.0;
-  std::int64_t valid = 0, bad = 0;
+  std::int64_t valid = 0, bad = 0, replaced = 0;
   for (std::int64_t i = 0; i < plan.tasks; ++i) {
     const double* ps = space.scores + i * E;
     const std::int64_t* pc = space.counts + i * E;
@@ -724,6 +794,7 @@ template <class Element>
     z += space.z[i];
     valid += space.valid[i];
     bad += space.bad[i];
+    replaced += space.replaced[i];
     if (S > 0 && !plan.whole_segments) {  // pieces of sequence i / pieces, in order
       const std::int64_t q = i / plan.pieces;
       if (i % plan.pieces == 0) {
@@ -741,6 +812,8 @@ template <class Element>
   *sums.d_valid_tokens = valid;
   if (sums.d_z_sum_squares != nullptr) *sums.d_z_sum_squares = z;
   if (sums.d_nonfinite != nullptr) *sums.d_nonfinite = bad;
+  if (p.replay.d_replaced != nullptr) *p.replay.d_replaced = replaced;
+  if (p.replay.d_invalid != nullptr) *p.replay.d_invalid = 0;
   return status::success();
 }
 

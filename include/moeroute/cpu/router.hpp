@@ -67,6 +67,16 @@ class router : public router_core {
   template <std::ranges::contiguous_range Logits>
   [[nodiscard]] status route(const Logits& logits_range, std::span<const float> bias = {},
                              std::span<const std::uint8_t> valid = {}, const executor& ex = {}) {
+    return route(logits_range, gating_replay{}, bias, valid, ex);
+  }
+
+  /// @brief route() with routing replay (docs/replay.md): replay.d_ids [T, k] (host, -1 = the
+  ///        router chooses) forces each slot's expert, the gates recomputed from `logits`;
+  ///        replay.min_score_ratio, d_replaced as in gating_replay.
+  template <std::ranges::contiguous_range Logits>
+  [[nodiscard]] status route(const Logits& logits_range, const gating_replay& replay,
+                             std::span<const float> bias = {},
+                             std::span<const std::uint8_t> valid = {}, const executor& ex = {}) {
     using Logit = std::remove_cv_t<std::ranges::range_value_t<Logits>>;
     const std::span<const Logit> logits(std::ranges::data(logits_range),
                                         std::ranges::size(logits_range));
@@ -89,6 +99,7 @@ class router : public router_core {
     g.d_bias = bias.empty() ? nullptr : bias.data();
     g.d_valid = valid.empty() ? nullptr : valid.data();
     g.out = b_.gating_out();
+    g.replay = replay;
     const auto ws = b_.get<std::byte>("workspace");
     if (auto s = cpu::gating(cfg, g, ws.data(), ws.size(), ex); !s) return s;
     dispatch_params d;

@@ -99,6 +99,9 @@ template <class Element>
 ///       exp and log1p are evaluated in double and rounded once to float (correctly rounded);
 ///       the CPU reference's glibc expf / log1pf are not always, so a score can differ from
 ///       the reference's by 1 ulp (~0.06% of exps, ~1% of log1ps; docs/numerics.md).
+///       Replay (p.replay): replay ids are device data, so a bad one (outside [-1, E), or
+///       repeated in its token) is taken as -1 and counted in replay.d_invalid, where the host
+///       backends return invalid_argument.
 template <class Element>
 [[nodiscard]] status gating(const routing_config& cfg, const gating_params<Element>& p,
                             void* d_workspace, std::size_t workspace_bytes,
@@ -125,6 +128,15 @@ template <class Element>
   a.part = carve_gating_workspace(carver, plan, cfg.num_experts);
   a.sem = kernels::make_gating_semantics(cfg);
   a.plan = plan;
+  a.replay = p.replay;
+  a.replay_log_ratio = replay_log_ratio(p.replay.min_score_ratio);
+  std::int64_t* const counts[] = {p.replay.d_replaced, p.replay.d_invalid};  // the kernel adds
+  for (std::int64_t* count : counts)
+    if (count != nullptr)
+      if (auto s = from_cuda(cudaMemsetAsync(count, 0, sizeof(std::int64_t), stream),
+                             "cudaMemsetAsync(replay counts)");
+          !s)
+        return s;
   if (auto s = detail::launch_gating(a, stream); !s) return s;
 
   gating_sums sums = p.out.sums;

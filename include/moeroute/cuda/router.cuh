@@ -81,6 +81,16 @@ class router : public router_core {
   [[nodiscard]] status route(const Logit* d_logits, std::int64_t tokens,
                              const float* d_bias = nullptr, const std::uint8_t* d_valid = nullptr,
                              cudaStream_t stream = nullptr) {
+    return route(d_logits, tokens, gating_replay{}, d_bias, d_valid, stream);
+  }
+
+  /// @brief route() with routing replay (docs/replay.md): replay.d_ids [T, k] (device, -1 = the
+  ///        router chooses) forces each slot's expert, the gates recomputed from `d_logits`;
+  ///        replay.min_score_ratio, d_replaced and d_invalid (device) as in gating_replay.
+  template <class Logit>
+  [[nodiscard]] status route(const Logit* d_logits, std::int64_t tokens,
+                             const gating_replay& replay, const float* d_bias = nullptr,
+                             const std::uint8_t* d_valid = nullptr, cudaStream_t stream = nullptr) {
     const routing_config& cfg = b_.config();
     if (auto s = b_.check_tokens("route", tokens); !s) return s;
     begin_batch(tokens);
@@ -90,6 +100,7 @@ class router : public router_core {
     g.d_bias = d_bias;
     g.d_valid = d_valid;
     g.out = b_.gating_out();
+    g.replay = replay;
     const auto ws = b_.get<std::byte>("workspace");
     if (auto s = cuda::gating(cfg, g, ws.data(), ws.size(), stream); !s) return s;
     dispatch_params d;

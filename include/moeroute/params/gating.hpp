@@ -10,6 +10,7 @@
 
 #include <moeroute/config.hpp>
 #include <moeroute/params/checks.hpp>
+#include <moeroute/replay.hpp>
 #include <moeroute/status.hpp>
 #include <moeroute/types.hpp>
 
@@ -33,6 +34,9 @@ struct gating_params {
   /// d_token_priority [T] (needed iff dispatch.prio = batch_prioritized); d_second_skipped [T]
   /// (needed iff gating.second_expert.policy = random).
   gating_result out{};
+  /// Routing replay (moeroute/replay.hpp, docs/replay.md): the selection forced per slot, the
+  /// gates recomputed from d_logits. Default: none.
+  gating_replay replay{};
 };
 
 /// @brief Checks config, shape and pointers of a gating call; names the first bad field. Every
@@ -43,6 +47,7 @@ template <class Element>
   if (!cfg.gating.expert_bias && p.d_bias != nullptr)
     return status::make(status_code::invalid_argument,
                         "d_bias given but gating.expert_bias is false");
+  if (auto s = check_replay(p.replay); !s) return s;
   if (p.tokens == 0) return status::success();
   if (cfg.gating.expert_bias)
     if (auto s = param_checks::require_pointers("with gating.expert_bias = true",
@@ -101,6 +106,7 @@ template <class To, class From>
   q.d_bias = p.d_bias;
   q.d_valid = p.d_valid;
   q.out = p.out;
+  q.replay = p.replay;
   return q;
 }
 

@@ -14,6 +14,7 @@
 
 #include <moeroute/config.hpp>
 #include <moeroute/dtype.hpp>
+#include <moeroute/replay.hpp>
 #include <moeroute/rng.hpp>
 #include <moeroute/status.hpp>
 
@@ -42,6 +43,7 @@ struct gating_output {
   std::vector<std::uint8_t> valid;  ///< [T] 1 = real token, 0 = padding
   std::int64_t valid_tokens = 0;
   std::int64_t nonfinite_logits = 0;  ///< NaN / Inf inputs seen (sanitised, see docs)
+  std::int64_t replay_replaced = 0;   ///< replayed slots of valid tokens the filter gave back
   // Per token: the aux loss's inputs, so a caller can compute its own loss. A padding token's
   // row is all 0 and its ids all -1 (it counts for nothing), so the rows add up to the sums.
   std::vector<float> aux_scores;            ///< [T, E] P[t, e]: the score row the aux loss uses
@@ -127,7 +129,75 @@ inline void top_n(const std::vector<float>& v, const std::vector<std::uint8_t>& 
   out.resize(m);
 }
 
+/// The filter value of expert e (moeroute/replay.hpp): the clean logit for softmax, else its
+/// score.
+inline float replay_filter_value(score_function f, const std::vector<float>& x, std::int32_t e) {
+  return f == score_function::softmax ? x[e] : score_one(f, x[e]);
+}
+
+/// Step 5 under replay (moeroute/replay.hpp): the k slots, then the R reroute candidates, into
+/// `order` in slot order. r: the token's k replay ids. Returns the slots the filter gave back.
+inline std::int64_t replay_order(const routing_config& cfg, const std::int32_t* r, float ratio,
+                                 double log_ratio, const std::vector<float>& sel,
+                                 const std::vector<std::uint8_t>& allowed,
+                                 const std::vector<float>& x, std::vector<std::int32_t>& order) {
+  const std::int32_t k = cfg.top_k, R = cfg.reroute_candidates();
+  const score_function f = cfg.gating.score;
+  float weakest = 0.0f;  // the filter value of the weakest of the router's own top-k
+  if (ratio > 0.0f) {
+    std::vector<std::int32_t> own;
+    top_n(sel, allowed, k, own);
+    weakest = replay_filter_value(f, x, own[0]);
+    for (std::int32_t e : own) weakest = std::min(weakest, replay_filter_value(f, x, e));
+  }
+  std::vector<std::uint8_t> keep(k, 0), open = allowed;
+  std::int64_t replaced = 0;
+  for (std::int32_t j = 0; j < k; ++j) {
+    if (r[j] < 0) continue;
+    keep[j] =
+        ratio <= 0.0f || replay_keeps(f == score_function::softmax, replay_filter_value(f, x, r[j]),
+                                      weakest, ratio, log_ratio);
+    if (keep[j]) {
+      open[r[j]] = 0;
+    } else {
+      ++replaced;
+    }
+  }
+  const auto free = static_cast<std::int32_t>(std::count(keep.begin(), keep.end(), 0));
+  std::vector<std::int32_t> fill;
+  top_n(sel, open, free + R, fill);
+  order.assign(k + R, -1);
+  std::size_t next = 0;
+  for (std::int32_t j = 0; j < k; ++j) order[j] = keep[j] ? r[j] : fill[next++];
+  for (std::int32_t i = 0; i < R; ++i) order[k + i] = fill[next++];
+  return replaced;
+}
+
 }  // namespace detail
+
+/// @brief The replay of a reference::gating call (moeroute/replay.hpp, docs/replay.md).
+struct replay_input {
+  std::span<const std::int32_t> ids;  ///< [T, k] expert per slot, -1 = the router chooses;
+                                      ///< empty = no replay
+  float min_score_ratio = 0.0f;       ///< in [0, 1]; 0 keeps every replayed expert
+};
+
+/// @brief Checks a gating call's replay against the config: ids of [T, k] in [-1, E), distinct
+///        per token, and the ratio in [0, 1].
+[[nodiscard]] inline status validate_replay_input(const routing_config& cfg, std::int64_t tokens,
+                                                  const replay_input& replay) {
+  gating_replay r;
+  r.d_ids = replay.ids.empty() ? nullptr : replay.ids.data();
+  r.min_score_ratio = replay.min_score_ratio;
+  if (auto s = check_replay(r); !s) return s;
+  if (replay.ids.empty()) return status::success();
+  if (static_cast<std::int64_t>(replay.ids.size()) != tokens * cfg.top_k)
+    return status::make(status_code::invalid_shape,
+                        "replay ids has " + std::to_string(replay.ids.size()) +
+                            " elements, expected tokens * top_k = " + std::to_string(tokens) +
+                            " * " + std::to_string(cfg.top_k));
+  return check_replay_ids(cfg, replay.ids.data(), tokens, "replay ids");
+}
 
 /// @brief Checks a gating call's inputs against the config.
 [[nodiscard]] inline status validate_gating_inputs(const routing_config& cfg, std::int64_t tokens,
@@ -170,13 +240,18 @@ inline void top_n(const std::vector<float>& v, const std::vector<std::uint8_t>& 
 /// @param bias   [E] expert bias for selection (only when cfg.gating.expert_bias), else empty
 /// @param valid  [T] 1 for real tokens, 0 for padding (empty: all valid). Padding tokens are
 ///               still ranked (their ids are defined) but count in no loss and get no slot.
+/// @param replay routing replay (docs/replay.md): the selection per slot forced, the gates
+///               recomputed from these logits; empty ids = the router's own choice
 /// @return gating_output; throws moeroute::error on invalid input.
 /// @note Ties go to the lower expert index (and, for groups, the lower group index).
 ///       NaN logits count as -FLT_MAX, +-Inf as +-FLT_MAX (docs/numerics.md, "Non-finite").
 template <class In>
 gating_output gating(const routing_config& cfg, std::span<const In> logits, std::int64_t tokens,
-                     std::span<const float> bias = {}, std::span<const std::uint8_t> valid = {}) {
+                     std::span<const float> bias = {}, std::span<const std::uint8_t> valid = {},
+                     const replay_input& replay = {}) {
   throw_if_error(validate_gating_inputs(cfg, tokens, logits.size(), bias, valid));
+  throw_if_error(validate_replay_input(cfg, tokens, replay));
+  const double log_ratio = replay_log_ratio(replay.min_score_ratio);
   const std::int32_t E = cfg.num_experts, k = cfg.top_k;
   const auto& g = cfg.gating;
   const bool softmax_after =
@@ -286,8 +361,15 @@ gating_output gating(const routing_config& cfg, std::span<const In> logits, std:
       }
     }
 
-    // 5. top-k (+ R reroute candidates), best first, ties to the lower index
-    detail::top_n(sel, allowed, k + R, order);
+    // 5. top-k (+ R reroute candidates), best first, ties to the lower index; under replay
+    //    the replayed ids in their slots and the router's choice in the others
+    if (replay.ids.empty()) {
+      detail::top_n(sel, allowed, k + R, order);
+    } else {
+      const std::int64_t replaced = detail::replay_order(
+          cfg, &replay.ids[t * k], replay.min_score_ratio, log_ratio, sel, allowed, x, order);
+      if (out.valid[t]) out.replay_replaced += replaced;
+    }
     for (std::int32_t j = 0; j < k; ++j) out.ids[t * k + j] = order[j];
     for (std::int32_t r = 0; r < R; ++r) out.reroute_ids[t * R + r] = order[k + r];
 
@@ -358,8 +440,9 @@ gating_output gating(const routing_config& cfg, std::span<const In> logits, std:
 /// Convenience overload for std::vector / contiguous ranges of float.
 inline gating_output gating(const routing_config& cfg, const std::vector<float>& logits,
                             std::int64_t tokens, std::span<const float> bias = {},
-                            std::span<const std::uint8_t> valid = {}) {
-  return gating<float>(cfg, std::span<const float>(logits), tokens, bias, valid);
+                            std::span<const std::uint8_t> valid = {},
+                            const replay_input& replay = {}) {
+  return gating<float>(cfg, std::span<const float>(logits), tokens, bias, valid, replay);
 }
 
 }  // namespace moeroute::reference

@@ -58,7 +58,7 @@ __global__ void __launch_bounds__(Warps * 32)
   double* s_acc = dynamic_shared<double>();              // [Groups, Row] (register kernels)
   double* s_z = s_acc + (Generic ? 0 : Groups * Row);    // [Groups]
   int* s_counts = reinterpret_cast<int*>(s_z + Groups);  // [E]
-  __shared__ unsigned long long s_valid, s_nonfinite;
+  __shared__ unsigned long long s_valid, s_nonfinite, s_replaced, s_invalid;
 
   const std::int64_t c = blockIdx.x;
   std::int64_t begin, end;
@@ -75,6 +75,8 @@ __global__ void __launch_bounds__(Warps * 32)
   if (tid == 0) {
     s_valid = 0;
     s_nonfinite = 0;
+    s_replaced = 0;
+    s_invalid = 0;
   }
   __syncthreads();
 
@@ -93,10 +95,17 @@ __global__ void __launch_bounds__(Warps * 32)
     agent.noise_and_scores(t);
     if (a.sem.groups > 1) agent.group_limit();
     if (a.sem.second_sampling) agent.sample_second(t);
-    agent.select_and_gate(t, active);
+    const bool counts_here = active && (a.valid == nullptr || a.valid[t] != 0);
+    if (a.replay.d_ids != nullptr) {
+      int replaced = 0, invalid = 0;
+      agent.replay_select_and_gate(t, active, counts_here, replaced, invalid);
+      if (replaced != 0) atomicAdd(&s_replaced, static_cast<unsigned long long>(replaced));
+      if (invalid != 0) atomicAdd(&s_invalid, static_cast<unsigned long long>(invalid));
+    } else {
+      agent.select_and_gate(t, active);
+    }
     if (active) agent.write(t, lse);
 
-    const bool counts_here = active && (a.valid == nullptr || a.valid[t] != 0);
     agent.aux_scores();
     if (a.sem.token_priority) {
       const float pr = agent.priority();
@@ -149,6 +158,11 @@ __global__ void __launch_bounds__(Warps * 32)
     a.part.d_z[c] = z;
     a.part.d_valid[c] = static_cast<std::int64_t>(s_valid);
     a.part.d_nonfinite[c] = static_cast<std::int64_t>(s_nonfinite);
+    // replay counts: integer adds into outputs the launcher zeroed (any order, same total)
+    if (a.replay.d_replaced != nullptr && s_replaced != 0)
+      atomicAdd(reinterpret_cast<unsigned long long*>(a.replay.d_replaced), s_replaced);
+    if (a.replay.d_invalid != nullptr && s_invalid != 0)
+      atomicAdd(reinterpret_cast<unsigned long long*>(a.replay.d_invalid), s_invalid);
   }
 }
 

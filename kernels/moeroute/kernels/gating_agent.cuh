@@ -17,6 +17,7 @@
 #include <moeroute/kernels/gating_math.cuh>
 #include <moeroute/kernels/gating_semantics.cuh>
 #include <moeroute/kernels/warp_topk.cuh>
+#include <moeroute/replay.hpp>
 #include <moeroute/rng.hpp>
 #include <moeroute/types.hpp>
 
@@ -35,6 +36,8 @@ struct gating_kernel_args {
   gating_plan plan{};
   std::int32_t slots = 0;     ///< slots a lane uses (the generic kernel; <= its Slots)
   bool vector_loads = false;  ///< rows are 16-byte aligned: read them 16 bytes at a time
+  gating_replay replay{};     ///< routing replay (d_replaced / d_invalid zeroed by the launcher)
+  double replay_log_ratio = 0.0;  ///< replay_log_ratio(replay.min_score_ratio)
 };
 
 /// @brief Elements per lane read at once: 16 bytes when Slots elements fill them.
@@ -312,8 +315,7 @@ struct gating_agent {
     warp::topk<row_layout, Lanes, Slots, Generic>(
         sel, ns, sem.k + sem.reroute, [&](int s) { return allowed.test(s); },
         [&](int j, float, int best) {
-          const float mine = warp::slot_get<Slots, Generic>(gsrc, row_layout::owner_slot(best));
-          const float gv = __shfl_sync(warp::full_mask, mine, row_layout::owner_lane(best), Lanes);
+          const float gv = row_value(gsrc, best);
           if (j < sem.k) {
             if (j % Lanes == lane) {
               warp::slot_set<Slots, Generic>(ri, j / Lanes, best);
@@ -326,6 +328,97 @@ struct gating_agent {
             a.out.d_reroute_ids[t * sem.reroute + (j - sem.k)] = best;
           }
         });
+    gates(t, active, gate_sum, chosen_max, second_score);
+  }
+
+  /// v[expert e] of the row, on every lane of the group (from the lane that owns it).
+  __device__ __forceinline__ float row_value(const float (&v)[Slots], int e) const {
+    const float mine = warp::slot_get<Slots, Generic>(v, row_layout::owner_slot(e));
+    return __shfl_sync(warp::full_mask, mine, row_layout::owner_lane(e), Lanes);
+  }
+
+  /// The expert of rank (slot) j, on every lane of the group.
+  __device__ __forceinline__ int ranked(int j) const {
+    return __shfl_sync(warp::full_mask, warp::slot_get<Slots, Generic>(ri, j / Lanes), j % Lanes,
+                       Lanes);
+  }
+
+  /// The replay filter's value of expert e (moeroute/replay.hpp): its clean logit for softmax,
+  /// else its score.
+  __device__ __forceinline__ float replay_value(int e) const {
+    const float xv = row_value(x, e);
+    return sem.score == score_function::softmax ? xv : gating_math::score_one(sem.score, xv);
+  }
+
+  /// Step 5 under replay (moeroute/replay.hpp): the replayed ids in their slots, the best others
+  /// by the config's rule in the rest, then the R candidates; the gates as select_and_gate.
+  /// Adds the slots the filter gave back (valid tokens) to `replaced` and the ids taken as -1
+  /// (out of [-1, E) or repeated) to `invalid`, on lane 0.
+  /// Every shuffle runs the same number of times in every group of a warp (groups of fewer than
+  /// 32 lanes share one): loop counts are k, k + R and the config's, never a token's.
+  __device__ __forceinline__ void replay_select_and_gate(std::int64_t t, bool active, bool counts,
+                                                         int& replaced, int& invalid) {
+    const std::int32_t* r = a.replay.d_ids + t * sem.k;
+    const float ratio = a.replay.min_score_ratio;
+    const bool softmax = sem.score == score_function::softmax;
+    float weakest = FLT_MAX;  // the weakest filter value of the router's own top-k
+    if (ratio > 0.0f)
+      warp::topk<row_layout, Lanes, Slots, Generic>(
+          sel, ns, sem.k, [&](int s) { return allowed.test(s); },
+          [&](int, float, int best) { weakest = fminf(weakest, replay_value(best)); });
+    // slots the router fills: the i-th of them is rv's rank i (as a float, exact: j < 2^24),
+    // rv being free until the gates (no register array of its own next to the row's)
+    int open = 0;
+    for (int j = 0; j < sem.k; ++j) {
+      int e = r[j];
+      bool ok = e >= -1 && e < E;
+      for (int i = 0; i < j && ok && e >= 0; ++i) ok = r[i] != e;
+      if (!ok) {
+        if (active && lane == 0) ++invalid;
+        e = -1;
+      }
+      const float value = ratio > 0.0f ? replay_value(e >= 0 ? e : 0) : 0.0f;
+      bool kept = e >= 0;
+      if (kept && ratio > 0.0f) {
+        kept = replay_keeps(softmax, value, weakest, ratio, a.replay_log_ratio);
+        if (!kept && counts && lane == 0) ++replaced;
+      }
+      if (kept && row_layout::owner_lane(e) == lane) allowed.reset(row_layout::owner_slot(e));
+      if (j % Lanes == lane) warp::slot_set<Slots, Generic>(ri, j / Lanes, kept ? e : -1);
+      if (!kept) {
+        if (open % Lanes == lane)
+          warp::slot_set<Slots, Generic>(rv, open / Lanes, static_cast<float>(j));
+        ++open;
+      }
+    }
+    warp::topk<row_layout, Lanes, Slots, Generic>(
+        sel, ns, sem.k + sem.reroute, [&](int s) { return allowed.test(s); },
+        [&](int i, float, int best) {
+          const float fj = __shfl_sync(
+              warp::full_mask, warp::slot_get<Slots, Generic>(rv, i / Lanes), i % Lanes, Lanes);
+          if (i < open) {
+            const int j = static_cast<int>(fj);
+            if (j % Lanes == lane) warp::slot_set<Slots, Generic>(ri, j / Lanes, best);
+          } else if (i - open < sem.reroute && active && lane == 0) {
+            a.out.d_reroute_ids[t * sem.reroute + (i - open)] = best;
+          }
+        });
+    float gate_sum = 0.0f;  // in slot order, as the reference
+    float chosen_max = -FLT_MAX;
+    float second_score = 0.0f;
+    for (int j = 0; j < sem.k; ++j) {
+      const float gv = row_value(gsrc, ranked(j));
+      if (j % Lanes == lane) warp::slot_set<Slots, Generic>(rv, j / Lanes, gv);
+      gate_sum = __fadd_rn(gate_sum, gv);
+      chosen_max = fmaxf(chosen_max, gv);
+      if (j == 1) second_score = gv;
+    }
+    gates(t, active, gate_sum, chosen_max, second_score);
+  }
+
+  /// The gates of the k chosen (rv: their gate sources, in slot order) and NLLB's draw.
+  __device__ __forceinline__ void gates(std::int64_t t, bool active, float gate_sum,
+                                        float chosen_max, float second_score) {
     if (sem.second_random && active && lane == 0) {
       const float u = rng::second_expert_uniform(sem.second_seed, sem.second_offset, t);
       a.out.d_second_skipped[t] = __fmul_rn(2.0f, second_score) > u ? 0 : 1;

@@ -74,6 +74,7 @@ struct slot_mask {
   }
   __device__ __forceinline__ bool test(int s) const { return (w[s >> 5] >> (s & 31)) & 1u; }
   __device__ __forceinline__ void set(int s) { w[s >> 5] |= 1u << (s & 31); }
+  __device__ __forceinline__ void reset(int s) { w[s >> 5] &= ~(1u << (s & 31)); }
 };
 template <int Slots>
 struct slot_mask<Slots, true> {
@@ -81,6 +82,7 @@ struct slot_mask<Slots, true> {
   __device__ __forceinline__ void clear() { w = 0u; }
   __device__ __forceinline__ bool test(int s) const { return (w >> s) & 1u; }
   __device__ __forceinline__ void set(int s) { w |= 1u << s; }
+  __device__ __forceinline__ void reset(int s) { w &= ~(1u << s); }
 };
 
 /// @brief arr[slot] for a slot known only at run time: a select chain over registers when the
