@@ -111,6 +111,9 @@ struct tool_options {
   std::int32_t ep_ranks = 0;
   std::string placement_spec = "contiguous", ep_scopes = "dropless,per_source,global";
   plan_args pa;
+  std::vector<std::string> agree;  ///< --agree A.npy B.npy
+  float tie_margin = 0.02f;
+  std::string agree_plot_script = script_path("plot_agree.py");
   bool experts_given = false, top_k_given = false, planning = false;  ///< flags seen
 };
 
@@ -242,7 +245,21 @@ inline std::optional<int> parse_command_line(int argc, char** argv, tool_options
       ->capture_default_str();
   app.add_option("--plan-plot-script", o.pa.plot_script, "planning: the plotting script")
       ->capture_default_str();
+  auto* o_agree = app.add_option(
+      "--agree", o.agree,
+      "agreement mode: route two dumps of router logits for the same tokens (A.npy B.npy, e.g. "
+      "a bf16 rollout and an fp32 trainer; [T,E] or [layers,T,E]) with one config and report "
+      "per layer the tokens and slots whose experts differ, the tokens that differ in any "
+      "layer, the gate mass moved and the flips on near-ties");
+  o_agree->expected(2);
+  app.add_option("--tie-margin", o.tie_margin,
+                 "--agree: a flip is near a tie when A's weakest chosen logit is within this of "
+                 "its strongest unchosen one")
+      ->capture_default_str();
+  app.add_option("--agree-plot-script", o.agree_plot_script, "--agree: the plotting script")
+      ->capture_default_str();
   o_npy->excludes(o_scn)->excludes(o_tok)->excludes(o_exp);
+  o_agree->excludes(o_npy)->excludes(o_scn)->excludes(o_tok)->excludes(o_exp);
 
   try {
     app.parse(argc, argv);

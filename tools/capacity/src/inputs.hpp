@@ -44,6 +44,27 @@ inline std::string file_stem(const std::string& path) {
   return dot == std::string::npos || dot == 0 ? base : base.substr(0, dot);
 }
 
+/// @brief The config every row starts from: the preset for E experts and --top-k (else the
+///        preset's k), then --set. @throws usage_error naming the flag.
+inline routing_config base_config(const tool_options& o, const presets::preset_info& preset,
+                                  std::int32_t E) {
+  const std::int32_t k = o.top_k > 0 ? o.top_k : std::min(preset.default_k, E);
+  routing_config c;
+  try {
+    c = presets::by_name(preset.name, E, k);
+  } catch (const error& e) {
+    throw usage_error(e.get_status().message);
+  }
+  if (auto st = set_fields(c, o.set_fields_text); !st) throw usage_error("--set: " + st.message);
+  if (c.num_experts != E || c.top_k != k)
+    throw usage_error("--set: num_experts and top_k come from --experts / --top-k (and the input)");
+  if (auto st = validate(c); !st)
+    throw usage_error("--preset " + o.preset_name + (o.set_fields_text.empty() ? "" : " --set") +
+                      " with E=" + std::to_string(E) + " k=" + std::to_string(k) + ": " +
+                      st.message);
+  return c;
+}
+
 /// @brief Loads the inputs into `in_out` and sets `s.so.base` (the preset for the input's E,
 ///        k, with --set). @throws usage_error naming the flag or the file.
 inline void load_inputs(const tool_options& o, tool_setup& s, tool_inputs& in_out) {
@@ -140,20 +161,7 @@ inline void load_inputs(const tool_options& o, tool_setup& s, tool_inputs& in_ou
       inputs.push_back(in);
     }
   }
-  const std::int32_t k = o.top_k > 0 ? o.top_k : std::min(preset->default_k, E);
-  try {
-    so.base = presets::by_name(preset->name, E, k);
-  } catch (const error& e) {
-    throw usage_error(e.get_status().message);
-  }
-  if (auto st = set_fields(so.base, o.set_fields_text); !st)
-    throw usage_error("--set: " + st.message);
-  if (so.base.num_experts != E || so.base.top_k != k)
-    throw usage_error("--set: num_experts and top_k come from --experts / --top-k (and the input)");
-  if (auto st = validate(so.base); !st)
-    throw usage_error("--preset " + o.preset_name + (o.set_fields_text.empty() ? "" : " --set") +
-                      " with E=" + std::to_string(E) + " k=" + std::to_string(k) + ": " +
-                      st.message);
+  so.base = base_config(o, *preset, E);
 
   for (const auto& in : inputs) {
     std::int64_t bad = 0;

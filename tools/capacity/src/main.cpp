@@ -5,8 +5,9 @@
 // load balance, buffer memory, losses and time per call as a table, CSV or JSON, plus a plot.
 //
 // Four steps, one file each: parse (cli.hpp), check (setup.hpp), load (inputs.hpp), then one
-// mode plans and writes — the sweep (sweep_mode.hpp), --ep R (cluster_mode.hpp) or
-// --batch-tokens (planning_mode.hpp). The planning itself is the moeroute::planner library
+// mode plans and writes — the sweep (sweep_mode.hpp), --ep R (cluster_mode.hpp),
+// --batch-tokens (planning_mode.hpp) or --agree A B (agree_mode.hpp, which loads its own two
+// dumps). The planning itself is the moeroute::planner library
 // (tools/capacity/include), which the Python package binds too.
 //
 // Exit codes: 0 success, 2 bad arguments or a malformed .npy file, 1 anything else.
@@ -15,6 +16,7 @@
 
 #include <moeroute/status.hpp>
 
+#include "agree_mode.hpp"
 #include "cli.hpp"
 #include "cluster_mode.hpp"
 #include "inputs.hpp"
@@ -30,6 +32,7 @@ int run(int argc, char** argv) {
   tool_options o;
   if (const std::optional<int> done = parse_command_line(argc, argv, o)) return *done;
   tool_setup s = check_options(o);
+  if (!o.agree.empty()) return run_agree_mode(o, s);
   tool_inputs in;
   load_inputs(o, s, in);
   if (o.planning) return run_planning_mode(o, s, in);

@@ -3,7 +3,7 @@
 """ctest driver for moeroute-capacity: test_capacity_tool.py CASE TOOL WORKDIR.
 
 Cases: synthetic, npy, npy_layers_f16, malformed, bad_args, plot, ep, backends, plan, plan_bad,
-plan_plot (tools/capacity/CMakeLists.txt registers each). Each asserts exact values
+plan_plot, agree (tools/capacity/CMakeLists.txt registers each). Each asserts exact values
 (counts the routing rules determine) and exits non-zero with a message on the first failure.
 """
 import csv
@@ -566,10 +566,88 @@ def case_plan_plot():
         check(abs(cell["drop_rate"]["max"] - want.max()) <= 1e-12, "float16 dump planned exactly")
 
 
+def bf16_round(x):
+    """float32 -> the nearest bfloat16 (ties to even), as float32."""
+    u = np.ascontiguousarray(x, dtype=np.float32).view(np.uint32).astype(np.uint64)
+    u = (u + 0x7FFF + ((u >> 16) & 1)) & 0xFFFF0000
+    return u.astype(np.uint32).view(np.float32)
+
+
+def case_agree():
+    """--agree on the real traffic against its bf16 rounding: every per-layer count equals an
+    independent numpy count (top-2 on the logits, ties to the lower index; Mixtral's softmax
+    over the two for the gate mass)."""
+    os.makedirs(WORK, exist_ok=True)
+    a = np.load(os.path.join(REAL, "traffic.npy"))
+    b = bf16_round(a)
+    pa, pb = os.path.join(WORK, "fp32.npy"), os.path.join(WORK, "bf16.npy")
+    np.save(pa, a)
+    np.save(pb, b)
+    png = os.path.join(WORK, "agree.png")
+    rc, out, err = run("--agree", pa, pb, "--preset", "mixtral", "--top-k", "2", "--format",
+                       "json", "--tie-margin", "0.05", "--plot", png)
+    check(rc == 0, f"--agree exit {rc}: {err.strip()[:300]}")
+    if rc != 0:
+        return
+    check(os.path.exists(png) and open(png, "rb").read(8) == b"\x89PNG\r\n\x1a\n", "plot written")
+    r = json.loads(out)
+    L, N, E = a.shape
+    k = 2
+    check(r["tokens"] == N and r["experts"] == E and r["top_k"] == k, "shape reported")
+    any_layer = np.zeros(N, dtype=bool)
+    for layer in range(L):
+        xa, xb = a[layer].astype(np.float64), b[layer].astype(np.float64)
+        ia = np.argsort(-xa, axis=1, kind="stable")[:, :k]
+        ib = np.argsort(-xb, axis=1, kind="stable")[:, :k]
+        in_b = (ia[:, :, None] == ib[:, None, :]).any(axis=2)  # A's expert j also in B
+        missing = (~in_b).sum(axis=1)
+        differ = missing > 0
+        any_layer |= differ
+
+        def gates(x, ids):
+            v = np.take_along_axis(x, ids, axis=1)
+            e = np.exp(v - v.max(axis=1, keepdims=True))
+            return e / e.sum(axis=1, keepdims=True)
+
+        ga, gb = gates(xa, ia), gates(xb, ib)
+        moved = np.zeros(N)
+        for j in range(k):
+            match = ia[:, j:j + 1] == ib
+            gb_at = (gb * match).sum(axis=1)
+            moved += np.abs(ga[:, j] - gb_at)
+            moved += np.abs(gb[:, j]) * ~(ib[:, j:j + 1] == ia).any(axis=1)
+        moved *= 0.5
+        chosen = np.zeros_like(xa, dtype=bool)
+        np.put_along_axis(chosen, ia, True, axis=1)
+        margin = np.where(chosen, xa, np.inf).min(axis=1) - np.where(chosen, -np.inf, xa).max(axis=1)
+        near = (differ & (margin < 0.05)).sum()
+        got = r["layers"][layer]
+        check(got["tokens_differ"] == int(differ.sum()),
+              f"layer {layer}: token flips {got['tokens_differ']} != numpy {int(differ.sum())}")
+        check(got["slots_differ"] == int(missing.sum()),
+              f"layer {layer}: slot flips {got['slots_differ']} != numpy {int(missing.sum())}")
+        check(got["near_ties"] == int(near), f"layer {layer}: near ties {got['near_ties']} != {near}")
+        want_moved = moved.mean()
+        check(abs(got["gate_mass_moved"] - want_moved) <= 1e-4 * want_moved + 1e-6,
+              f"layer {layer}: gate mass moved {got['gate_mass_moved']} != numpy {want_moved}")
+        check(differ.sum() > 0, f"layer {layer}: bf16 rounding flips some tokens")
+    check(r["tokens_differ_any_layer"] == int(any_layer.sum()),
+          f"any layer: {r['tokens_differ_any_layer']} != numpy {int(any_layer.sum())}")
+    # identical dumps agree exactly; shapes that differ are exit 2
+    rc, out, err = run("--agree", pa, pa, "--preset", "mixtral", "--format", "json")
+    check(rc == 0 and json.loads(out)["tokens_differ_any_layer"] == 0, "a dump agrees with itself")
+    small = os.path.join(WORK, "small.npy")
+    np.save(small, a[:, :100])
+    rc, out, err = run("--agree", pa, small, "--preset", "mixtral")
+    check(rc == 2 and "differ in shape" in err, f"shape mismatch exit 2 with a message: {rc} {err}")
+    print(f"agree: any-layer flip rate {r['any_layer_flip_rate']:.4f}, per layer "
+          f"{[round(x['token_flip_rate'], 4) for x in r['layers']]}")
+
+
 {"synthetic": case_synthetic, "npy": case_npy, "npy_layers_f16": case_npy_layers_f16,
  "malformed": case_malformed, "bad_args": case_bad_args, "plot": case_plot, "ep": case_ep,
  "backends": case_backends, "plan": case_plan, "plan_bad": case_plan_bad,
- "plan_plot": case_plan_plot}[CASE]()
+ "plan_plot": case_plan_plot, "agree": case_agree}[CASE]()
 if failures:
     print(f"{len(failures)} check(s) failed in case {CASE}", file=sys.stderr)
     sys.exit(1)
