@@ -13,6 +13,7 @@ moeroute.torch holds the autograd functions and a Router module; docs/python.md 
 from ._core import Config, Error, presets
 from ._core import openmp as _openmp
 from .planning import plan, plan_frames
+from .replay import RoutingRecord, agreement
 from .stages import (Dispatched, Gated, Laid, Routing, combine, combine_backward, dispatch,
                      expert_bias_update, gating, gating_backward, layout, losses, permute,
                      permute_backward, route)
@@ -23,5 +24,6 @@ has_openmp = bool(_openmp)
 __all__ = [
     "Config", "Error", "presets", "plan", "plan_frames", "Gated", "Dispatched", "Laid", "Routing",
     "gating", "dispatch", "layout", "permute", "combine", "losses", "gating_backward",
-    "combine_backward", "permute_backward", "expert_bias_update", "route",
+    "combine_backward", "permute_backward", "expert_bias_update", "route", "RoutingRecord",
+    "agreement",
 ]

@@ -69,6 +69,23 @@ def as_mask(valid):
     return valid.view(np.uint8) if valid.dtype == np.bool_ else valid
 
 
+def as_int32(ids, what: str):
+    """Integer ids as int32, converted once where they are int64 / int16 (torch.topk gives
+    int64); int32 arrays pass through uncopied. Other dtypes raise moeroute.Error."""
+    from . import _core
+
+    name = dtype_name(ids)
+    if name == "int32":
+        return ids
+    if name not in ("int64", "int16", "int8", "uint8"):
+        raise _core.Error(f"{what}: expected integer expert ids, got dtype {name}")
+    if is_torch(ids):
+        import torch
+
+        return ids.to(torch.int32)
+    return np.asarray(ids).astype(np.int32)
+
+
 def on_cuda(x) -> bool:
     """True for a torch tensor on a CUDA device."""
     return is_torch(x) and x.device.type == "cuda"

@@ -80,17 +80,28 @@ def _tokens_of(x, what: str) -> int:
 
 
 def gating(logits, config: Config, *, bias=None, valid=None, per_token_aux: bool = False,
-           threads: int = 0) -> Gated:
+           replay_ids=None, replay_ratio: float = 0.0, threads: int = 0) -> Gated:
     """Top-k ids and gates of router logits [T, E] (float32, float16 or bfloat16), their
     logsumexp and the loss sums. `bias` [E] float32: the expert bias (gating.expert_bias);
     `valid` [T] bool / uint8: padding mask; `per_token_aux`: also aux_scores [T, E] and
-    aux_count_ids [T, c] for a caller's own aux loss."""
+    aux_count_ids [T, c] for a caller's own aux loss.
+
+    Routing replay (docs/replay.md): `replay_ids` [T, k] (int32, int64 or int16; -1 = the
+    router chooses) forces each slot's expert, the gates recomputed from `logits`;
+    `replay_ratio` in [0, 1] keeps a replayed expert only if its score is at least that
+    fraction of the weakest score of the router's own top-k. The result then also has
+    replay_replaced [1] (slots the filter gave back) and replay_invalid [1] (CUDA: bad ids
+    taken as -1; the CPU raises moeroute.Error instead)."""
     T = _tokens_of(logits, "logits")
-    out = _arrays.allocate(logits, _core.gating_outputs(config, T, per_token_aux), T == 0)
+    replayed = replay_ids is not None
+    specs = _core.gating_outputs(config, T, per_token_aux, replayed)
+    out = _arrays.allocate(logits, specs, T == 0)
     cuda = _arrays.on_cuda(logits) or _core.emulated
     args = dict(out, logits=logits, bias=bias, valid=_arrays.as_mask(valid),
                 workspace=_arrays.workspace(logits, _core.gating_workspace_bytes(config, T, cuda)))
-    _core.gating(config, args, threads, _arrays.stream_of(logits))
+    if replayed:
+        args["replay_ids"] = _arrays.as_int32(replay_ids, "replay_ids")
+    _core.gating(config, args, float(replay_ratio), threads, _arrays.stream_of(logits))
     return Gated(out, T)
 
 
@@ -250,12 +261,14 @@ def layout_kind_for(config: Config, kind: str = "auto") -> str:
 
 
 def route(logits, config: Config, *, bias=None, valid=None, kind: str = "auto",
-          block_size: int = 1, per_token_aux: bool = False, threads: int = 0) -> Routing:
+          block_size: int = 1, per_token_aux: bool = False, replay_ids=None,
+          replay_ratio: float = 0.0, threads: int = 0) -> Routing:
     """gating -> dispatch -> layout -> losses on one batch of router logits [T, E]. kind:
-    "padded", "compact" or "auto" (padded when the capacity is bounded, else compact)."""
+    "padded", "compact" or "auto" (padded when the capacity is bounded, else compact).
+    replay_ids / replay_ratio: routing replay, as in gating()."""
     kind = layout_kind_for(config, kind)
     g = gating(logits, config, bias=bias, valid=valid, per_token_aux=per_token_aux,
-               threads=threads)
+               replay_ids=replay_ids, replay_ratio=replay_ratio, threads=threads)
     d = dispatch(g, config, valid=valid, threads=threads)
     lay = layout(d, config, kind=kind, block_size=block_size, threads=threads)
     return Routing(g, d, lay, losses(g, config, threads=threads))

@@ -54,11 +54,13 @@ def _threads() -> int:
 
 # --- the three operations on tensors (shared by the custom-op and autograd paths) ----------
 
-def _route_impl(logits, bias, valid, config: str, kind: str, block_size: int):
+def _route_impl(logits, bias, valid, replay_ids, config: str, kind: str, block_size: int,
+                replay_ratio: float):
     cfg = _config_of(config)
     x = _compute(logits.detach())
     r = _st.route(x, cfg, bias=None if bias is None else bias.detach().float().contiguous(),
-                  valid=valid, kind=kind, block_size=block_size, threads=_threads())
+                  valid=valid, kind=kind, block_size=block_size, replay_ids=replay_ids,
+                  replay_ratio=replay_ratio, threads=_threads())
     g, d, lay = r.gated.arrays, r.dispatched.arrays, r.laid.arrays
     loss_dtype = logits.dtype if logits.dtype in (torch.float32, torch.float64) else torch.float32
     def empty():  # a fresh one each time: a custom operator's outputs may not alias
@@ -73,7 +75,9 @@ def _route_impl(logits, bias, valid, config: str, kind: str, block_size: int):
             g["aux_count"],
             g["valid_tokens"], g["seq_count"] if "seq_count" in g else empty(),
             g["seq_tokens"] if "seq_tokens" in g else empty(),
-            d["totals"])
+            d["totals"],
+            g["replay_replaced"] if "replay_replaced" in g else
+            x.new_zeros((1,), dtype=torch.int64))
 
 
 def _route_backward_impl(logits, valid, ids, fate, aux_count, valid_tokens, seq_count,
@@ -152,10 +156,11 @@ def _combine_backward_impl(dy, expert_out, weight, row_token, assignment_row, fa
 
 class _RouteFn(torch.autograd.Function):
     @staticmethod
-    def forward(ctx, logits, bias, valid, config, kind, block_size):
-        outs = _route_impl(logits, bias, valid, config, kind, block_size)
+    def forward(ctx, logits, bias, valid, replay_ids, config, kind, block_size, replay_ratio):
+        outs = _route_impl(logits, bias, valid, replay_ids, config, kind, block_size,
+                           replay_ratio)
         (_, _, _, _, ids, _, _, _, fate, _, _, _, _, _, _, aux_count, valid_tokens, seq_count,
-         seq_tokens, _) = outs
+         seq_tokens, _, _) = outs
         ctx.config = config
         ctx.has_valid = valid is not None
         saved = [logits, ids, fate, aux_count, valid_tokens, seq_count, seq_tokens]
@@ -173,7 +178,7 @@ class _RouteFn(torch.autograd.Function):
             logits, valid, ids, fate, aux_count, valid_tokens, seq_count, seq_tokens, grad_weight,
             zero if grad_aux is None else grad_aux, zero if grad_seq is None else grad_seq,
             zero if grad_z is None else grad_z, ctx.config)
-        return grad, None, None, None, None, None
+        return grad, None, None, None, None, None, None, None
 
 
 class _PermuteFn(torch.autograd.Function):
@@ -215,16 +220,18 @@ if custom_ops:
 
     from torch import Tensor
 
-    # the schema needs a fixed-length tuple: route's 20 outputs (RouterOutput's tensor fields)
-    _RouteOutputs = Tuple[(Tensor,) * 20]
+    # the schema needs a fixed-length tuple: route's 21 outputs (RouterOutput's tensor fields)
+    _RouteOutputs = Tuple[(Tensor,) * 21]
 
     @torch.library.custom_op("moeroute::route", mutates_args=())
-    def _route_op(logits: Tensor, bias: Optional[Tensor], valid: Optional[Tensor], config: str,
-                  kind: str, block_size: int) -> _RouteOutputs:
-        return _route_impl(logits, bias, valid, config, kind, block_size)
+    def _route_op(logits: Tensor, bias: Optional[Tensor], valid: Optional[Tensor],
+                  replay_ids: Optional[Tensor], config: str, kind: str, block_size: int,
+                  replay_ratio: float) -> _RouteOutputs:
+        return _route_impl(logits, bias, valid, replay_ids, config, kind, block_size,
+                           replay_ratio)
 
     @_route_op.register_fake
-    def _(logits, bias, valid, config, kind, block_size):
+    def _(logits, bias, valid, replay_ids, config, kind, block_size, replay_ratio):
         cfg = _config_of(config)
         T = logits.shape[0]
         g = {n: (s, d) for n, s, d in _core.gating_outputs(cfg, T, False)}
@@ -245,7 +252,8 @@ if custom_ops:
                 new(lay["offsets"]), new(d["load"]), new(d["requested"]), new(g["aux_count"]),
                 new(g["valid_tokens"]),
                 new(g["seq_count"]) if "seq_count" in g else empty,
-                new(g["seq_tokens"]) if "seq_tokens" in g else empty.clone(), new(d["totals"]))
+                new(g["seq_tokens"]) if "seq_tokens" in g else empty.clone(), new(d["totals"]),
+                logits.new_empty((1,), dtype=torch.int64))
 
     @torch.library.custom_op("moeroute::route_backward", mutates_args=())
     def _route_backward_op(logits: Tensor, valid: Optional[Tensor], ids: Tensor, fate: Tensor,
@@ -261,7 +269,7 @@ if custom_ops:
         return torch.empty_like(logits)
 
     def _route_setup(ctx, inputs, output):
-        logits, _, valid, config, _, _ = inputs
+        logits, _, valid, _, config, _, _, _ = inputs
         ctx.config = config
         ctx.save_for_backward(logits, valid if valid is not None else logits.new_empty(0),
                               output[4], output[8], output[15], output[16], output[17],
@@ -277,7 +285,7 @@ if custom_ops:
                                   zero if grad_aux is None else grad_aux,
                                   zero if grad_seq is None else grad_seq,
                                   zero if grad_z is None else grad_z, ctx.config)
-        return grad, None, None, None, None, None
+        return grad, None, None, None, None, None, None, None
 
     _route_op.register_autograd(_route_grad, setup_context=_route_setup)
 
@@ -376,6 +384,7 @@ class RouterOutput(NamedTuple):
     seq_count: torch.Tensor           #: [S, E] int64 (empty without sequences)
     seq_tokens: torch.Tensor          #: [S] int64 (empty without sequences)
     totals: torch.Tensor              #: [8] int64 capacity, fallback_capacity, kept, ...
+    replay_replaced: torch.Tensor     #: [1] int64 replayed slots the score filter gave back
     config_text: str                  #: the routing's config as name=value text
 
     @property
@@ -422,28 +431,42 @@ def _residual(text: str) -> bool:
 
 
 def route(logits: torch.Tensor, config: Union[Config, str], *, bias=None, valid=None,
-          layout: str = "auto", block_size: int = 1) -> RouterOutput:
+          layout: str = "auto", block_size: int = 1, replay_ids=None,
+          replay_ratio: float = 0.0) -> RouterOutput:
     """Routes router logits [..., E] (float32 / float16 / bfloat16 / float64) under `config`
     (a Config, its text str(config), or a preset name): gating, capacity dispatch, the
     expert-buffer layout and the losses, differentiable through weight and the losses.
     layout: "padded", "compact" or "auto" (padded when the capacity is bounded). Under
     torch.compile pass the config as text or a name (a Config object is not a constant there);
-    Router does."""
+    Router does.
+
+    Routing replay (docs/replay.md): replay_ids [..., k] (any integer dtype; -1 = the router
+    chooses) forces each slot's expert — a rollout engine's recorded choice — while weight is
+    recomputed from these logits, so the gradient still reaches the router; replay_ratio in
+    [0, 1] gives back replayed experts scoring below that fraction of the router's weakest own
+    top-k score (counted in replay_replaced)."""
     text, kind = _prepared(config, int(logits.shape[-1]), layout)
     flat = logits.reshape(-1, logits.shape[-1])
     if valid is not None:
         valid = valid.reshape(-1)
         valid = valid.view(torch.uint8) if valid.dtype == torch.bool else valid
+    if replay_ids is not None:
+        replay_ids = replay_ids.reshape(flat.shape[0], -1)
+        if replay_ids.dtype != torch.int32:
+            replay_ids = replay_ids.to(torch.int32)
+        replay_ids = replay_ids.contiguous()
+    ratio = float(replay_ratio)
     if custom_ops:
-        outs = _route_op(flat, bias, valid, text, kind, int(block_size))
+        outs = _route_op(flat, bias, valid, replay_ids, text, kind, int(block_size), ratio)
         # Only weight and the losses carry gradients: the pre-drop gates are routing data
         # here (a custom operator cannot mark an output non-differentiable, so detach them).
         return RouterOutput(*outs[:4], *(t.detach() for t in outs[4:]), text)
     if torch.is_grad_enabled() and flat.requires_grad:
-        return RouterOutput(*_RouteFn.apply(flat, bias, valid, text, kind, int(block_size)),
-                            text)
+        return RouterOutput(*_RouteFn.apply(flat, bias, valid, replay_ids, text, kind,
+                                            int(block_size), ratio), text)
     # inference: no graph to record, so no autograd.Function around the call
-    return RouterOutput(*_route_impl(flat, bias, valid, text, kind, int(block_size)), text)
+    return RouterOutput(*_route_impl(flat, bias, valid, replay_ids, text, kind, int(block_size),
+                                     ratio), text)
 
 
 def permute(x: torch.Tensor, routing: RouterOutput) -> torch.Tensor:
@@ -476,13 +499,16 @@ class Router(torch.nn.Module):
     capacity.mode = factor), drop_policy (dispatch.dropped), aux_loss_coeff,
     z_loss_coeff. expert_bias: a [E] buffer for bias-selected routing (DeepSeek-V3), kept
     balanced by update_expert_bias(). forward() returns a RouterOutput; route_logits()
-    routes logits an engine computed itself."""
+    routes logits an engine computed itself. Routing replay (docs/replay.md): pass the
+    rollout's recorded ids as forward(..., replay_ids=...); replay_ratio is the score
+    filter (0: every replayed expert kept)."""
 
     def __init__(self, hidden_size: int, config: Union[Config, str] = "megatron", *,
                  num_experts: int = 0, top_k: int = 0, capacity_factor: Optional[float] = None,
                  drop_policy: Optional[str] = None, aux_loss_coeff: Optional[float] = None,
                  z_loss_coeff: Optional[float] = None, layout: str = "auto",
-                 block_size: int = 1, dtype: Optional[torch.dtype] = None, device=None):
+                 block_size: int = 1, replay_ratio: float = 0.0,
+                 dtype: Optional[torch.dtype] = None, device=None):
         super().__init__()
         cfg = _as_config(config, num_experts, top_k).copy()
         if capacity_factor is not None:
@@ -499,6 +525,9 @@ class Router(torch.nn.Module):
         self._config_text = _text_of(cfg)  # what forward routes with: a constant for torch.compile
         self.layout = layout
         self.block_size = int(block_size)
+        if not 0.0 <= float(replay_ratio) <= 1.0:
+            raise _core.Error(f"replay_ratio = {replay_ratio}: must be in [0, 1]")
+        self.replay_ratio = float(replay_ratio)
         E = cfg.num_experts
         self.weight = torch.nn.Parameter(torch.empty(E, hidden_size, dtype=dtype, device=device))
         torch.nn.init.normal_(self.weight, std=hidden_size ** -0.5)
@@ -518,14 +547,15 @@ class Router(torch.nn.Module):
     def top_k(self) -> int:
         return self.config.top_k
 
-    def route_logits(self, logits: torch.Tensor, valid=None,
-                     micro_batch: Optional[int] = None) -> RouterOutput:
+    def route_logits(self, logits: torch.Tensor, valid=None, micro_batch: Optional[int] = None,
+                     replay_ids=None) -> RouterOutput:
         """Routes logits the engine computed. In training with an expert bias, the batch's
         loads join those of the step; a `micro_batch` id already seen since the last
         update_expert_bias (the forward activation checkpointing recomputes) is not counted
         again, as reference::expert_load_accumulator does."""
         out = route(logits, self._config_text, bias=self.expert_bias, valid=valid,
-                    layout=self.layout, block_size=self.block_size)
+                    layout=self.layout, block_size=self.block_size, replay_ids=replay_ids,
+                    replay_ratio=self.replay_ratio if replay_ids is not None else 0.0)
         if micro_batch is not None:
             if micro_batch in self._seen_micro_batches:
                 return out
@@ -536,10 +566,10 @@ class Router(torch.nn.Module):
         return out
 
     def forward(self, hidden_states: torch.Tensor, valid=None,
-                micro_batch: Optional[int] = None) -> RouterOutput:
+                micro_batch: Optional[int] = None, replay_ids=None) -> RouterOutput:
         logits = torch.nn.functional.linear(hidden_states.reshape(-1, hidden_states.shape[-1]),
                                             self.weight)
-        return self.route_logits(logits, valid, micro_batch)
+        return self.route_logits(logits, valid, micro_batch, replay_ids)
 
     @torch.no_grad()
     def update_expert_bias(self) -> None:

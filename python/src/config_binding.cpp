@@ -241,11 +241,12 @@ name, as the C++ routing_config and docs/api.md spell it ("capacity.factor",
 
   m.def(
       "gating_outputs",
-      [](const routing_config& c, std::int64_t tokens, bool per_token_aux) {
+      [](const routing_config& c, std::int64_t tokens, bool per_token_aux, bool replay) {
         raise_if(param_checks::validate_extents(c, tokens));
-        return specs_list(gating_outputs(c, tokens, per_token_aux));
+        return specs_list(gating_outputs(c, tokens, per_token_aux, replay));
       },
-      py::arg("config"), py::arg("tokens"), py::arg("per_token_aux") = false);
+      py::arg("config"), py::arg("tokens"), py::arg("per_token_aux") = false,
+      py::arg("replay") = false);
   m.def(
       "dispatch_outputs",
       [](const routing_config& c, std::int64_t tokens) {

@@ -18,7 +18,7 @@ void bind_ops(py::module_& m) {
   const auto cfg = py::arg("config"), arrays = py::arg("arrays");
   const auto threads = py::arg("threads") = 0;
   const auto stream = py::arg("stream") = py::none();
-  m.def("gating", &gating, cfg, arrays, threads, stream);
+  m.def("gating", &gating, cfg, arrays, py::arg("replay_ratio") = 0.0f, threads, stream);
   m.def("dispatch", &dispatch, cfg, arrays, threads, stream);
   m.def(
       "layout",

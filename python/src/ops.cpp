@@ -118,7 +118,7 @@ std::size_t dispatch_workspace_bytes(const routing_config& cfg, std::int64_t tok
               : cpu::dispatch_workspace_bytes(cfg, tokens);
 }
 
-void gating(const routing_config& cfg, py::dict arrays, int threads,
+void gating(const routing_config& cfg, py::dict arrays, float replay_ratio, int threads,
             std::optional<std::intptr_t> stream) {
   call_arrays a = arrays_of("gating", std::move(arrays), stream);
   raise_if(validate(cfg), "gating");
@@ -126,7 +126,9 @@ void gating(const routing_config& cfg, py::dict arrays, int threads,
   const run_on on = where(a, threads, stream);
   const std::int64_t T = logits.shape[0];
   raise_if(validate_tokens(cfg, T), "gating");
-  const auto specs = gating_outputs(cfg, T, a.has("aux_scores") || a.has("aux_count_ids"));
+  const bool replayed = a.has("replay_ids");
+  const auto specs =
+      gating_outputs(cfg, T, a.has("aux_scores") || a.has("aux_count_ids"), replayed);
   gating_result o;
   o.d_ids = a.out<std::int32_t>(find_spec(specs, "ids"), true);
   o.d_gates = a.out<float>(find_spec(specs, "gates"), true);
@@ -152,6 +154,13 @@ void gating(const routing_config& cfg, py::dict arrays, int threads,
     o.d_aux_scores = a.out<float>(find_spec(specs, "aux_scores"), false);
     o.d_aux_count_ids = a.out<std::int32_t>(find_spec(specs, "aux_count_ids"), false);
   }
+  gating_replay replay;
+  replay.min_score_ratio = replay_ratio;
+  if (replayed) {
+    replay.d_ids = a.in<std::int32_t>({"replay_ids", {T, cfg.top_k}, elem::i32}, true);
+    replay.d_replaced = a.out<std::int64_t>(find_spec(specs, "replay_replaced"), false);
+    replay.d_invalid = a.out<std::int64_t>(find_spec(specs, "replay_invalid"), false);
+  }
   const float* bias = a.in<float>({"bias", {cfg.num_experts}, elem::f32}, cfg.gating.expert_bias);
   const std::uint8_t* valid = valid_of(a, T);
   const std::size_t ws_bytes = gating_workspace_bytes(cfg, T, on.cuda);
@@ -164,6 +173,7 @@ void gating(const routing_config& cfg, py::dict arrays, int threads,
     p.d_bias = bias;
     p.d_valid = valid;
     p.out = o;
+    p.replay = replay;
     run("gating", [&] {
       return on.cuda ? cuda_launch::gating(cfg, p, ws, ws_bytes, on.stream)
                      : cpu::gating(cfg, p, ws, ws_bytes, executor_of(on));

@@ -27,7 +27,10 @@ namespace py = pybind11;
 // Each runs where its arrays live; `threads` caps OpenMP on the CPU, `stream` is the CUDA
 // stream (cudaStream_t as an integer) for device arrays.
 using stream_arg = std::optional<std::intptr_t>;
-void gating(const routing_config& cfg, py::dict arrays, int threads, stream_arg stream);
+/// arrays["replay_ids"] [T, k] int32 (optional): routing replay, with `replay_ratio` the
+/// score filter's min_score_ratio (moeroute/replay.hpp).
+void gating(const routing_config& cfg, py::dict arrays, float replay_ratio, int threads,
+            stream_arg stream);
 void dispatch(const routing_config& cfg, py::dict arrays, int threads, stream_arg stream);
 /// local_experts: the number of non-negative entries of arrays["expert_map"] (when given)
 void layout(const routing_config& cfg, py::dict arrays, layout_kind kind, std::int64_t block_size,

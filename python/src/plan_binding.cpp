@@ -10,6 +10,7 @@
 #include <vector>
 
 #include <moeroute/names.hpp>
+#include <moeroute/planner/agreement.hpp>
 #include <moeroute/planner/plan.hpp>
 
 #include "arrays.hpp"
@@ -200,6 +201,48 @@ void bind_plan(py::module_& m) {
       py::arg("policies"), py::arg("batch_tokens"), py::arg("batching"), py::arg("seed"),
       py::arg("target_drop"), py::arg("quantile"), py::arg("cold_share"), py::arg("hidden"),
       py::arg("buffer_dtype"), py::arg("block_size"), py::arg("expert_ranks"), py::arg("threads"));
+
+  // moeroute.agreement: moeroute/planner/agreement.hpp on two arrays [layers, N, E]
+  m.def(
+      "agreement",
+      [](const routing_config& cfg, py::dict arrays, float tie_margin, int threads) {
+        call_arrays a("agreement", std::move(arrays));
+        if (auto s = validate(cfg); !s) throw binding_error("agreement: " + s.message);
+        const std::int64_t E = cfg.num_experts;
+        const array_view va = a.view("a", {-1, -1, E}, {elem::f32, elem::f16}, false);
+        const array_view vb = a.view("b", {-1, -1, E}, {elem::f32, elem::f16}, false);
+        if (!(va.place == device_place{}) || !(vb.place == device_place{}))
+          a.fail("the logits must be CPU arrays (tensor.cpu())");
+        const auto dump = [&](const array_view& v) {
+          return planner::mapped_logits::view(
+              v.data, v.dtype == elem::f32 ? io::npy_dtype::f32 : io::npy_dtype::f16, v.shape[0],
+              v.shape[1], E);
+        };
+        planner::agreement_options o;
+        o.tie_margin = tie_margin;
+        o.executor = threads == 1 ? cpu::executor::serial() : cpu::executor::openmp(threads);
+        planner::agreement_report r;
+        status st;
+        {
+          py::gil_scoped_release nogil;
+          st = planner::agreement(cfg, dump(va), dump(vb), o, r);
+        }
+        if (!st) a.fail(st.message);
+        py::list layers;
+        for (const auto& l : r.layers)
+          layers.append(py::dict(
+              py::arg("tokens") = l.tokens, py::arg("tokens_differ") = l.tokens_differ,
+              py::arg("token_flip_rate") = l.token_flip_rate(),
+              py::arg("slots_differ") = l.slots_differ,
+              py::arg("slot_flip_rate") = l.slot_flip_rate(r.k),
+              py::arg("gate_mass_moved") = l.mean_gate_mass_moved(),
+              py::arg("near_ties") = l.near_ties, py::arg("near_tie_share") = l.near_tie_share()));
+        return py::dict(
+            py::arg("tokens") = r.tokens, py::arg("experts") = r.experts, py::arg("top_k") = r.k,
+            py::arg("tokens_differ_any_layer") = r.tokens_differ_any_layer,
+            py::arg("any_layer_flip_rate") = r.any_layer_flip_rate(), py::arg("layers") = layers);
+      },
+      py::arg("config"), py::arg("arrays"), py::arg("tie_margin"), py::arg("threads"));
 }
 
 }  // namespace moeroute::python

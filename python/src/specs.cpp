@@ -29,8 +29,9 @@ std::vector<spec> specs_of(const std::vector<buffer_shape>& shapes) {
 }
 }  // namespace
 
-std::vector<spec> gating_outputs(const routing_config& cfg, std::int64_t T, bool per_token_aux) {
-  return specs_of(gating_buffers(cfg, T, {/*logsumexp=*/true, per_token_aux}));
+std::vector<spec> gating_outputs(const routing_config& cfg, std::int64_t T, bool per_token_aux,
+                                 bool replay) {
+  return specs_of(gating_buffers(cfg, T, {/*logsumexp=*/true, per_token_aux, replay}));
 }
 
 std::vector<spec> dispatch_outputs(const routing_config& cfg, std::int64_t T) {

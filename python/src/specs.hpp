@@ -20,9 +20,10 @@ namespace moeroute::python {
 
 /// gating: ids, gates, reroute_ids (R > 0), logsumexp, the loss sums, nonfinite, the sequence
 /// sums (loss.sequence_length > 0), token_priority (batch_prioritized), second_skipped
-/// (random second expert), and with `per_token_aux` aux_scores and aux_count_ids.
+/// (random second expert), with `per_token_aux` aux_scores and aux_count_ids, with `replay`
+/// replay_replaced and replay_invalid.
 [[nodiscard]] std::vector<spec> gating_outputs(const routing_config& cfg, std::int64_t tokens,
-                                               bool per_token_aux);
+                                               bool per_token_aux, bool replay = false);
 /// dispatch: expert, slot, weight, fate, the per-expert counts and totals.
 [[nodiscard]] std::vector<spec> dispatch_outputs(const routing_config& cfg, std::int64_t tokens);
 /// layout: offsets, rows_used, row_token [max_rows], assignment_row, block_expert (compact),
