@@ -426,6 +426,16 @@ def _prepared(config, num_experts: int, layout: str):
 
 
 @_constant_result
+def _router_text(config: Config, training: bool) -> str:
+    """The text a Router routes with: its config as it is now, with `training` set from the
+    module's mode (train() / eval()). Read on every eager call, so a change to Router.config
+    takes effect at the next forward; under torch.compile it is a trace-time constant."""
+    cfg = config.copy()
+    cfg["training"] = bool(training)
+    return _text_of(cfg)
+
+
+@_constant_result
 def _residual(text: str) -> bool:
     return _config_of(text)["dispatch.dropped"] == "residual"
 
@@ -499,7 +509,12 @@ class Router(torch.nn.Module):
     capacity.mode = factor), drop_policy (dispatch.dropped), aux_loss_coeff,
     z_loss_coeff. expert_bias: a [E] buffer for bias-selected routing (DeepSeek-V3), kept
     balanced by update_expert_bias(). forward() returns a RouterOutput; route_logits()
-    routes logits an engine computed itself. Routing replay (docs/replay.md): pass the
+    routes logits an engine computed itself.
+
+    The routing follows the module: train() / eval() set the config's training flag (the eval
+    capacity factor, NLLB's eval rule, training-only noise), and `config` is read at every
+    call, so `router.config["gating.noise.offset"] = step` takes effect at the next forward
+    (under torch.compile the config is a trace-time constant: recompile after changing it). Routing replay (docs/replay.md): pass the
     rollout's recorded ids as forward(..., replay_ids=...); replay_ratio is the score
     filter (0: every replayed expert kept)."""
 
@@ -522,7 +537,6 @@ class Router(torch.nn.Module):
             cfg["loss.z_coefficient"] = float(z_loss_coeff)
         cfg.validate()
         self.config = cfg
-        self._config_text = _text_of(cfg)  # what forward routes with: a constant for torch.compile
         self.layout = layout
         self.block_size = int(block_size)
         if not 0.0 <= float(replay_ratio) <= 1.0:
@@ -553,8 +567,9 @@ class Router(torch.nn.Module):
         loads join those of the step; a `micro_batch` id already seen since the last
         update_expert_bias (the forward activation checkpointing recomputes) is not counted
         again, as reference::expert_load_accumulator does."""
-        out = route(logits, self._config_text, bias=self.expert_bias, valid=valid,
-                    layout=self.layout, block_size=self.block_size, replay_ids=replay_ids,
+        out = route(logits, _router_text(self.config, self.training), bias=self.expert_bias,
+                    valid=valid, layout=self.layout, block_size=self.block_size,
+                    replay_ids=replay_ids,
                     replay_ratio=self.replay_ratio if replay_ids is not None else 0.0)
         if micro_batch is not None:
             if micro_batch in self._seen_micro_batches:
