@@ -27,7 +27,8 @@ struct enum_names;
 
 MOEROUTE_ENUM_NAMES(score_function, {"softmax", score_function::softmax},
                     {"sigmoid", score_function::sigmoid},
-                    {"sqrt_softplus", score_function::sqrt_softplus})
+                    {"sqrt_softplus", score_function::sqrt_softplus},
+                    {"sqrtsoftplus", score_function::sqrt_softplus})  // TransformerEngine's
 MOEROUTE_ENUM_NAMES(select_from, {"logits", select_from::logits}, {"scores", select_from::scores},
                     {"probs", select_from::scores})
 MOEROUTE_ENUM_NAMES(softmax_stage, {"before_topk", softmax_stage::before_topk},

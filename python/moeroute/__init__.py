@@ -11,12 +11,15 @@ combine, the aux and z losses and their backward passes) from the C++ library's 
 moeroute.torch holds the autograd functions and a Router module; docs/python.md has more."""
 
 from ._core import Config, Error, presets
+from .hf_config import from_hf as _from_hf
 from ._core import openmp as _openmp
 from .planning import plan, plan_frames
 from .replay import RoutingRecord, agreement
 from .stages import (Dispatched, Gated, Laid, Routing, combine, combine_backward, dispatch,
                      expert_bias_update, gating, gating_backward, layout, losses, permute,
                      permute_backward, route)
+
+Config.from_hf = staticmethod(_from_hf)  # Config.from_hf(model.config): see hf_config.py
 
 __version__ = "0.2.0"
 has_openmp = bool(_openmp)

@@ -10,13 +10,16 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any, Dict, Optional
 
+import numpy as np
+
 from . import _arrays
 from . import _core
 from ._core import Config
 
 
 class _Arrays:
-    """Named arrays of one stage, readable as attributes (result.ids, result.weight)."""
+    """Named arrays of one stage, readable as attributes (result.ids, result.weight); a name
+    that is a Python keyword takes a trailing underscore (laid.nonlocal_)."""
 
     def __init__(self, arrays: Dict[str, Any]):
         self.arrays = arrays
@@ -25,6 +28,8 @@ class _Arrays:
         arrays = self.__dict__.get("arrays", {})
         if name in arrays:
             return arrays[name]
+        if name.endswith("_") and name[:-1] in arrays:
+            return arrays[name[:-1]]
         raise AttributeError(f"{type(self).__name__} has no array '{name}'")
 
     def __repr__(self):
@@ -41,6 +46,33 @@ class Gated(_Arrays):
     def __init__(self, arrays, tokens: int):
         super().__init__(arrays)
         self.tokens = tokens
+
+    @classmethod
+    def from_ids(cls, ids, config: Config, *, gates=None, reroute_ids=None, token_priority=None,
+                 second_skipped=None) -> "Gated":
+        """An engine's own top-k as the input of dispatch, layout, permute and combine (C++:
+        reference::routing_from_ids, dispatch_params::gated): ids [T, k] in any integer dtype
+        (torch.topk's int64 is converted once), gates [T, k] (None: 1.0 each, for a layout
+        only: the combine weights are then 1). What the config reads besides: reroute_ids
+        [T, R] for next_choice, token_priority [T] for batch_prioritized, second_skipped [T]
+        for NLLB's random policy. dispatch checks every id (in [0, E), distinct per token)
+        and names the first bad one."""
+        if len(ids.shape) != 2 or int(ids.shape[1]) != config.top_k:
+            raise _core.Error(f"Gated.from_ids: ids has shape {tuple(ids.shape)}, expected "
+                              f"[T, top_k = {config.top_k}]")
+        T = int(ids.shape[0])
+        arrays = {"ids": _arrays.as_int32(ids, "ids")}
+        if gates is None:
+            gates = _arrays.empty_like_framework(ids, (T, config.top_k), "float32")
+            gates[...] = 1.0
+        elif _arrays.dtype_name(gates) != "float32":
+            gates = gates.float() if _arrays.is_torch(gates) else np.asarray(gates, np.float32)
+        arrays["gates"] = gates
+        for name, value in (("reroute_ids", reroute_ids), ("token_priority", token_priority),
+                            ("second_skipped", second_skipped)):
+            if value is not None:
+                arrays[name] = _arrays.as_int32(value, name) if name == "reroute_ids" else value
+        return cls(arrays, T)
 
 
 def totals_dict(totals) -> Dict[str, int]:

@@ -397,6 +397,16 @@ class RouterOutput(NamedTuple):
         return _st.totals_dict(self.totals)
 
     @property
+    def row_expert(self) -> torch.Tensor:
+        """[max_rows] int64 the expert each buffer row belongs to (its segment of offsets;
+        padding rows inside a segment included), -1 past the last segment: what grouped
+        expert modules (HF 5.x) take beside the permuted rows."""
+        rows = torch.arange(self.row_token.shape[0], device=self.offsets.device,
+                            dtype=torch.int64)
+        e = torch.searchsorted(self.offsets.to(torch.int64), rows, right=True) - 1
+        return torch.where(e < self.offsets.shape[0] - 1, e, torch.full_like(e, -1))
+
+    @property
     def tokens_per_expert(self) -> torch.Tensor:
         """[ET] rows each expert holds (Megatron's tokens_per_expert)."""
         return self.load

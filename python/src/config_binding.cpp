@@ -28,6 +28,10 @@ namespace {
 /// A Python value as the text set_field reads: true / false, repr() of a float (which reads
 /// back to the same double), the decimal of an int, an enum's name.
 std::string field_value_text(const py::handle& v) {
+  // a numpy scalar or a 0-d array / tensor: its Python value
+  if (!py::isinstance<py::str>(v) && py::hasattr(v, "item") &&
+      (!py::hasattr(v, "ndim") || v.attr("ndim").cast<int>() == 0))
+    return field_value_text(v.attr("item")());
   if (py::isinstance<py::bool_>(v)) return v.cast<bool>() ? "true" : "false";
   if (py::isinstance<py::float_>(v)) return py::repr(v).cast<std::string>();
   if (py::isinstance<py::int_>(v) || py::isinstance<py::str>(v)) return py::str(v);
@@ -97,7 +101,7 @@ name, as the C++ routing_config and docs/api.md spell it ("capacity.factor",
           "megatron",
           [](std::int32_t experts, std::int32_t k, const std::string& score, bool pre_softmax,
              std::optional<double> capacity_factor, std::int32_t groups, std::int32_t group_topk,
-             float scaling_factor, bool expert_bias) {
+             std::optional<float> scaling_factor, bool expert_bias) {
             presets::megatron_options o;
             const auto f = parse<score_function>(score);
             if (!f)
@@ -108,13 +112,13 @@ name, as the C++ routing_config and docs/api.md spell it ("capacity.factor",
             if (capacity_factor) o.capacity_factor = *capacity_factor;
             o.groups = groups;
             o.group_topk = group_topk;
-            o.scaling_factor = scaling_factor;
+            o.scaling_factor = scaling_factor.value_or(1.0f);  // None: no scaling (TE, Megatron)
             o.expert_bias = expert_bias;
             return presets::megatron(experts, k, o);
           },
           py::arg("num_experts"), py::arg("top_k"), py::kw_only(), py::arg("score") = "softmax",
           py::arg("pre_softmax") = false, py::arg("capacity_factor") = py::none(),
-          py::arg("groups") = 0, py::arg("group_topk") = 0, py::arg("scaling_factor") = 1.0f,
+          py::arg("groups") = 0, py::arg("group_topk") = 0, py::arg("scaling_factor") = py::none(),
           py::arg("expert_bias") = false,
           "Megatron-Core's TopKRouter (moe_router_score_function, moe_router_pre_softmax, "
           "moe_expert_capacity_factor (None: dropless), moe_router_num_groups / group_topk, "

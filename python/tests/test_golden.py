@@ -258,3 +258,50 @@ def test_peer_gradients_through_autograd(doc, cs):
         logits.grad = None
         out.z_loss.backward()
         assert_grad(logits.grad, ex["d_logits_z"], "d_logits_z")
+
+
+def hf_attributes(cs, T, E):
+    """The case's semantics as the transformers config attributes they came from."""
+    fam, sem = cs["family"], cs["semantics"]
+    kind = "switch_transformers" if fam == "switch" else fam
+    a = {"model_type": kind, "num_experts_per_tok": sem["k"]}
+    a["num_local_experts" if fam == "mixtral" else
+      "n_routed_experts" if fam == "deepseek_v3" else "num_experts"] = E
+    a.update({k: v for k, v in sem.items() if k not in ("k", "class", "training")})
+    return a
+
+
+@pytest.mark.parametrize("doc,cs", cases_of(HF_DIR))
+def test_config_from_hf_is_the_golden_mapping(doc, cs):
+    """Config.from_hf on the transformers attributes of every HF golden case gives the config
+    test_hf_router checks against transformers' own routing (the switch row length and the
+    drop policy of transformers 5.x, which made these files, included)."""
+    T, E = doc["tokens"], doc["experts"]
+    sem = cs["semantics"]
+    row = sem.get("group_size", 0)
+    got = Config.from_hf(hf_attributes(cs, T, E), training=sem.get("training", True),
+                         row_tokens=row)
+    want = hf_config(cs, T, E)
+    for c in (got, want):
+        c["loss.aux_coefficient"] = 1.0
+        c["loss.z_coefficient"] = 1.0
+    if cs["family"] == "switch":
+        assert got["dispatch.dropped"] == "zero_weight"  # transformers 5.x
+        got["dispatch.dropped"] = want["dispatch.dropped"]
+    assert got == want, f"{got}\n!=\n{want}"
+
+
+def test_config_from_hf_reads_what_presets_by_name_cannot():
+    ds = Config.from_hf({"model_type": "deepseek_v3", "n_routed_experts": 16,
+                         "num_experts_per_tok": 4, "n_group": 4, "topk_group": 2,
+                         "norm_topk_prob": True, "routed_scaling_factor": 2.5})
+    assert (ds["gating.group_limit.groups"], ds["gating.group_limit.group_topk"]) == (4, 2)
+    assert Config.preset("deepseek_v3", 16, 4)["gating.group_limit.groups"] == 8
+    q = Config.from_hf({"model_type": "qwen2_moe", "num_experts": 60, "num_experts_per_tok": 4,
+                        "norm_topk_prob": False, "router_aux_loss_coef": 0.001})
+    assert q["gating.renorm"] == "none" and q["loss.aux_coefficient"] == pytest.approx(0.001)
+    sw4 = Config.from_hf({"model_type": "switch_transformers", "num_experts": 8,
+                          "expert_capacity": 64, "transformers_version": "4.46.3"})
+    assert sw4["dispatch.dropped"] == "residual"
+    with pytest.raises(moeroute.Error, match="model_type 'llama' has no moeroute routing"):
+        Config.from_hf({"model_type": "llama"})

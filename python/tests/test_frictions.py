@@ -1,0 +1,70 @@
+# SPDX-License-Identifier: Apache-2.0
+"""The frictions issue 40 met using the package as a new user would, each turned into a test of
+the API used the way it failed."""
+
+import numpy as np
+import pytest
+
+import moeroute
+
+torch = pytest.importorskip("torch")
+import moeroute.torch as mt  # noqa: E402
+
+
+def test_an_engines_own_top_k_from_torch_topk():
+    cfg = moeroute.Config.preset("mixtral", 8, 2)
+    cfg["capacity.mode"] = "factor"
+    cfg["capacity.factor"] = 1.0
+    torch.manual_seed(4)
+    x = torch.randn(64, 8)  # no ties: torch.topk and moeroute order the same
+    probs = torch.softmax(x, dim=1)
+    w, ids = torch.topk(probs, 2, dim=1)  # int64 ids, as every engine has them
+    g = moeroute.Gated.from_ids(ids, cfg, gates=w / w.sum(1, keepdim=True))
+    d = moeroute.dispatch(g, cfg)
+    own = moeroute.route(x, cfg)
+    assert torch.equal(torch.as_tensor(d.expert), torch.as_tensor(own.dispatched.expert))
+    torch.testing.assert_close(torch.as_tensor(d.weight), torch.as_tensor(own.dispatched.weight))
+    # a layout only: no gates needed
+    lay = moeroute.layout(moeroute.dispatch(moeroute.Gated.from_ids(ids, cfg), cfg), cfg)
+    assert int(lay.num_rows[0]) == int(own.laid.num_rows[0])
+    bad = ids.clone()
+    bad[3, 1] = bad[3, 0]
+    with pytest.raises(moeroute.Error, match="ids"):
+        moeroute.dispatch(moeroute.Gated.from_ids(bad, cfg), cfg)
+    with pytest.raises(moeroute.Error, match=r"expected \[T, top_k = 2\]"):
+        moeroute.Gated.from_ids(ids[:, :1], cfg)
+
+
+def test_config_values_from_numpy_and_torch_scalars_and_te_names():
+    cfg = moeroute.Config.preset("mixtral", 8, 2)
+    cfg["capacity.factor"] = np.float32(1.5)
+    cfg["loss.aux_coefficient"] = torch.tensor(0.25)
+    cfg["capacity.min_capacity"] = np.int64(3)
+    assert cfg["capacity.factor"] == 1.5 and cfg["loss.aux_coefficient"] == 0.25
+    assert cfg["capacity.min_capacity"] == 3
+    cfg["gating.score"] = "sqrtsoftplus"  # TransformerEngine's spelling
+    assert cfg["gating.score"] == "sqrt_softplus"
+    m = moeroute.Config.megatron(16, 2, scaling_factor=None)  # TE / Megatron: None = no scaling
+    assert m["gating.scaling_factor"] == 1.0
+    with pytest.raises(moeroute.Error):
+        cfg["capacity.factor"] = np.ones(2)
+
+
+def test_keyword_named_arrays_and_row_experts():
+    cfg = moeroute.Config.preset("mixtral", 8, 2)
+    x = np.random.default_rng(0).standard_normal((32, 8)).astype(np.float32)
+    r = moeroute.route(x, cfg)
+    lay = moeroute.layout(r.dispatched, cfg, kind="compact", block_size=4,
+                          expert_map=np.array([0, 1, 2, 3, -1, -1, -1, -1], dtype=np.int32))
+    assert lay.nonlocal_ is lay.arrays["nonlocal"]
+    out = mt.route(torch.from_numpy(x), cfg, layout="compact", block_size=4)
+    rows = out.row_expert
+    assert rows.dtype == torch.int64 and rows.shape == out.row_token.shape
+    for e in range(8):
+        a, b = int(out.offsets[e]), int(out.offsets[e + 1])
+        assert (rows[a:b] == e).all()
+    held = out.row_token >= 0
+    tok = out.row_token[held].long()
+    # every held row's expert is one the token chose
+    assert all(int(rows[i]) in out.ids[int(t)].tolist()
+               for i, t in zip(held.nonzero().flatten().tolist(), tok.tolist()))
