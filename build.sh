@@ -41,16 +41,32 @@ install_deps() {  # [extra packages...]
   fi
 }
 
-configure_build() {  # $1 = preset
+configure_build() {  # $1 = preset, then extra cmake arguments
   log "configure ($1)"
-  cmake --preset "$1" >/dev/null
+  cmake --preset "$1" "${@:2}" >/dev/null
   log "build ($1, $JOBS jobs)"
   cmake --build --preset "$1" -j "$JOBS"
 }
 
+# transformers for the HuggingFace tests (python/tests/test_hf.py): Debian has no package, so it
+# comes from PyPI into build/hf-venv, which sees Debian's torch and numpy. 4.46.3 runs on
+# Debian's torch 1.13 (4.51 needs torch >= 2). Without the network the tests are not registered.
+hf_python() {
+  local venv="$ROOT/build/hf-venv"
+  if ! "$venv/bin/python" -c "import transformers" >/dev/null 2>&1; then
+    log "transformers 4.46.3 into $venv (PyPI)" >&2
+    if ! { /usr/bin/python3 -m venv --system-site-packages "$venv" &&
+           "$venv/bin/pip" install --quiet "transformers==4.46.3"; } >&2; then
+      log "warning: no transformers (PyPI unreachable?): the HF tests are not registered" >&2
+      return 0
+    fi
+  fi
+  echo "$venv/bin/python"
+}
+
 cmd_test() {
   install_deps
-  configure_build release
+  configure_build release "-DMOEROUTE_HF_PYTHON=$(hf_python)"
   log "tests (release)"
   ctest --preset release -j "$JOBS" --timeout 1200
   if [ -x tests/sanitize.sh ]; then tests/sanitize.sh; fi
