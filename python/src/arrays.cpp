@@ -104,6 +104,9 @@ bool call_arrays::has(const std::string& name) const {
 
 array_view call_arrays::look(const std::string& name, bool writable) {
   py::object obj = arrays_[py::str(name)];
+  // an input that requires grad (a stage is not differentiable; moeroute.torch is): its values
+  if (!writable && py::hasattr(obj, "requires_grad") && obj.attr("requires_grad").cast<bool>())
+    obj = obj.attr("detach")();
   array_view v;
   const bool dlpack = py::hasattr(obj, "__dlpack__");
   py::object cap;
@@ -121,7 +124,9 @@ array_view call_arrays::look(const std::string& name, bool writable) {
       // numpy refuses read-only arrays (DLPack v0 cannot say read-only); read those through
       // the buffer protocol below, and only as inputs.
       if (writable || !e.matches(PyExc_BufferError) || !PyObject_CheckBuffer(obj.ptr()))
-        fail(name + ": cannot be exported through DLPack (" + std::string(e.what()) + ")");
+        fail(name + ": cannot be exported through DLPack (" +  // the error, not its traceback
+             py::str(e.type().attr("__name__")).cast<std::string>() + ": " +
+             py::str(e.value()).cast<std::string>() + ")");
       cap = py::object();
     }
   }

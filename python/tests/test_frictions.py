@@ -68,3 +68,17 @@ def test_keyword_named_arrays_and_row_experts():
     # every held row's expert is one the token chose
     assert all(int(rows[i]) in out.ids[int(t)].tolist()
                for i, t in zip(held.nonzero().flatten().tolist(), tok.tolist()))
+
+
+def test_stages_read_tensors_that_require_grad_and_errors_carry_no_traceback():
+    cfg = moeroute.Config.preset("mixtral", 8, 2)
+    x = torch.randn(16, 8, requires_grad=True)
+    g = moeroute.gating(x, cfg)  # the values (moeroute.torch is the differentiable path)
+    assert torch.equal(torch.as_tensor(g.ids), torch.as_tensor(moeroute.gating(x.detach(), cfg).ids))
+    r = moeroute.route(np.random.default_rng(1).standard_normal((16, 8)).astype(np.float32), cfg)
+    h = np.ones((16, 4), np.float32)
+    out = np.zeros((int(r.laid.row_token.shape[0]), 4), np.float32)
+    out.setflags(write=False)  # numpy cannot hand a read-only array over for writing
+    with pytest.raises(moeroute.Error, match="cannot be exported through DLPack") as e:
+        moeroute.permute(h, r.laid, cfg, out=out)
+    assert "At:" not in str(e.value) and "stages.py" not in str(e.value)
