@@ -21,7 +21,8 @@ log() { printf '\n==> %s\n' "$*"; }
 PACKAGES=(cmake make g++ catch2 libfmt-dev libbenchmark-dev libcli11-dev nlohmann-json3-dev
           python3 python3-numpy python3-matplotlib clang libclang-rt-dev clang-format
           libopenmpi-dev openmpi-bin
-          python3-dev pybind11-dev python3-pytest python3-torch python3-pandas python3-venv)
+          python3-dev pybind11-dev python3-pytest python3-torch python3-pandas python3-venv
+          python3-hypothesis)
 
 install_deps() {  # [extra packages...]
   local missing=()

@@ -6,6 +6,7 @@
 #include <pybind11/stl.h>
 
 #include <span>
+#include <type_traits>
 #include <vector>
 
 #include <moeroute/reference.hpp>
@@ -75,6 +76,59 @@ void bind_reference(py::module_& m) {
                         py::arg("aux_loss") = r.losses.aux.value,
                         py::arg("sequence_aux_loss") = r.losses.sequence_aux,
                         py::arg("z_loss") = r.losses.z.value);
+      },
+      py::arg("config"), py::arg("arrays"));
+
+  // reference::dispatch of a routing chosen elsewhere (reference::routing_from_ids): the
+  // oracle of a backend's dispatch given the backend's own gating, so the property tests
+  // compare dispatch exactly even where gates differ from the reference's by their rounding.
+  m.def(
+      "reference_dispatch",
+      [](const routing_config& cfg, py::dict arrays) {
+        call_arrays a("reference_dispatch", std::move(arrays));
+        const std::int32_t k = cfg.top_k, E = cfg.num_experts, R = cfg.reroute_candidates();
+        const array_view ids = a.view("ids", {-1, k}, {elem::i32}, false);
+        const std::int64_t T = ids.shape[0];
+        const auto span_of = [&](const char* name, elem type, std::vector<std::int64_t> shape,
+                                 auto* tag) {
+          using V = std::remove_pointer_t<decltype(tag)>;
+          const V* p = a.in<V>({name, shape, type}, false);
+          std::size_t n = 1;
+          for (auto d : shape) n *= static_cast<std::size_t>(d);
+          return p ? std::span<const V>(p, n) : std::span<const V>();
+        };
+        reference::given_routing r;
+        r.ids = span_of("ids", elem::i32, {T, k}, static_cast<std::int32_t*>(nullptr));
+        r.gates = span_of("gates", elem::f32, {T, k}, static_cast<float*>(nullptr));
+        if (R > 0)
+          r.reroute_ids =
+              span_of("reroute_ids", elem::i32, {T, R}, static_cast<std::int32_t*>(nullptr));
+        r.token_priority = span_of("token_priority", elem::f32, {T}, static_cast<float*>(nullptr));
+        r.second_skipped =
+            span_of("second_skipped", elem::u8, {T}, static_cast<std::uint8_t*>(nullptr));
+        r.valid = span_of("valid", elem::u8, {T}, static_cast<std::uint8_t*>(nullptr));
+        reference::dispatch_output d;
+        try {
+          d = reference::dispatch(cfg, reference::routing_from_ids(cfg, r));
+        } catch (const error& e) {
+          throw binding_error(std::string("reference_dispatch: ") + e.what());
+        }
+        std::vector<std::uint8_t> fates(d.fates.size());
+        for (std::size_t i = 0; i < fates.size(); ++i)
+          fates[i] = static_cast<std::uint8_t>(d.fates[i]);
+        const py::ssize_t Tp = T, kp = k, Ep = E, ETp = d.total_experts;
+        const dispatch_totals tot = d.totals();
+        return py::dict(py::arg("expert") = numpy_of(d.expert, {Tp, kp}),
+                        py::arg("slot") = numpy_of(d.slot, {Tp, kp}),
+                        py::arg("weight") = numpy_of(d.weight, {Tp, kp}),
+                        py::arg("fate") = numpy_of(fates, {Tp, kp}),
+                        py::arg("requested") = numpy_of(d.requested, {Ep}),
+                        py::arg("kept") = numpy_of(d.kept, {Ep}),
+                        py::arg("dropped") = numpy_of(d.dropped, {Ep}),
+                        py::arg("load") = numpy_of(d.load, {ETp}),
+                        py::arg("totals") = std::vector<std::int64_t>{
+                            tot.capacity, tot.fallback_capacity, tot.kept, tot.rerouted,
+                            tot.dropped, tot.masked, tot.reroute_rounds, tot.invalid_tokens});
       },
       py::arg("config"), py::arg("arrays"));
 }
