@@ -90,19 +90,8 @@ def patch(model: torch.nn.Module, config=None, *, capacity_factor: Optional[floa
     number sets capacity.mode = factor), drop_policy, aux_loss_coeff, z_loss_coeff override it.
     Returns the names of the patched blocks. Raises moeroute.Error when the model has no MoE
     block patch() knows, or a block of a family it does not route yet (named)."""
-    if config is None:
-        config = from_hf(model.config)
-    cfg = config.copy()
-    if capacity_factor is not None:
-        cfg["capacity.mode"] = "factor"
-        cfg["capacity.factor"] = float(capacity_factor)
-    if drop_policy is not None:
-        cfg["dispatch.dropped"] = drop_policy
-    if aux_loss_coeff is not None:
-        cfg["loss.aux_coefficient"] = float(aux_loss_coeff)
-    if z_loss_coeff is not None:
-        cfg["loss.z_coefficient"] = float(z_loss_coeff)
-    cfg.validate()
+    cfg = mt.with_overrides(from_hf(model.config) if config is None else config,
+                            capacity_factor, drop_policy, aux_loss_coeff, z_loss_coeff)
     blocks = moe_blocks(model)
     unknown = [f"{n} ({type(m).__name__})" for n, m in blocks if type(m).__name__ in NOT_YET]
     if unknown:

@@ -22,7 +22,7 @@ from . import _core
 from . import stages as _st
 from ._core import Config
 
-__all__ = ["RouterOutput", "route", "permute", "combine", "Router", "custom_ops"]
+__all__ = ["RouterOutput", "route", "permute", "combine", "Router", "with_overrides", "custom_ops"]
 
 #: True when route / permute / combine are registered torch custom operators.
 custom_ops = hasattr(torch, "library") and hasattr(torch.library, "custom_op")
@@ -511,6 +511,26 @@ def combine(expert_out: torch.Tensor, routing: RouterOutput, *, x: Optional[torc
     return y if x is None else y.reshape(x.shape)
 
 
+def with_overrides(config: Config, capacity_factor: Optional[float] = None,
+                   drop_policy: Optional[str] = None, aux_loss_coeff: Optional[float] = None,
+                   z_loss_coeff: Optional[float] = None) -> Config:
+    """A validated copy of `config` with the options Router and moeroute.hf.patch take: a
+    capacity factor (sets capacity.mode = factor), a drop policy, the loss coefficients; None
+    keeps the config's."""
+    cfg = config.copy()
+    if capacity_factor is not None:
+        cfg["capacity.mode"] = "factor"
+        cfg["capacity.factor"] = float(capacity_factor)
+    if drop_policy is not None:
+        cfg["dispatch.dropped"] = drop_policy
+    if aux_loss_coeff is not None:
+        cfg["loss.aux_coefficient"] = float(aux_loss_coeff)
+    if z_loss_coeff is not None:
+        cfg["loss.z_coefficient"] = float(z_loss_coeff)
+    cfg.validate()
+    return cfg
+
+
 class Router(torch.nn.Module):
     """A top-k router: logits = hidden @ weight.T ([E, hidden], as Megatron's TopKRouter and
     HF's gate Linear hold it), routed by moeroute under a config or preset name.
@@ -535,17 +555,8 @@ class Router(torch.nn.Module):
                  block_size: int = 1, replay_ratio: float = 0.0,
                  dtype: Optional[torch.dtype] = None, device=None):
         super().__init__()
-        cfg = _as_config(config, num_experts, top_k).copy()
-        if capacity_factor is not None:
-            cfg["capacity.mode"] = "factor"
-            cfg["capacity.factor"] = float(capacity_factor)
-        if drop_policy is not None:
-            cfg["dispatch.dropped"] = drop_policy
-        if aux_loss_coeff is not None:
-            cfg["loss.aux_coefficient"] = float(aux_loss_coeff)
-        if z_loss_coeff is not None:
-            cfg["loss.z_coefficient"] = float(z_loss_coeff)
-        cfg.validate()
+        cfg = with_overrides(_as_config(config, num_experts, top_k), capacity_factor,
+                             drop_policy, aux_loss_coeff, z_loss_coeff)
         self.config = cfg
         self.layout = layout
         self.block_size = int(block_size)
