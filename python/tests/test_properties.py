@@ -29,6 +29,7 @@ from hypothesis import strategies as st  # noqa: E402
 
 LONG = bool(os.environ.get("MOEROUTE_HYPOTHESIS_LONG"))
 settings.register_profile("moeroute_ci", max_examples=120, derandomize=True, deadline=None,
+                          database=None,
                           suppress_health_check=[HealthCheck.too_slow,
                                                  HealthCheck.filter_too_much])
 settings.register_profile("moeroute_long", max_examples=6000, deadline=None,
