@@ -7,6 +7,7 @@ of arrays, and one stage's result is the next stage's input, as in C++."""
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass, field
 from typing import Any, Dict, Optional
 
@@ -147,8 +148,24 @@ def dispatch(gated: Gated, config: Config, *, valid=None, threads: int = 0) -> D
     cuda = _arrays.on_cuda(like) or _core.emulated
     args.update(out, valid=_arrays.as_mask(valid),
                 workspace=_arrays.workspace(like, _core.dispatch_workspace_bytes(config, T, cuda)))
-    _core.dispatch(config, args, threads, _arrays.stream_of(like))
+    try:
+        _core.dispatch(config, args, threads, _arrays.stream_of(like))
+    except _core.Error as e:
+        raise _core.Error(_python_indices(str(e), config)) from None
     return Dispatched(out)
+
+
+_FLAT = re.compile(r"gated\.d_(ids|gates|reroute_ids)\[(\d+)\]")
+
+
+def _python_indices(message: str, config: Config) -> str:
+    """A C++ message's flat element of a [T, width] array (gated.d_ids[13]) as the Python
+    array's [t, j] (ids[6, 1])."""
+    def as_2d(m):
+        width = config.reroute_candidates if m.group(1) == "reroute_ids" else config.top_k
+        t, j = divmod(int(m.group(2)), max(width, 1))
+        return f"{m.group(1)}[{t}, {j}]"
+    return _FLAT.sub(as_2d, message)
 
 
 def layout(dispatched: Dispatched, config: Config, *, kind: str = "padded", block_size: int = 1,

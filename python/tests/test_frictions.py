@@ -82,3 +82,12 @@ def test_stages_read_tensors_that_require_grad_and_errors_carry_no_traceback():
     with pytest.raises(moeroute.Error, match="cannot be exported through DLPack") as e:
         moeroute.permute(h, r.laid, cfg, out=out)
     assert "At:" not in str(e.value) and "stages.py" not in str(e.value)
+
+
+def test_bad_given_ids_are_named_as_python_indices():
+    cfg = moeroute.Config.preset("mixtral", 8, 2)
+    ids = np.array([[0, 1], [2, 3], [4, 4], [5, 9]], np.int64)
+    with pytest.raises(moeroute.Error, match=r"ids\[2, 1\] = 4: token 2 names that expert twice"):
+        moeroute.dispatch(moeroute.Gated.from_ids(ids[:3], cfg), cfg)
+    with pytest.raises(moeroute.Error, match=r"ids\[3, 1\] is outside \[0, num_experts\)"):
+        moeroute.dispatch(moeroute.Gated.from_ids(ids[[0, 1, 0, 3]], cfg), cfg)
