@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import re
 from dataclasses import dataclass, field
-from typing import Any, Dict, Optional
+from typing import Any, Dict, Optional, Sequence
 
 import numpy as np
 
@@ -218,13 +218,20 @@ def combine(expert_out, laid: Laid, dispatched: Dispatched, config: Config, *, x
     return y
 
 
+LOSSES = ("aux_loss", "sequence_aux_loss", "z_loss")
+
+
 def losses(gated: Gated, config: Config, *, tokens: Optional[int] = None,
-           threads: int = 0) -> Dict[str, Any]:
+           which: Optional[Sequence[str]] = None, threads: int = 0) -> Dict[str, Any]:
     """aux_loss, sequence_aux_loss and z_loss [1] float64 from gating's sums (or sums added
-    over shards, with `tokens` the whole batch's T)."""
+    over shards, with `tokens` the whole batch's T). `which`: only these losses, and only the
+    sums they read are needed (the aux loss alone: aux_score_sum, aux_count, valid_tokens)."""
+    names = LOSSES if which is None else tuple(which)
+    unknown = [n for n in names if n not in LOSSES]
+    if unknown:
+        raise _core.Error(f"losses: which: {unknown} (known: {', '.join(LOSSES)})")
     like = gated.valid_tokens
-    out = {n: _arrays.zeros_like_framework(like, (1,), "float64")
-           for n in ("aux_loss", "sequence_aux_loss", "z_loss")}
+    out = {n: _arrays.zeros_like_framework(like, (1,), "float64") for n in names}
     args = dict(gated.arrays)
     args.update(out)
     _core.losses(config, args, gated.tokens if tokens is None else int(tokens), threads,

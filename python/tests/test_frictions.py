@@ -91,3 +91,17 @@ def test_bad_given_ids_are_named_as_python_indices():
         moeroute.dispatch(moeroute.Gated.from_ids(ids[:3], cfg), cfg)
     with pytest.raises(moeroute.Error, match=r"ids\[3, 1\] is outside \[0, num_experts\)"):
         moeroute.dispatch(moeroute.Gated.from_ids(ids[[0, 1, 0, 3]], cfg), cfg)
+
+
+def test_the_aux_loss_alone_needs_only_its_sums():
+    cfg = moeroute.Config.preset("switch_transformers", 8)
+    cfg["loss.sequence_length"] = 0
+    x = np.random.default_rng(3).standard_normal((32, 8)).astype(np.float32)
+    g = moeroute.gating(x, cfg)
+    full = moeroute.losses(g, cfg)
+    only = moeroute.Gated({k: g.arrays[k] for k in ("aux_score_sum", "aux_count", "valid_tokens")},
+                          32)
+    aux = moeroute.losses(only, cfg, which=["aux_loss"])
+    assert list(aux) == ["aux_loss"] and float(aux["aux_loss"][0]) == float(full["aux_loss"][0])
+    with pytest.raises(moeroute.Error, match="known: aux_loss"):
+        moeroute.losses(g, cfg, which=["aux"])
