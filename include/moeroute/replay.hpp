@@ -43,9 +43,6 @@ struct gating_replay {
   std::int64_t* d_invalid = nullptr;
 
   [[nodiscard]] MOEROUTE_HOST_DEVICE bool active() const noexcept { return d_ids != nullptr; }
-  [[nodiscard]] MOEROUTE_HOST_DEVICE bool filters() const noexcept {
-    return d_ids != nullptr && min_score_ratio > 0.0f;
-  }
 };
 
 /// @brief Checks the replay options of a gating call (not the ids: they may be device data).

@@ -25,6 +25,26 @@ py::array_t<T> numpy_of(const std::vector<T>& v, std::vector<py::ssize_t> shape)
   return a;
 }
 
+/// A dispatch_output as numpy arrays by name: expert, slot, weight, fate [T, k]; the per-expert
+/// counts; totals [8] (dispatch_totals_fields).
+py::dict dispatch_dict(const reference::dispatch_output& d, py::ssize_t T, py::ssize_t k,
+                       py::ssize_t E) {
+  std::vector<std::uint8_t> fates(d.fates.size());
+  for (std::size_t i = 0; i < fates.size(); ++i) fates[i] = static_cast<std::uint8_t>(d.fates[i]);
+  const py::ssize_t ET = d.total_experts;
+  const dispatch_totals tot = d.totals();
+  return py::dict(
+      py::arg("expert") = numpy_of(d.expert, {T, k}), py::arg("slot") = numpy_of(d.slot, {T, k}),
+      py::arg("weight") = numpy_of(d.weight, {T, k}), py::arg("fate") = numpy_of(fates, {T, k}),
+      py::arg("requested") = numpy_of(d.requested, {E}), py::arg("kept") = numpy_of(d.kept, {E}),
+      py::arg("rerouted") = numpy_of(d.rerouted, {E}),
+      py::arg("dropped") = numpy_of(d.dropped, {E}),
+      py::arg("received") = numpy_of(d.received, {ET}), py::arg("load") = numpy_of(d.load, {ET}),
+      py::arg("totals") = std::vector<std::int64_t>{tot.capacity, tot.fallback_capacity, tot.kept,
+                                                    tot.rerouted, tot.dropped, tot.masked,
+                                                    tot.reroute_rounds, tot.invalid_tokens});
+}
+
 }  // namespace
 
 void bind_reference(py::module_& m) {
@@ -50,32 +70,14 @@ void bind_reference(py::module_& m) {
           throw binding_error(std::string("reference_route: ") + e.what());
         }
         const auto& g = r.gating;
-        const auto& d = r.dispatch;
-        std::vector<std::uint8_t> fates(d.fates.size());
-        for (std::size_t i = 0; i < fates.size(); ++i)
-          fates[i] = static_cast<std::uint8_t>(d.fates[i]);
-        const py::ssize_t Tp = T, kp = k, Ep = E, ETp = d.total_experts;
-        const dispatch_totals tot = d.totals();
-        return py::dict(py::arg("ids") = numpy_of(g.ids, {Tp, kp}),
-                        py::arg("gates") = numpy_of(g.gates, {Tp, kp}),
-                        py::arg("logsumexp") = numpy_of(g.logsumexp, {Tp}),
-                        py::arg("expert") = numpy_of(d.expert, {Tp, kp}),
-                        py::arg("slot") = numpy_of(d.slot, {Tp, kp}),
-                        py::arg("weight") = numpy_of(d.weight, {Tp, kp}),
-                        py::arg("fate") = numpy_of(fates, {Tp, kp}),
-                        py::arg("requested") = numpy_of(d.requested, {Ep}),
-                        py::arg("kept") = numpy_of(d.kept, {Ep}),
-                        py::arg("rerouted") = numpy_of(d.rerouted, {Ep}),
-                        py::arg("dropped") = numpy_of(d.dropped, {Ep}),
-                        py::arg("received") = numpy_of(d.received, {ETp}),
-                        py::arg("load") = numpy_of(d.load, {ETp}),
-                        py::arg("totals") =
-                            std::vector<std::int64_t>{tot.capacity, tot.fallback_capacity, tot.kept,
-                                                      tot.rerouted, tot.dropped, tot.masked,
-                                                      tot.reroute_rounds, tot.invalid_tokens},
-                        py::arg("aux_loss") = r.losses.aux.value,
-                        py::arg("sequence_aux_loss") = r.losses.sequence_aux,
-                        py::arg("z_loss") = r.losses.z.value);
+        py::dict out = dispatch_dict(r.dispatch, T, k, E);
+        out["ids"] = numpy_of(g.ids, {T, k});
+        out["gates"] = numpy_of(g.gates, {T, k});
+        out["logsumexp"] = numpy_of(g.logsumexp, {T});
+        out["aux_loss"] = r.losses.aux.value;
+        out["sequence_aux_loss"] = r.losses.sequence_aux;
+        out["z_loss"] = r.losses.z.value;
+        return out;
       },
       py::arg("config"), py::arg("arrays"));
 
@@ -113,22 +115,7 @@ void bind_reference(py::module_& m) {
         } catch (const error& e) {
           throw binding_error(std::string("reference_dispatch: ") + e.what());
         }
-        std::vector<std::uint8_t> fates(d.fates.size());
-        for (std::size_t i = 0; i < fates.size(); ++i)
-          fates[i] = static_cast<std::uint8_t>(d.fates[i]);
-        const py::ssize_t Tp = T, kp = k, Ep = E, ETp = d.total_experts;
-        const dispatch_totals tot = d.totals();
-        return py::dict(py::arg("expert") = numpy_of(d.expert, {Tp, kp}),
-                        py::arg("slot") = numpy_of(d.slot, {Tp, kp}),
-                        py::arg("weight") = numpy_of(d.weight, {Tp, kp}),
-                        py::arg("fate") = numpy_of(fates, {Tp, kp}),
-                        py::arg("requested") = numpy_of(d.requested, {Ep}),
-                        py::arg("kept") = numpy_of(d.kept, {Ep}),
-                        py::arg("dropped") = numpy_of(d.dropped, {Ep}),
-                        py::arg("load") = numpy_of(d.load, {ETp}),
-                        py::arg("totals") = std::vector<std::int64_t>{
-                            tot.capacity, tot.fallback_capacity, tot.kept, tot.rerouted,
-                            tot.dropped, tot.masked, tot.reroute_rounds, tot.invalid_tokens});
+        return dispatch_dict(d, T, k, E);
       },
       py::arg("config"), py::arg("arrays"));
 }

@@ -104,15 +104,9 @@ TEST_CASE("cpu record equals the reference in both layouts and widths", "[replay
     reference::routing_record<std::int16_t> want(N, L, 8, layout);
     reference::record(cfg, g, 1, 333, want);
     std::vector<std::int16_t> got(want.ids.size(), -1);
-    record_params<std::int16_t> p;
+    record_params<std::int16_t> p = want.params(1, 333, T);
     p.d_ids = g.ids.data();
-    p.tokens = T;
     p.d_record = got.data();
-    p.record_tokens = N;
-    p.layers = L;
-    p.layer = 1;
-    p.first_token = 333;
-    p.layout = layout;
     REQUIRE(cpu::record(cfg, p).ok());
     REQUIRE(got == want.ids);
     p.first_token = 401;  // 401 + 300 > 700

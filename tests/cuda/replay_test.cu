@@ -116,15 +116,9 @@ TEST_CASE("cuda record equals the reference, and records inside a CUDA graph",
     moeroute::cuda::device_buffer<std::int16_t> d_record(want.ids.size());
     cudaStream_t stream;
     moeroute::cuda::throw_if_cuda_error(cudaStreamCreate(&stream), "stream");
-    record_params<std::int16_t> p;
+    record_params<std::int16_t> p = want.params(2, 50, T);
     p.d_ids = d_ids.get();
-    p.tokens = T;
     p.d_record = d_record.get();
-    p.record_tokens = N;
-    p.layers = L;
-    p.layer = 2;
-    p.first_token = 50;
-    p.layout = layout;
     const std::vector<std::int16_t> unset(want.ids.size(), -1);
     moeroute::test::capture_and_replay(
         stream, [&](cudaStream_t s) { return moeroute::cuda::record(cfg, p, s); },

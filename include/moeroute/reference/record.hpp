@@ -29,6 +29,21 @@ struct routing_record {
         k(top_k),
         layout(lay),
         ids(static_cast<std::size_t>(n * l * top_k), Id{-1}) {}
+
+  /// record_params for rows [first_token, first_token + T) of layer `layer` of this record's
+  /// shape and layout; the caller sets d_ids and d_record (this record's ids, or a backend's
+  /// buffer of the same shape).
+  [[nodiscard]] record_params<Id> params(std::int32_t layer, std::int64_t first_token,
+                                         std::int64_t T) const noexcept {
+    record_params<Id> p;
+    p.tokens = T;
+    p.record_tokens = tokens;
+    p.layers = layers;
+    p.layer = layer;
+    p.first_token = first_token;
+    p.layout = layout;
+    return p;
+  }
 };
 
 /// @brief Writes g's ids as layer `layer` of `rec`, rows [first_token, first_token + T).
@@ -36,15 +51,9 @@ struct routing_record {
 template <class Id>
 void record(const routing_config& cfg, const gating_output& g, std::int32_t layer,
             std::int64_t first_token, routing_record<Id>& rec) {
-  record_params<Id> p;
+  record_params<Id> p = rec.params(layer, first_token, g.tokens);
   p.d_ids = g.ids.data();
-  p.tokens = g.tokens;
   p.d_record = rec.ids.data();
-  p.record_tokens = rec.tokens;
-  p.layers = rec.layers;
-  p.layer = layer;
-  p.first_token = first_token;
-  p.layout = rec.layout;
   throw_if_error(check_params(cfg, p));
   if (rec.k != cfg.top_k)
     throw error(status::make(status_code::invalid_argument, "record k does not match top_k"));
@@ -61,11 +70,7 @@ template <class Id>
 [[nodiscard]] std::vector<std::int32_t> replay_ids(const routing_record<Id>& rec,
                                                    std::int32_t layer, std::int64_t first_token,
                                                    std::int64_t tokens) {
-  record_params<Id> p;
-  p.record_tokens = rec.tokens;
-  p.layers = rec.layers;
-  p.layer = layer;
-  p.layout = rec.layout;
+  const record_params<Id> p = rec.params(layer, first_token, tokens);
   if (layer < 0 || layer >= rec.layers || first_token < 0 || first_token + tokens > rec.tokens)
     throw error(status::make(status_code::invalid_argument,
                              "replay_ids: layer or token range outside the record"));
