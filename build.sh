@@ -22,7 +22,7 @@ PACKAGES=(cmake make g++ catch2 libfmt-dev libbenchmark-dev libcli11-dev nlohman
           python3 python3-numpy python3-matplotlib clang libclang-rt-dev clang-format
           libopenmpi-dev openmpi-bin
           python3-dev pybind11-dev python3-pytest python3-torch python3-pandas python3-venv
-          python3-hypothesis)
+          python3-hypothesis libomp-dev)
 
 install_deps() {  # [extra packages...]
   local missing=()
@@ -71,6 +71,7 @@ cmd_test() {
   log "tests (release)"
   ctest --preset release -j "$JOBS" --timeout 1200
   if [ -x tests/sanitize.sh ]; then tests/sanitize.sh; fi
+  if [ -x tests/tsan.sh ]; then tests/tsan.sh; fi
 }
 
 cmd_bench() {

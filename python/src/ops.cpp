@@ -118,7 +118,7 @@ std::size_t dispatch_workspace_bytes(const routing_config& cfg, std::int64_t tok
               : cpu::dispatch_workspace_bytes(cfg, tokens);
 }
 
-void gating(const routing_config& cfg, py::dict arrays, float replay_ratio, int threads,
+void gating(routing_config cfg, py::dict arrays, float replay_ratio, int threads,
             std::optional<std::intptr_t> stream) {
   call_arrays a = arrays_of("gating", std::move(arrays), stream);
   raise_if(validate(cfg), "gating");
@@ -181,7 +181,7 @@ void gating(const routing_config& cfg, py::dict arrays, float replay_ratio, int 
   });
 }
 
-void dispatch(const routing_config& cfg, py::dict arrays, int threads,
+void dispatch(routing_config cfg, py::dict arrays, int threads,
               std::optional<std::intptr_t> stream) {
   call_arrays a = arrays_of("dispatch", std::move(arrays), stream);
   raise_if(validate(cfg), "dispatch");
@@ -212,7 +212,7 @@ void dispatch(const routing_config& cfg, py::dict arrays, int threads,
   });
 }
 
-void layout(const routing_config& cfg, py::dict arrays, layout_kind kind, std::int64_t block_size,
+void layout(routing_config cfg, py::dict arrays, layout_kind kind, std::int64_t block_size,
             std::int32_t local_experts, int threads, std::optional<std::intptr_t> stream) {
   call_arrays a = arrays_of("layout", std::move(arrays), stream);
   raise_if(validate(cfg), "layout");
@@ -252,7 +252,7 @@ void layout(const routing_config& cfg, py::dict arrays, layout_kind kind, std::i
   });
 }
 
-void permute(const routing_config& cfg, py::dict arrays, int threads,
+void permute(routing_config cfg, py::dict arrays, int threads,
              std::optional<std::intptr_t> stream) {
   call_arrays a = arrays_of("permute", std::move(arrays), stream);
   const array_view x = a.view("x", {any, any}, element_types, false);
@@ -278,7 +278,7 @@ void permute(const routing_config& cfg, py::dict arrays, int threads,
   });
 }
 
-void combine(const routing_config& cfg, py::dict arrays, int threads,
+void combine(routing_config cfg, py::dict arrays, int threads,
              std::optional<std::intptr_t> stream) {
   call_arrays a = arrays_of("combine", std::move(arrays), stream);
   const array_view expert_out = a.view("expert_out", {any, any}, element_types, false);
@@ -311,7 +311,7 @@ void combine(const routing_config& cfg, py::dict arrays, int threads,
   });
 }
 
-void losses(const routing_config& cfg, py::dict arrays, std::int64_t tokens, int threads,
+void losses(routing_config cfg, py::dict arrays, std::int64_t tokens, int threads,
             std::optional<std::intptr_t> stream) {
   call_arrays a = arrays_of("losses", std::move(arrays), stream);
   raise_if(param_checks::validate_extents(cfg, tokens), "losses");
@@ -329,9 +329,8 @@ void losses(const routing_config& cfg, py::dict arrays, std::int64_t tokens, int
   });
 }
 
-void gating_backward(const routing_config& cfg, py::dict arrays,
-                     const gating_backward_weights& weights, bool accumulate, int threads,
-                     std::optional<std::intptr_t> stream) {
+void gating_backward(routing_config cfg, py::dict arrays, const gating_backward_weights& weights,
+                     bool accumulate, int threads, std::optional<std::intptr_t> stream) {
   call_arrays a = arrays_of("gating_backward", std::move(arrays), stream);
   raise_if(validate(cfg), "gating_backward");
   const array_view logits = a.view("logits", {any, cfg.num_experts}, element_types, false);
@@ -374,7 +373,7 @@ void gating_backward(const routing_config& cfg, py::dict arrays,
   });
 }
 
-void combine_backward(const routing_config& cfg, py::dict arrays, int threads,
+void combine_backward(routing_config cfg, py::dict arrays, int threads,
                       std::optional<std::intptr_t> stream) {
   call_arrays a = arrays_of("combine_backward", std::move(arrays), stream);
   const array_view expert_out = a.view("expert_out", {any, any}, element_types, false);
@@ -412,7 +411,7 @@ void combine_backward(const routing_config& cfg, py::dict arrays, int threads,
   });
 }
 
-void permute_backward(const routing_config& cfg, py::dict arrays, bool accumulate, int threads,
+void permute_backward(routing_config cfg, py::dict arrays, bool accumulate, int threads,
                       std::optional<std::intptr_t> stream) {
   call_arrays a = arrays_of("permute_backward", std::move(arrays), stream);
   const array_view grad_buf = a.view("grad_buf", {any, any}, element_types, false);
@@ -438,8 +437,7 @@ void permute_backward(const routing_config& cfg, py::dict arrays, bool accumulat
   });
 }
 
-void expert_bias_update(const routing_config& cfg, py::dict arrays,
-                        std::optional<std::intptr_t> stream) {
+void expert_bias_update(routing_config cfg, py::dict arrays, std::optional<std::intptr_t> stream) {
   call_arrays a = arrays_of("expert_bias_update", std::move(arrays), stream);
   expert_bias_update_params p;
   p.d_bias = a.out<float>({"bias", {cfg.num_experts}, elem::f32}, true);

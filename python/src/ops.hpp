@@ -25,26 +25,28 @@ namespace py = pybind11;
                                                    bool cuda);
 
 // Each runs where its arrays live; `threads` caps OpenMP on the CPU, `stream` is the CUDA
-// stream (cudaStream_t as an integer) for device arrays.
+// stream (cudaStream_t as an integer) for device arrays. The config is taken by value: a copy
+// made while the GIL is held, so a Python thread assigning a field of the same moeroute.Config
+// while the stage runs without the GIL cannot race with it (python/tests/test_threads.py,
+// found by the ThreadSanitizer stage).
 using stream_arg = std::optional<std::intptr_t>;
 /// arrays["replay_ids"] [T, k] int32 (optional): routing replay, with `replay_ratio` the
 /// score filter's min_score_ratio (moeroute/replay.hpp).
-void gating(const routing_config& cfg, py::dict arrays, float replay_ratio, int threads,
+void gating(routing_config cfg, py::dict arrays, float replay_ratio, int threads,
             stream_arg stream);
-void dispatch(const routing_config& cfg, py::dict arrays, int threads, stream_arg stream);
+void dispatch(routing_config cfg, py::dict arrays, int threads, stream_arg stream);
 /// local_experts: the number of non-negative entries of arrays["expert_map"] (when given)
-void layout(const routing_config& cfg, py::dict arrays, layout_kind kind, std::int64_t block_size,
+void layout(routing_config cfg, py::dict arrays, layout_kind kind, std::int64_t block_size,
             std::int32_t local_experts, int threads, stream_arg stream);
-void permute(const routing_config& cfg, py::dict arrays, int threads, stream_arg stream);
-void combine(const routing_config& cfg, py::dict arrays, int threads, stream_arg stream);
-void losses(const routing_config& cfg, py::dict arrays, std::int64_t tokens, int threads,
+void permute(routing_config cfg, py::dict arrays, int threads, stream_arg stream);
+void combine(routing_config cfg, py::dict arrays, int threads, stream_arg stream);
+void losses(routing_config cfg, py::dict arrays, std::int64_t tokens, int threads,
             stream_arg stream);
-void gating_backward(const routing_config& cfg, py::dict arrays,
-                     const gating_backward_weights& weights, bool accumulate, int threads,
-                     stream_arg stream);
-void combine_backward(const routing_config& cfg, py::dict arrays, int threads, stream_arg stream);
-void permute_backward(const routing_config& cfg, py::dict arrays, bool accumulate, int threads,
+void gating_backward(routing_config cfg, py::dict arrays, const gating_backward_weights& weights,
+                     bool accumulate, int threads, stream_arg stream);
+void combine_backward(routing_config cfg, py::dict arrays, int threads, stream_arg stream);
+void permute_backward(routing_config cfg, py::dict arrays, bool accumulate, int threads,
                       stream_arg stream);
-void expert_bias_update(const routing_config& cfg, py::dict arrays, stream_arg stream);
+void expert_bias_update(routing_config cfg, py::dict arrays, stream_arg stream);
 
 }  // namespace moeroute::python

@@ -205,7 +205,8 @@ void bind_plan(py::module_& m) {
   // moeroute.agreement: moeroute/planner/agreement.hpp on two arrays [layers, N, E]
   m.def(
       "agreement",
-      [](const routing_config& cfg, py::dict arrays, float tie_margin, int threads) {
+      [](routing_config cfg, py::dict arrays, float tie_margin, int threads) {
+        // cfg by value: read without the GIL below (see ops.hpp)
         call_arrays a("agreement", std::move(arrays));
         if (auto s = validate(cfg); !s) throw binding_error("agreement: " + s.message);
         const std::int64_t E = cfg.num_experts;

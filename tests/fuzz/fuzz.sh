@@ -7,10 +7,17 @@
 #   is written to tests/fuzz/crashes/<target>-<hash> and fails the script; keep that file as a
 #   regression seed by moving it into the corpus once fixed.
 # MOEROUTE_FUZZ_SECONDS=0 only replays the corpus.
+#   tests/fuzz/fuzz.sh --long   each target for an hour (MOEROUTE_FUZZ_SECONDS overrides), for
+#                               a person who wants more than CI's bounded run; the corpus grown
+#                               in build/fuzz/corpus/ is kept, so the next run starts from it.
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 ROOT=$(pwd)
-SECS=${MOEROUTE_FUZZ_SECONDS:-45}
+if [ "${1:-}" = "--long" ]; then
+  SECS=${MOEROUTE_FUZZ_SECONDS:-3600}
+else
+  SECS=${MOEROUTE_FUZZ_SECONDS:-45}
+fi
 JOBS=$(nproc 2>/dev/null || echo 2)
 BUILD="$ROOT/build/fuzz"
 CRASH_DIR="$ROOT/tests/fuzz/crashes"
@@ -55,7 +62,8 @@ fi
 fail=0
 for i in "${!pids[@]}"; do
   if wait "${pids[$i]}"; then
-    echo "${names[$i]}: $(grep -E '^Done' "$BUILD/${names[$i]}.log" | tail -1)"
+    echo "${names[$i]}: $(grep -E '^Done' "$BUILD/${names[$i]}.log" | tail -1)," \
+         "corpus $(ls "$BUILD/corpus/${names[$i]}" | wc -l) inputs"
   else
     echo "fuzz.sh: ${names[$i]} FAILED; its log ($BUILD/${names[$i]}.log) ends:" >&2
     tail -40 "$BUILD/${names[$i]}.log" >&2
