@@ -26,12 +26,20 @@ struct scenario {
   routing_config cfg;
   ep::options opt;
   std::vector<std::int64_t> tokens;      ///< [R] tokens per rank (0 allowed)
-  std::string placement = "contiguous";  ///< contiguous | round_robin | reversed (a table)
+  std::string placement = "contiguous";  ///< contiguous | round_robin | reversed | random (tables)
   std::int64_t hidden = 6;
   std::uint64_t seed = 1;
   std::int32_t hot_expert = -1;    ///< this expert's logits raised: a hot expert (and rank)
   std::int32_t padding_every = 0;  ///< every n-th global token is padding (valid = 0)
 };
+
+/// splitmix64: the same numbers on every rank and platform.
+inline std::uint64_t mix(std::uint64_t& s) {
+  std::uint64_t z = (s += 0x9e3779b97f4a7c15ull);
+  z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
+  z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
+  return z ^ (z >> 31);
+}
 
 inline ep::placement make_placement(const scenario& s, std::int32_t R) {
   const std::int32_t E = s.cfg.num_experts;
@@ -41,16 +49,15 @@ inline ep::placement make_placement(const scenario& s, std::int32_t R) {
     for (std::int32_t e = E - 1; e >= 0; --e) t[(E - 1 - e) % R].push_back(e);
     return ep::placement::from_table(E, std::move(t));
   }
+  if (s.placement == "random") {  // each expert on a rank drawn from the seed; some may own none
+    std::vector<std::vector<std::int32_t>> t(R);
+    std::uint64_t st = s.seed ^ 0x51ac3d;
+    for (std::int32_t e = 0; e < E; ++e) t[mix(st) % static_cast<std::uint64_t>(R)].push_back(e);
+    return ep::placement::from_table(E, std::move(t));
+  }
   return ep::placement::contiguous(E, R);
 }
 
-/// splitmix64: the same numbers on every rank and platform.
-inline std::uint64_t mix(std::uint64_t& s) {
-  std::uint64_t z = (s += 0x9e3779b97f4a7c15ull);
-  z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
-  z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
-  return z ^ (z >> 31);
-}
 inline float uniform(std::uint64_t& s) {  // in [-1, 1), a multiple of 2^-12 (exact in bf16)
   return static_cast<float>(static_cast<std::int64_t>(mix(s) >> 52) - 2048) / 2048.0f;
 }
