@@ -192,7 +192,9 @@ void bind_plan(py::module_& m) {
         planner::plan_result r;
         {
           py::gil_scoped_release nogil;
-          const auto order = planner::batch_order(N, how, seed, group_ids);
+          const auto order = how == planner::batching::consecutive
+                                 ? std::vector<std::int64_t>{}
+                                 : planner::batch_order(N, how, seed, group_ids);
           r = planner::run_plan(o, dump, order, bias);
         }
         return result_dict(r);

@@ -10,7 +10,8 @@
 // dumps). The planning itself is the moeroute::planner library
 // (tools/capacity/include), which the Python package binds too.
 //
-// Exit codes: 0 success, 2 bad arguments or a malformed .npy file, 1 anything else.
+// Exit codes: 0 success, 2 bad arguments or a malformed .npy file (also one truncated while it
+// is read), 1 anything else.
 #include <iostream>
 #include <optional>
 
@@ -21,6 +22,7 @@
 #include "cluster_mode.hpp"
 #include "inputs.hpp"
 #include "planning_mode.hpp"
+#include "resources.hpp"
 #include "setup.hpp"
 #include "sweep_mode.hpp"
 
@@ -43,6 +45,7 @@ int run(int argc, char** argv) {
 }  // namespace
 
 int main(int argc, char** argv) {
+  install_dump_fault_handler();  // a dump truncated under the mapping: exit 2, not "Bus error"
   try {
     return run(argc, argv);
   } catch (const usage_error& e) {

@@ -12,6 +12,8 @@
 #include <stdexcept>
 #include <string>
 
+#include "resources.hpp"
+
 namespace moeroute::planner::tool {
 
 inline std::string shell_quote(const std::string& s) {
@@ -37,7 +39,8 @@ inline void draw_plot(const std::string& python, const std::string& script,
                              "); needs python3 with matplotlib (Debian: python3-matplotlib)");
 }
 
-/// What every mode writes the same way: the --format output to stdout or --out, and --csv.
+/// What every mode writes the same way: the --format output to stdout or --out, and --csv;
+/// files are written whole or not at all (write_file_whole).
 inline void write_outputs(const std::string& format, const std::string& out_path,
                           const std::string& csv_path,
                           const std::function<void(std::ostream&)>& table,
@@ -53,14 +56,12 @@ inline void write_outputs(const std::string& format, const std::string& out_path
   if (out_path.empty()) {
     std::cout << main_out.str();
   } else {
-    std::ofstream f(out_path);
-    if (!(f << main_out.str()))
-      throw std::runtime_error("cannot write --out file '" + out_path + "'");
+    write_file_whole(out_path, main_out.str(), "--out file");
   }
   if (!csv_path.empty()) {
-    std::ofstream f(csv_path);
-    csv(f);
-    if (!f) throw std::runtime_error("cannot write --csv file '" + csv_path + "'");
+    std::ostringstream c;
+    csv(c);
+    write_file_whole(csv_path, c.str(), "--csv file");
   }
 }
 

@@ -30,6 +30,7 @@
 #include "inputs.hpp"
 #include "output.hpp"
 #include "plan_output.hpp"
+#include "resources.hpp"
 #include "setup.hpp"
 
 namespace moeroute::planner::tool {
@@ -157,9 +158,22 @@ inline int run_planning_mode(const tool_options& o, const tool_setup& s, const t
     po.ranks = ep_ranks;
   }
   dump.advise(how == batching::consecutive);
-  const auto order = batch_order(N, how, pa.seed, ids.values);
+  // consecutive batches need no [N] order array (run_plan cuts them itself)
+  const auto order = how == batching::consecutive ? std::vector<std::int64_t>{}
+                                                  : batch_order(N, how, pa.seed, ids.values);
   progress_bar bar(quiet);
   const plan_result r = run_plan(po, dump, order, bias, std::ref(bar));
+  const memory_use mem = current_memory_use();
+  if (!quiet)
+    std::fprintf(stderr,
+                 "moeroute-capacity: memory: peak resident %.1f MiB (counts the mapped dump's "
+                 "pages, which the kernel reclaims), anonymous %.1f MiB now; kept per-batch "
+                 "counts %.1f MiB, batch order %.1f MiB, dump %.1f MiB mapped\n",
+                 static_cast<double>(mem.peak_resident_bytes) / 1048576.0,
+                 static_cast<double>(mem.anonymous_bytes) / 1048576.0,
+                 static_cast<double>(r.state_bytes) / 1048576.0,
+                 static_cast<double>(order.size() * sizeof(std::int64_t)) / 1048576.0,
+                 static_cast<double>(dump.mapped_bytes()) / 1048576.0);
   if (r.nonfinite_logits > 0)
     std::fprintf(stderr,
                  "moeroute-capacity: warning: the planned batches hold %lld non-finite logits "
@@ -187,6 +201,11 @@ inline int run_planning_mode(const tool_options& o, const tool_setup& s, const t
   meta["target_drop"] = pa.target_drop;
   meta["quantile"] = pa.quantile;
   meta["ranks"] = ep_ranks;
+  meta["memory"] = {{"peak_resident_bytes", mem.peak_resident_bytes},
+                    {"anonymous_bytes", mem.anonymous_bytes},
+                    {"per_batch_counts_bytes", r.state_bytes},
+                    {"batch_order_bytes", order.size() * sizeof(std::int64_t)},
+                    {"dump_mapped_bytes", dump.mapped_bytes()}};
   const auto json = [&] { return plan_to_json(r, meta).dump(2); };
   write_outputs(
       o.format, o.out_path, o.csv_path,

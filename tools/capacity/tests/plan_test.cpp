@@ -210,6 +210,37 @@ TEST_CASE("plan: per-batch numbers equal the reference routing each batch", "[pl
   }
 }
 
+TEST_CASE("plan: consecutive batches without an order array equal the explicit order", "[plan]") {
+  const std::int64_t L = 2, N = 700, E = 8, B = 96;
+  const auto v = random_logits(static_cast<std::size_t>(L * N * E), 12);
+  temp_file f("consecutive.npy");
+  REQUIRE(io::write_npy(f.path, v, std::vector<std::int64_t>{L, N, E}).ok());
+  mapped_logits map;
+  REQUIRE(mapped_logits::open(f.path, map).ok());
+  plan_options o;
+  o.base = presets::deepspeed_topk(8, 2, 1.0, 1);
+  o.factors = {{false, 1.0}, {true, 0.0}};
+  o.priorities = {std::nullopt};
+  o.policies = {std::nullopt};
+  o.batch_tokens = B;
+  const plan_result implicit = run_plan(o, map, {}, {});
+  const plan_result explicit_ = run_plan(o, map, batch_order(N, batching::consecutive, 0), {});
+  REQUIRE(implicit.cells.size() == explicit_.cells.size());
+  for (std::size_t c = 0; c < implicit.cells.size(); ++c) {
+    CHECK(implicit.cells[c].drop_rate.mean == explicit_.cells[c].drop_rate.mean);
+    CHECK(implicit.cells[c].drop_rate.max == explicit_.cells[c].drop_rate.max);
+    CHECK(implicit.cells[c].padding_waste.p99 == explicit_.cells[c].padding_waste.p99);
+  }
+  for (std::size_t l = 0; l < implicit.recommendations.size(); ++l)
+    CHECK(implicit.recommendations[l].factor == explicit_.recommendations[l].factor);
+  CHECK(implicit.experts[1].drift == explicit_.experts[1].drift);
+  // the kept per-batch counts: [layers][batches][E] int32
+  CHECK(implicit.state_bytes == L * (N / B) * E * 4);
+  // an order of the wrong length is refused, naming it
+  const std::vector<std::int64_t> short_order(10, 0);
+  CHECK_THROWS_WITH(run_plan(o, map, short_order, {}), Catch::Contains("order has 10 entries"));
+}
+
 TEST_CASE("plan: the recommendation on a dump whose answer is known", "[plan][recommend]") {
   // E = 4, k = 1, batches of 8: batch 0 sends every token to expert 0 (8 requests there),
   // batch 1 two tokens to each expert. Megatron's rule C = ceil(f * 8 * 1 / 4) = ceil(2 f).

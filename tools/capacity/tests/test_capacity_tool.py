@@ -3,7 +3,7 @@
 """ctest driver for moeroute-capacity: test_capacity_tool.py CASE TOOL WORKDIR.
 
 Cases: synthetic, npy, npy_layers_f16, malformed, bad_args, plot, ep, backends, plan, plan_bad,
-plan_plot, agree (tools/capacity/CMakeLists.txt registers each). Each asserts exact values
+plan_plot, agree, scale (tools/capacity/CMakeLists.txt registers each). Each asserts exact values
 (counts the routing rules determine) and exits non-zero with a message on the first failure.
 """
 import csv
@@ -644,10 +644,90 @@ def case_agree():
           f"{[round(x['token_flip_rate'], 4) for x in r['layers']]}")
 
 
+def case_scale():
+    """The planner at scale: a 1 GiB float16 dump (4 layers x 2^21 tokens x 64 experts) planned
+    under a memory limit a quarter of its size. The limit is RLIMIT_DATA (heap and private
+    writable mappings; `ulimit -v` would also count the read-only file mapping the planner is
+    built on): the planner maps the dump, keeps int32 per-batch counts, reports its peak memory
+    and plans every batch; the sweep mode, which reads the whole file, fails under the same
+    limit (so the limit bites). A dump truncated while it is planned exits 2 with a message
+    and prints no result."""
+    import resource
+    import time
+    os.makedirs(WORK, exist_ok=True)
+    L, N, E, B = 4, 1 << 21, 64, 2048
+    limit = 256 << 20
+    path = os.path.join(WORK, "big.npy")
+    try:
+        big = np.lib.format.open_memmap(path, mode="w+", dtype=np.float16, shape=(L, N, E))
+        rng = np.random.default_rng(5)
+        base = (rng.standard_normal((1 << 16, E)) * 1.5 + np.linspace(0.0, 3.0, E)).astype(np.float16)
+        for layer in range(L):
+            for c in range(N >> 16):  # expert popularity drifts along the dump: rolled columns
+                big[layer, c << 16:(c + 1) << 16] = np.roll(base, c // 4 + layer, axis=1)
+        big.flush()
+        del big
+        size = os.path.getsize(path)
+        check(size > 4 * limit, f"the dump ({size} bytes) is over 4x the limit ({limit})")
+
+        def limited():
+            resource.setrlimit(resource.RLIMIT_DATA, (limit, limit))
+
+        def run_limited(*args):
+            p = subprocess.run([TOOL, *args], capture_output=True, text=True, timeout=900,
+                               preexec_fn=limited)
+            return p.returncode, p.stdout, p.stderr
+
+        t0 = time.time()
+        rc, out, err = run_limited("--npy", path, "--batch-tokens", str(B), "--preset", "mixtral",
+                                   "--factors", "1.0,1.25,dropless", "--format", "json")
+        seconds = time.time() - t0
+        check(rc == 0, f"planning under the limit: exit {rc}: {err[-400:]}")
+        if rc == 0:
+            plan = json.loads(out)
+            mem = plan["memory"]
+            check(plan["batches"] == N // B and plan["tokens_left_out"] == 0,
+                  f"{plan['batches']} batches, {plan['tokens_left_out']} left out")
+            check(len(plan["recommendations"]) == L + 1, "a recommendation per layer + the model")
+            check(mem["per_batch_counts_bytes"] == L * (N // B) * E * 4,
+                  f"int32 counts: {mem['per_batch_counts_bytes']} bytes")
+            check(mem["batch_order_bytes"] == 0, "consecutive batches keep no order array")
+            check(0 < mem["anonymous_bytes"] < limit, f"anonymous memory {mem['anonymous_bytes']}")
+            check(mem["dump_mapped_bytes"] == size, "the whole dump is mapped")
+            drift = [u["drift"] for u in plan["expert_load"]]
+            check(all(d > 0.1 for d in drift), f"the rolled popularity shows as drift: {drift}")
+            check("peak resident" in err, "the memory report is printed")
+            print(f"scale: {size / 2**20:.0f} MiB dump planned in {seconds:.1f} s under a "
+                  f"{limit >> 20} MiB RLIMIT_DATA; peak resident "
+                  f"{mem['peak_resident_bytes'] / 2**20:.1f} MiB, anonymous "
+                  f"{mem['anonymous_bytes'] / 2**20:.1f} MiB, per-batch counts "
+                  f"{mem['per_batch_counts_bytes'] / 2**20:.2f} MiB")
+        rc, out, err = run_limited("--npy", path, "--preset", "mixtral", "--factors", "1.0")
+        check(rc != 0 and out == "", f"reading the whole dump under the limit must fail: {rc}")
+
+        # truncated while planned: SIGBUS on the next page read -> exit 2, a message, no output
+        p = subprocess.Popen([TOOL, "--npy", path, "--batch-tokens", str(B), "--preset",
+                              "mixtral", "--factors", "1.0,1.25,1.5,2.0,dropless", "--threads",
+                              "1", "--quiet"],  # a few seconds of work: the cut lands mid-run
+                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        time.sleep(0.3)
+        os.truncate(path, 1 << 20)
+        out, err = p.communicate(timeout=600)
+        check(p.returncode == 2, f"truncated while planned: exit {p.returncode}: {err[-300:]}")
+        check("SIGBUS" in err or "data size mismatch" in err, f"names the cause: {err[-300:]}")
+        check(out == "", "no partial result on stdout")
+        rc, out, err = run("--npy", path, "--batch-tokens", str(B), "--preset", "mixtral")
+        check(rc == 2 and "data size mismatch" in err and out == "",
+              f"a truncated dump: exit {rc}: {err[-200:]}")
+    finally:
+        if os.path.exists(path):
+            os.remove(path)
+
+
 {"synthetic": case_synthetic, "npy": case_npy, "npy_layers_f16": case_npy_layers_f16,
  "malformed": case_malformed, "bad_args": case_bad_args, "plot": case_plot, "ep": case_ep,
  "backends": case_backends, "plan": case_plan, "plan_bad": case_plan_bad,
- "plan_plot": case_plan_plot, "agree": case_agree}[CASE]()
+ "plan_plot": case_plan_plot, "agree": case_agree, "scale": case_scale}[CASE]()
 if failures:
     print(f"{len(failures)} check(s) failed in case {CASE}", file=sys.stderr)
     sys.exit(1)

@@ -91,6 +91,8 @@ class mapped_logits {
   }
   [[nodiscard]] io::npy_dtype dtype() const noexcept { return header_.dtype; }
   [[nodiscard]] const io::npy_header& header() const noexcept { return header_; }
+  /// Bytes of the file mapped (0 for a view of memory the caller holds).
+  [[nodiscard]] std::size_t mapped_bytes() const noexcept { return size_; }
 
   /// @brief Tells the kernel how the rows will be read (sequential for consecutive batches).
   void advise(bool sequential) const {

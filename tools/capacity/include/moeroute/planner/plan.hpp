@@ -168,6 +168,9 @@ struct plan_result {
   std::vector<expert_usage> experts;
   std::vector<recommendation> recommendations;  ///< per layer, then the model (layer -1)
   double gating_seconds = 0.0, dispatch_seconds = 0.0;
+  /// Bytes of the per-(layer, batch) request counts kept for the model recommendation: the
+  /// planner's only memory that grows with the dump (the dump itself is mapped, not read).
+  std::int64_t state_bytes = 0;
 };
 
 namespace detail {
@@ -185,17 +188,19 @@ inline double gini(std::vector<double> v) {
   return sum > 0 ? num / (n * sum) : 0.0;
 }
 
-/// Per-expert requests of one batch, per capacity group: [groups, E].
+/// Per-expert requests of one batch, per capacity group: [groups, E]. int32: a count is at
+/// most B * k, which run_plan checks fits; the planner keeps one of these per (layer, batch),
+/// the only state that grows with the dump (plan_result::state_bytes).
 struct batch_requests {
   std::int64_t groups = 1;
-  std::vector<std::int64_t> req;
+  std::vector<std::int32_t> req;
 };
 
 /// Assignments past capacity C in one batch (before any reroute): sum over groups and experts
 /// of max(0, req - C).
 inline std::int64_t overflow(const batch_requests& b, std::int64_t C) {
   std::int64_t o = 0;
-  for (std::int64_t r : b.req) o += r > C ? r - C : 0;
+  for (const std::int64_t r : b.req) o += r > C ? r - C : 0;
   return o;
 }
 
@@ -257,7 +262,7 @@ inline recommendation costs_at(const plan_options& o, std::int64_t layer,
   std::int64_t drows_max = 0;
   for (const auto& b : batches) {
     std::int64_t used = 0, rows = 0, total = 0;
-    for (std::int64_t x : b.req) {
+    for (const std::int64_t x : b.req) {
       used += std::min(x, C);
       total += x;
     }
@@ -286,7 +291,7 @@ inline recommendation recommend(const plan_options& o, std::int64_t layer,
                                 std::int64_t min_capacity) {
   std::int64_t hi = 0;
   for (const auto& b : batches)
-    for (std::int64_t x : b.req) hi = std::max(hi, x);
+    for (const std::int64_t x : b.req) hi = std::max(hi, x);
   std::int64_t lo = std::max<std::int64_t>(min_capacity, 0);
   hi = std::max(hi, lo);
   // overflow is non-increasing in C, so is its quantile: bisect on C in [lo, hi]
@@ -322,6 +327,8 @@ struct dispatch_buffers {
 using plan_progress_fn = std::function<void(std::int64_t, std::int64_t, const std::string&)>;
 
 /// @brief The whole planning run over the dump's layers.
+/// @param order the token order batches cut (batch_order); empty = consecutive, which then
+///        takes no [N] array (a 100M-token dump would need 800 MB for it)
 /// @param bias [layers, E] expert bias (empty: zero bias where the preset has one)
 /// @throws moeroute::error for a config the preset and a factor cannot form (it names it)
 inline plan_result run_plan(const plan_options& o, const mapped_logits& dump,
@@ -334,6 +341,15 @@ inline plan_result run_plan(const plan_options& o, const mapped_logits& dump,
   res.batches = N / B;
   res.tokens_left_out = N - res.batches * B;
   const std::int64_t nb = res.batches;
+  if (!order.empty() && static_cast<std::int64_t>(order.size()) != N)
+    throw error(status::make(status_code::invalid_argument,
+                             "run_plan: order has " + std::to_string(order.size()) +
+                                 " entries for a dump of " + std::to_string(N) + " tokens"));
+  if (B * k > std::numeric_limits<std::int32_t>::max())
+    throw error(status::make(status_code::invalid_argument,
+                             "run_plan: batch_tokens * top_k = " + std::to_string(B * k) +
+                                 " does not fit the int32 request counts"));
+  std::vector<std::int64_t> consecutive;  // this batch's rows when `order` is empty
 
   // the sweep's configs, in sweep order; combinations validate() rejects are left out
   struct cell_cfg {
@@ -374,7 +390,14 @@ inline plan_result run_plan(const plan_options& o, const mapped_logits& dump,
         progress(layer * nb + b, total_units,
                  "layer " + std::to_string(layer + 1) + "/" + std::to_string(Lyr) + " batch " +
                      std::to_string(b + 1) + "/" + std::to_string(nb));
-      const auto rows = order.subspan(static_cast<std::size_t>(b * B), static_cast<std::size_t>(B));
+      std::span<const std::int64_t> rows;
+      if (order.empty()) {
+        consecutive.resize(static_cast<std::size_t>(B));
+        std::iota(consecutive.begin(), consecutive.end(), b * B);
+        rows = consecutive;
+      } else {
+        rows = order.subspan(static_cast<std::size_t>(b * B), static_cast<std::size_t>(B));
+      }
       dump.gather(layer, rows, logits.data());
       // gating once per gating variant of the configs (reroute candidates, priorities)
       std::deque<cpu_gated> gatings;  // stable references
@@ -518,6 +541,8 @@ inline plan_result run_plan(const plan_options& o, const mapped_logits& dump,
     u.gini = detail::gini(u.share);
     res.experts.push_back(std::move(u));
     res.recommendations.push_back(detail::recommend(o, layer, layer_batches, min_capacity));
+    for (const auto& b : layer_batches)
+      res.state_bytes += static_cast<std::int64_t>(b.req.size() * sizeof(b.req[0]));
     all_layers.push_back(std::move(layer_batches));
   }
   // the model: one factor for every layer = the largest per-layer factor (overflow falls with
