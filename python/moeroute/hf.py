@@ -17,10 +17,12 @@ skipped silently.
 
 Blocks handled: MixtralSparseMoeBlock, Qwen2MoeSparseMoeBlock (with its shared expert),
 Qwen3MoeSparseMoeBlock and OlmoeSparseMoeBlock — a gate Linear and a ModuleList of experts,
-as transformers 4.4x and 4.5x write them. Checked with transformers 4.46.3 on Debian's torch
-1.13 (python/tests/test_hf.py). Not yet: DeepseekV3MoE, SwitchTransformersSparseMLP,
-NllbMoeSparseMLP (patch raises naming them; record works for every family whose gate is a
-module).
+as transformers 4.4x and 4.5x write them; DeepseekV3MoE and DeepseekV2MoE (a gate holding
+the router weight, shared experts); SwitchTransformersSparseMLP and NllbMoeSparseMLP (a
+router classifier and a ModuleDict of experts; their router tuples returned as transformers
+does). Checked with transformers 4.46.3 on Debian's torch 1.13 and 4.57.6 on torch 2.5.1
+(python/tests/test_hf.py). transformers 5.x blocks that fuse their experts into one module
+are reported, not routed.
 """
 
 from __future__ import annotations
@@ -36,44 +38,82 @@ from . import _core
 from . import torch as mt
 from .hf_config import from_hf
 
-#: sparse MoE block classes patch() routes, by class name
-BLOCKS = ("MixtralSparseMoeBlock", "Qwen2MoeSparseMoeBlock", "Qwen3MoeSparseMoeBlock",
-          "OlmoeSparseMoeBlock")
-#: MoE blocks of known families that patch() does not route yet
-NOT_YET = ("DeepseekV3MoE", "DeepseekV2MoE", "SwitchTransformersSparseMLP", "NllbMoeSparseMLP")
+#: sparse MoE block classes patch() routes, by class name: a gate Linear and a ModuleList of
+#: experts (GATE_BLOCKS), or a router module with a classifier Linear and a ModuleDict of
+#: experts (ROUTER_BLOCKS: Switch Transformers, NLLB-MoE)
+GATE_BLOCKS = ("MixtralSparseMoeBlock", "Qwen2MoeSparseMoeBlock", "Qwen3MoeSparseMoeBlock",
+               "OlmoeSparseMoeBlock")
+#: DeepSeek's blocks: a gate module holding the router weight [E, d] (and V3's
+#: e_score_correction_bias) that returns (ids, weights), a ModuleList of experts, shared experts
+DEEPSEEK_BLOCKS = ("DeepseekV3MoE", "DeepseekV2MoE")
+ROUTER_BLOCKS = ("SwitchTransformersSparseMLP", "NllbMoeSparseMLP")
+BLOCKS = GATE_BLOCKS + DEEPSEEK_BLOCKS + ROUTER_BLOCKS
+
+_KEPT, _DROPPED = 0, 2  # RouterOutput.fate values
 
 
 def moe_blocks(model: torch.nn.Module) -> List[tuple]:
     """(name, module) of every sparse MoE block in `model`, in module order."""
     return [(n, m) for n, m in model.named_modules()
-            if type(m).__name__ in BLOCKS or type(m).__name__ in NOT_YET]
+            if type(m).__name__ in BLOCKS]
 
 
-def _patched_forward(self, hidden_states: torch.Tensor):
-    """The block's forward with moeroute's routing (replaces the class's forward per module)."""
-    state = self._moeroute
+def _gate_of(block) -> torch.nn.Module:
+    """The module whose output is the block's router logits."""
+    return block.router.classifier if type(block).__name__ in ROUTER_BLOCKS else block.gate
+
+
+def _experts_of(block) -> list:
+    ex = block.experts
+    return list(ex.values()) if isinstance(ex, torch.nn.ModuleDict) else list(ex)
+
+
+def _config(block, rows: int = 0):
+    """The block's Config for this forward: its training mode (NLLB's eval capacity, noise) and,
+    for Switch, capacity counted per batch row of `rows` tokens."""
+    return block._moeroute["make"](bool(block.training), rows)
+
+
+def _route(block, router_logits, cfg, valid=None, bias=None):
+    state = block._moeroute
+    replay = state.pop("replay_ids", None)
+    out = mt.route(router_logits, cfg.__getstate__(), bias=bias, valid=valid, layout="compact",
+                   replay_ids=replay,
+                   replay_ratio=state["replay_ratio"] if replay is not None else 0.0)
+    state["last"] = out
+    return out
+
+
+def _expert_outputs(block, rows, out, scale=None, every=True):
+    """Each expert on its rows of the buffer (segment e of out.offsets), in expert order; the
+    padding rows past the last segment stay 0. `scale` maps an expert's output (NLLB's token
+    dropout). `every`: call an expert with no rows too (on zero rows), as Mixtral's, Qwen's,
+    OLMoE's and NLLB's blocks do, so its parameters get a zero gradient rather than none
+    (optimizers treat the two differently); Switch's block skips it."""
+    d = rows.shape[-1]
+    offsets = out.offsets.tolist()  # host read: the expert loop runs on the host
+    parts = []
+    for e, expert in enumerate(_experts_of(block)):
+        a, b = offsets[e], offsets[e + 1]
+        if b > a or every:
+            o = expert(rows[a:b])
+            parts.append(scale(o) if scale is not None else o)
+    if offsets[-1] < rows.shape[0]:
+        parts.append(rows.new_zeros((rows.shape[0] - offsets[-1], d)))
+    return torch.cat(parts) if parts else torch.zeros_like(rows)
+
+
+def _forward_gate(self, hidden_states: torch.Tensor):
+    """Mixtral / Qwen2-MoE / Qwen3-MoE / OLMoE: (y, router_logits) as the block returns them."""
     batch, seq, d = hidden_states.shape
     if self.training and getattr(self, "jitter_noise", 0) > 0:  # Mixtral's input jitter
         hidden_states = hidden_states * torch.empty_like(hidden_states).uniform_(
             1.0 - self.jitter_noise, 1.0 + self.jitter_noise)
     h = hidden_states.reshape(-1, d)
     router_logits = self.gate(h)
-    cfg = state["config"]
-    cfg["training"] = bool(self.training)
-    replay = state.pop("replay_ids", None)
-    out = mt.route(router_logits, cfg.__getstate__(), layout="compact", replay_ids=replay,
-                   replay_ratio=state["replay_ratio"] if replay is not None else 0.0)
-    state["last"] = out
-    rows = mt.permute(h, out)
-    offsets = out.offsets.tolist()  # host read: the expert loop runs on the host
-    parts = []
-    for e, expert in enumerate(self.experts):
-        a, b = offsets[e], offsets[e + 1]
-        if b > a:
-            parts.append(expert(rows[a:b]))
-    if offsets[-1] < rows.shape[0]:
-        parts.append(rows.new_zeros((rows.shape[0] - offsets[-1], d)))
-    expert_out = torch.cat(parts) if parts else torch.zeros_like(rows)
+    cfg = _config(self)
+    out = _route(self, router_logits, cfg)
+    expert_out = _expert_outputs(self, mt.permute(h, out), out)
     y = mt.combine(expert_out.to(h.dtype), out, x=h if cfg["dispatch.dropped"] == "residual"
                    else None)
     y = y.reshape(-1, d).to(hidden_states.dtype)
@@ -82,21 +122,128 @@ def _patched_forward(self, hidden_states: torch.Tensor):
     return y.reshape(batch, seq, d), router_logits
 
 
+def _forward_switch(self, hidden_states: torch.Tensor):
+    """SwitchTransformersSparseMLP: (y, (router_logits, expert_index)) as transformers
+    returns them. The router runs in its router_dtype (jitter on its input in training); the
+    capacity counts per batch row. A dropped token: transformers before 4.52 outputs
+    router_prob * x (its hidden state passed through, then scaled like every token), 4.52 and
+    later 0 — the config's drop policy (residual / zero_weight, Config.from_hf) says which;
+    moeroute routes it as dropped and the prob * x term is added here, in torch, with its
+    gradient."""
+    batch, seq, d = hidden_states.shape
+    router = self.router
+    x = hidden_states.to(router.dtype)
+    if self.training and router.jitter_noise > 0:
+        x = x * torch.empty_like(x).uniform_(1.0 - router.jitter_noise, 1.0 + router.jitter_noise)
+    router._cast_classifier()
+    router_logits = router.classifier(x)
+    cfg = _config(self, seq)
+    scaled_pass = cfg["dispatch.dropped"] == "residual"
+    if scaled_pass:
+        cfg = cfg.copy()
+        cfg["dispatch.dropped"] = "zero_weight"  # the same drops; the pass-through added below
+    h = hidden_states.reshape(-1, d)
+    out = _route(self, router_logits.reshape(-1, router_logits.shape[-1]), cfg)
+    expert_out = _expert_outputs(self, mt.permute(h, out), out, every=False)
+    y = mt.combine(expert_out.to(h.dtype), out)
+    fate = out.fate[:, 0].long()
+    if scaled_pass:
+        prob = torch.softmax(router_logits, dim=-1, dtype=router.dtype).max(dim=-1).values
+        prob = prob.to(hidden_states.dtype).reshape(-1, 1)
+        y = y + torch.where((fate == _DROPPED).unsqueeze(1), prob * h, torch.zeros_like(h))
+    expert_index = torch.where(fate == _KEPT, out.ids[:, 0].long(), torch.zeros_like(fate))
+    return (y.reshape(batch, seq, d).to(hidden_states.dtype),
+            (router_logits, expert_index.reshape(batch, seq)))
+
+
+def _forward_nllb(self, hidden_states: torch.Tensor, padding_mask=False):
+    """NllbMoeSparseMLP: (y, (router_probs, top_1_expert_index)) as transformers returns them:
+    router_probs the [T, E] combine weights (0 where nothing is routed), the top-1 index 0 for
+    a token whose first choice was dropped. Padding tokens (the attention mask the layer
+    passes, unless router_ignore_padding_tokens) are routed nowhere; the experts' outputs are
+    scaled by 1 - moe_token_dropout in eval and dropped out in training, as the block does."""
+    batch, seq, d = hidden_states.shape
+    router = self.router
+    h = hidden_states.reshape(-1, d)
+    T = h.shape[0]
+    router._cast_classifier()
+    router_logits = router.classifier(h.to(router.dtype))
+    valid = None
+    if padding_mask is not None and padding_mask is not False and \
+            not router.router_ignore_padding_tokens:
+        pm = padding_mask
+        if pm.dim() == 4:  # the layer's additive attention mask: its last query row
+            pm = pm[:, :, -1, :].reshape(-1)[-T:]
+        valid = ~pm.bool()
+    out = _route(self, router_logits, _config(self), valid=valid)
+    p = self.moe_token_dropout
+    scale = None
+    if p > 0:
+        scale = self.token_dropout if self.training else (lambda o: o * (1 - p))
+    expert_out = _expert_outputs(self, mt.permute(h, out), out, scale)
+    y = mt.combine(expert_out.to(h.dtype), out)
+    ids = out.ids.long()
+    router_probs = torch.zeros(T, router_logits.shape[-1], dtype=out.weight.dtype,
+                               device=h.device).scatter(1, ids, out.weight)
+    fate = out.fate[:, 0].long()
+    top1 = torch.where(fate == _KEPT, ids[:, 0], torch.zeros_like(fate))
+    return y.reshape(batch, seq, d).to(hidden_states.dtype), (router_probs, top1)
+
+
+def _forward_deepseek(self, hidden_states: torch.Tensor):
+    """DeepseekV3MoE / DeepseekV2MoE: the routed experts' sum plus the shared experts, as the
+    block returns it (no router logits: the gate returns ids and weights). The router logits
+    are the gate's float32 product, V3's e_score_correction_bias is the expert bias; an expert
+    with no tokens is skipped, as the block does."""
+    shape, d = hidden_states.shape, hidden_states.shape[-1]
+    h = hidden_states.reshape(-1, d)
+    gate = self.gate
+    router_logits = torch.nn.functional.linear(h.float(), gate.weight.float())
+    cfg = _config(self)
+    bias = getattr(gate, "e_score_correction_bias", None) if cfg["gating.expert_bias"] else None
+    out = _route(self, router_logits, cfg, bias=bias)
+    expert_out = _expert_outputs(self, mt.permute(h, out), out, every=False)
+    y = mt.combine(expert_out.to(h.dtype), out).reshape(shape).to(hidden_states.dtype)
+    if getattr(self, "shared_experts", None) is not None:
+        y = y + self.shared_experts(hidden_states)
+    return y
+
+
+_FORWARDS = {"SwitchTransformersSparseMLP": _forward_switch, "NllbMoeSparseMLP": _forward_nllb,
+             "DeepseekV3MoE": _forward_deepseek, "DeepseekV2MoE": _forward_deepseek}
+
+
+def _config_maker(model, config, overrides):
+    """(training, rows) -> Config: the given config with its training flag, or the family's
+    own (Config.from_hf for that mode and row length), each with the overrides, made once."""
+    cache = {}
+
+    def make(training: bool, rows: int):
+        key = (training, rows if config is None else 0)
+        if key not in cache:
+            c = from_hf(model.config, training=training, row_tokens=rows) if config is None \
+                else config.copy()
+            c = mt.with_overrides(c, *overrides)
+            c["training"] = training
+            cache[key] = c
+        return cache[key]
+
+    return make
+
+
 def patch(model: torch.nn.Module, config=None, *, capacity_factor: Optional[float] = None,
           drop_policy: Optional[str] = None, aux_loss_coeff: Optional[float] = None,
           z_loss_coeff: Optional[float] = None, replay_ratio: float = 0.0) -> List[str]:
     """Routes every sparse MoE block of `model` with moeroute. config: a Config for all blocks
-    (default: Config.from_hf(model.config), the family's exact routing); capacity_factor (a
-    number sets capacity.mode = factor), drop_policy, aux_loss_coeff, z_loss_coeff override it.
-    Returns the names of the patched blocks. Raises moeroute.Error when the model has no MoE
-    block patch() knows, or a block of a family it does not route yet (named)."""
-    cfg = mt.with_overrides(from_hf(model.config) if config is None else config,
-                            capacity_factor, drop_policy, aux_loss_coeff, z_loss_coeff)
+    (default: Config.from_hf(model.config), the family's exact routing, made for the block's
+    train / eval mode at each forward); capacity_factor (a number sets capacity.mode = factor),
+    drop_policy, aux_loss_coeff, z_loss_coeff override it. Returns the names of the patched
+    blocks. Raises moeroute.Error when the model has no MoE block patch() knows, or a block in
+    a layout it does not route (named: transformers 5.x's fused experts)."""
+    overrides = (capacity_factor, drop_policy, aux_loss_coeff, z_loss_coeff)
+    make = _config_maker(model, config, overrides)
+    cfg = make(True, 0)  # checks the config and the overrides now
     blocks = moe_blocks(model)
-    unknown = [f"{n} ({type(m).__name__})" for n, m in blocks if type(m).__name__ in NOT_YET]
-    if unknown:
-        raise _core.Error("moeroute.hf.patch: these MoE blocks are not routed by moeroute yet: " +
-                          ", ".join(unknown))
     if not blocks:
         raise _core.Error(f"moeroute.hf.patch: {type(model).__name__} has no sparse MoE block "
                           f"(known: {', '.join(BLOCKS)})")
@@ -104,18 +251,28 @@ def patch(model: torch.nn.Module, config=None, *, capacity_factor: Optional[floa
     for name, block in blocks:
         if getattr(block, "_moeroute", None) is not None:
             continue  # already patched
-        if not isinstance(block.experts, torch.nn.ModuleList) or \
-                not isinstance(block.gate, torch.nn.Linear):
-            raise _core.Error(f"moeroute.hf.patch: {name} ({type(block).__name__}) keeps its "
-                              "experts fused or its gate as a router module (transformers 5.x "
-                              "layout), which patch() does not route yet; transformers 4.4x / "
-                              "4.5x blocks (a gate Linear, a ModuleList of experts) it does")
+        kind = type(block).__name__
+        experts_ok = isinstance(block.experts, torch.nn.ModuleDict if kind in ROUTER_BLOCKS
+                                else torch.nn.ModuleList)
+        if kind in DEEPSEEK_BLOCKS:
+            gate_ok = isinstance(getattr(getattr(block, "gate", None), "weight", None),
+                                 torch.nn.Parameter)
+        else:
+            gate_ok = isinstance(getattr(getattr(block, "router", None), "classifier", None)
+                                 if kind in ROUTER_BLOCKS else getattr(block, "gate", None),
+                                 torch.nn.Linear)
+        if not experts_ok or not gate_ok:
+            raise _core.Error(f"moeroute.hf.patch: {name} ({kind}) keeps its experts fused or its "
+                              "gate as a router module (transformers 5.x layout), which patch() "
+                              "does not route yet; transformers 4.4x / 4.5x blocks (a gate Linear "
+                              "and a ModuleList of experts, or Switch / NLLB's router classifier "
+                              "and ModuleDict) it does")
         E = len(block.experts)
         if E != cfg.num_experts:
             raise _core.Error(f"moeroute.hf.patch: {name} has {E} experts, the config "
                               f"{cfg.num_experts}")
-        block._moeroute = {"config": cfg.copy(), "replay_ratio": float(replay_ratio)}
-        block.forward = types.MethodType(_patched_forward, block)
+        block._moeroute = {"make": make, "replay_ratio": float(replay_ratio)}
+        block.forward = types.MethodType(_FORWARDS.get(kind, _forward_gate), block)
         names.append(name)
     return names
 
@@ -177,7 +334,11 @@ def record(model: torch.nn.Module, path: str, *, dtype=np.float16,
     handles = []
 
     def hook(name):
-        def save(_module, _inputs, output):
+        def save(module, inputs, output):
+            if isinstance(output, tuple):  # DeepSeek's gate returns (ids, weights): its logits
+                x = inputs[0].detach()
+                output = torch.nn.functional.linear(x.reshape(-1, x.shape[-1]).float(),
+                                                    module.weight.detach().float())
             logits = output.detach().reshape(-1, output.shape[-1]).float().cpu().numpy()
             chunks[name].append(logits.astype(dtype))
             if name == blocks[0][0]:
@@ -185,7 +346,7 @@ def record(model: torch.nn.Module, path: str, *, dtype=np.float16,
         return save
 
     for name, block in blocks:
-        handles.append(block.gate.register_forward_hook(hook(name)))
+        handles.append(_gate_of(block).register_forward_hook(hook(name)))
     try:
         yield chunks
     finally:

@@ -445,6 +445,15 @@ def _router_text(config: Config, training: bool) -> str:
     return _text_of(cfg)
 
 
+def _compiling() -> bool:
+    """True while torch.compile traces (torch >= 2.0); False on older torch."""
+    compiler = getattr(torch, "compiler", None)
+    if compiler is not None and hasattr(compiler, "is_compiling"):
+        return compiler.is_compiling()
+    dynamo = getattr(torch, "_dynamo", None)
+    return bool(dynamo is not None and hasattr(dynamo, "is_compiling") and dynamo.is_compiling())
+
+
 @_constant_result
 def _residual(text: str) -> bool:
     return _config_of(text)["dispatch.dropped"] == "residual"
@@ -544,7 +553,8 @@ class Router(torch.nn.Module):
     The routing follows the module: train() / eval() set the config's training flag (the eval
     capacity factor, NLLB's eval rule, training-only noise), and `config` is read at every
     call, so `router.config["gating.noise.offset"] = step` takes effect at the next forward
-    (under torch.compile the config is a trace-time constant: recompile after changing it). Routing replay (docs/replay.md): pass the
+    (under torch.compile the config is read by the last eager call: run one after changing
+    it). Routing replay (docs/replay.md): pass the
     rollout's recorded ids as forward(..., replay_ids=...); replay_ratio is the score
     filter (0: every replayed expert kept)."""
 
@@ -573,6 +583,20 @@ class Router(torch.nn.Module):
         self.register_buffer("load_since_update", torch.zeros(E, dtype=torch.int64,
                                                               device=device))
         self._seen_micro_batches: set = set()
+        # the config text per mode, as of construction or the last eager call: what a call
+        # under torch.compile routes with (dynamo cannot read a Config; see _text)
+        self._texts = {mode: _router_text(cfg, mode) for mode in (False, True)}
+
+    def _text(self) -> str:
+        """The config text of this call: `config` read now with the module's mode, on every
+        eager call. Under torch.compile the text the last eager call (or the constructor) read
+        for this mode — a constant of the compiled graph, guarded by dynamo: after changing the
+        config of a compiled Router, run one eager forward (or construct it anew)."""
+        if _compiling():
+            return self._texts[self.training]
+        text = _router_text(self.config, self.training)
+        self._texts[self.training] = text
+        return text
 
     @property
     def num_experts(self) -> int:
@@ -588,7 +612,7 @@ class Router(torch.nn.Module):
         loads join those of the step; a `micro_batch` id already seen since the last
         update_expert_bias (the forward activation checkpointing recomputes) is not counted
         again, as reference::expert_load_accumulator does."""
-        out = route(logits, _router_text(self.config, self.training), bias=self.expert_bias,
+        out = route(logits, self._text(), bias=self.expert_bias,
                     valid=valid, layout=self.layout, block_size=self.block_size,
                     replay_ids=replay_ids,
                     replay_ratio=self.replay_ratio if replay_ids is not None else 0.0)

@@ -65,3 +65,21 @@ def test_a_config_change_takes_effect_at_the_next_forward():
     r.config["capacity.mode"] = "factor"
     r.config["capacity.factor"] = 0.5
     assert r(x).totals_dict()["capacity"] == 8  # 0.5 * 64 * 2 / 8
+
+
+@pytest.mark.skipif(not hasattr(torch, "compile"), reason="torch < 2 has no torch.compile")
+def test_compiled_router_follows_its_mode_and_the_last_eager_config():
+    # dynamo cannot read a Config: a compiled call routes with the text the last eager call
+    # (or the constructor) read for its mode; train() / eval() and that text are guarded
+    cfg = moeroute.Config.deepspeed_top2(8, 1.0, 4)
+    cfg["capacity.eval_factor"] = 2.0
+    r = moeroute.torch.Router(64, cfg)
+    x = torch.randn(256, 64)
+    compiled = torch.compile(r, fullgraph=True)
+    assert compiled(x).totals_dict()["capacity"] == 64
+    r.eval()
+    assert compiled(x).totals_dict()["capacity"] == 128
+    r.train()
+    r.config["capacity.factor"] = 0.5
+    assert r(x).totals_dict()["capacity"] == 32  # eager: read now
+    assert compiled(x).totals_dict()["capacity"] == 32  # then compiled: the eager call's text
