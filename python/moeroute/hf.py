@@ -22,7 +22,8 @@ the router weight, shared experts); SwitchTransformersSparseMLP and NllbMoeSpars
 router classifier and a ModuleDict of experts; their router tuples returned as transformers
 does). Checked with transformers 4.46.3 on Debian's torch 1.13 and 4.57.6 on torch 2.5.1
 (python/tests/test_hf.py). transformers 5.x blocks that fuse their experts into one module
-are reported, not routed.
+(Mixtral, Qwen, OLMoE, DeepSeek in 5.x) are routed through their gate, their own experts
+computing; 5.x's Switch and NLLB blocks are reported, not routed (checked: 5.25.0).
 """
 
 from __future__ import annotations
@@ -45,7 +46,7 @@ GATE_BLOCKS = ("MixtralSparseMoeBlock", "Qwen2MoeSparseMoeBlock", "Qwen3MoeSpars
                "OlmoeSparseMoeBlock")
 #: DeepSeek's blocks: a gate module holding the router weight [E, d] (and V3's
 #: e_score_correction_bias) that returns (ids, weights), a ModuleList of experts, shared experts
-DEEPSEEK_BLOCKS = ("DeepseekV3MoE", "DeepseekV2MoE")
+DEEPSEEK_BLOCKS = ("DeepseekV3MoE", "DeepseekV2MoE", "DeepseekV2Moe")  # 5.x spells V2's so
 ROUTER_BLOCKS = ("SwitchTransformersSparseMLP", "NllbMoeSparseMLP")
 BLOCKS = GATE_BLOCKS + DEEPSEEK_BLOCKS + ROUTER_BLOCKS
 
@@ -213,6 +214,41 @@ _FORWARDS = {"SwitchTransformersSparseMLP": _forward_switch, "NllbMoeSparseMLP":
              "DeepseekV3MoE": _forward_deepseek, "DeepseekV2MoE": _forward_deepseek}
 
 
+def _fused(block) -> bool:
+    """transformers 5.x: the experts are one module holding [E, ...] weight tensors and taking
+    (hidden, top_k_index, top_k_weights); the gate returns (logits, weights, index)."""
+    ex = getattr(block, "experts", None)
+    return ex is not None and not isinstance(ex, (torch.nn.ModuleList, torch.nn.ModuleDict)) \
+        and hasattr(ex, "gate_up_proj") and hasattr(getattr(block, "gate", None), "weight")
+
+
+def _gate_forward_fused(block, gate, hidden_states):
+    """A transformers 5.x gate routed by moeroute: the family's own router logits (its gate's
+    forward, so dtype and layout are the family's), then moeroute's choice, capacity and
+    weights as (logits, weights [T, k], index [T, k]). The block's own experts (eager, batched
+    or grouped) then do the compute. An assignment that holds no row keeps its chosen expert
+    with weight 0, not the index-E sentinel 5.x's expert implementations accept: the grouped
+    one leaves sentinel rows unwritten and multiplies them by the zero weight, which turns
+    their garbage into NaN and a huge weight gradient (seen on CPU, transformers 5.25)."""
+    router_logits = type(gate).forward(gate, hidden_states)[0]
+    cfg = _config(block)
+    bias = getattr(gate, "e_score_correction_bias", None) if cfg["gating.expert_bias"] else None
+    out = _route(block, router_logits.reshape(-1, router_logits.shape[-1]), cfg, bias=bias)
+    index = torch.where(out.expert >= 0, out.expert, out.ids).long()
+    return router_logits, out.weight, index
+
+
+def _residual_hook(block, inputs, output):
+    """drop_policy residual on a 5.x block: a valid token with nothing kept gets its x."""
+    out = block._moeroute.get("last")
+    if out is None or _config(block)["dispatch.dropped"] != "residual":
+        return output
+    x = inputs[0]
+    held = (out.fate == 0) | (out.fate == 1)
+    none = (~held.any(dim=1)) & (out.fate != 3).any(dim=1)
+    return output + torch.where(none.reshape(x.shape[:-1] + (1,)), x, torch.zeros_like(x))
+
+
 def _config_maker(model, config, overrides):
     """(training, rows) -> Config: the given config with its training flag, or the family's
     own (Config.from_hf for that mode and row length), each with the overrides, made once."""
@@ -252,6 +288,21 @@ def patch(model: torch.nn.Module, config=None, *, capacity_factor: Optional[floa
         if getattr(block, "_moeroute", None) is not None:
             continue  # already patched
         kind = type(block).__name__
+        if _fused(block):  # transformers 5.x: route through the gate, compute in its experts
+            E = int(block.experts.gate_up_proj.shape[0])
+            if E != cfg.num_experts:
+                raise _core.Error(f"moeroute.hf.patch: {name} has {E} experts, the config "
+                                  f"{cfg.num_experts}")
+            block._moeroute = {"make": make, "replay_ratio": float(replay_ratio),
+                               "hook": block.register_forward_hook(_residual_hook)}
+            block.gate.forward = types.MethodType(
+                lambda gate, hs, block=block: _gate_forward_fused(block, gate, hs), block.gate)
+            names.append(name)
+            continue
+        if kind in ROUTER_BLOCKS and type(block.experts) is not torch.nn.ModuleDict:
+            raise _core.Error(f"moeroute.hf.patch: {name} ({kind}) is transformers 5.x's "
+                              "(experts with their own forward, a router returning masks), "
+                              "which patch() does not route yet; transformers 4.x's it does")
         experts_ok = isinstance(block.experts, torch.nn.ModuleDict if kind in ROUTER_BLOCKS
                                 else torch.nn.ModuleList)
         if kind in DEEPSEEK_BLOCKS:
@@ -281,8 +332,13 @@ def unpatch(model: torch.nn.Module) -> int:
     """Restores every patched block's own forward; returns how many were patched."""
     n = 0
     for _, block in moe_blocks(model):
-        if getattr(block, "_moeroute", None) is not None:
-            del block.forward  # the instance attribute: the class's forward again
+        state = getattr(block, "_moeroute", None)
+        if state is not None:
+            if "hook" in state:  # a 5.x block: its gate was patched
+                state["hook"].remove()
+                del block.gate.forward
+            else:
+                del block.forward  # the instance attribute: the class's forward again
             block._moeroute = None
             n += 1
     return n
@@ -335,10 +391,14 @@ def record(model: torch.nn.Module, path: str, *, dtype=np.float16,
 
     def hook(name):
         def save(module, inputs, output):
-            if isinstance(output, tuple):  # DeepSeek's gate returns (ids, weights): its logits
-                x = inputs[0].detach()
-                output = torch.nn.functional.linear(x.reshape(-1, x.shape[-1]).float(),
-                                                    module.weight.detach().float())
+            if isinstance(output, tuple):
+                first = output[0]
+                if first.is_floating_point() and first.shape[-1] == module.weight.shape[0]:
+                    output = first  # transformers 5.x: (logits, weights, index)
+                else:  # DeepSeek's 4.x gate returns (ids, weights): its float32 logits
+                    x = inputs[0].detach()
+                    output = torch.nn.functional.linear(x.reshape(-1, x.shape[-1]).float(),
+                                                        module.weight.detach().float())
             logits = output.detach().reshape(-1, output.shape[-1]).float().cpu().numpy()
             chunks[name].append(logits.astype(dtype))
             if name == blocks[0][0]:
