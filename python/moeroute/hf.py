@@ -29,8 +29,13 @@ computing; 5.x's Switch and NLLB blocks are reported, not routed (checked: 5.25.
 from __future__ import annotations
 
 import contextlib
+import os
+import shutil
+import sys
+import tempfile
+import time
 import types
-from typing import Dict, Iterator, List, Optional
+from typing import Callable, Dict, Iterable, Iterator, List, Optional
 
 import numpy as np
 import torch
@@ -376,20 +381,28 @@ def losses(model: torch.nn.Module) -> torch.Tensor:
 
 @contextlib.contextmanager
 def record(model: torch.nn.Module, path: str, *, dtype=np.float16,
-           group_ids: Optional[str] = None) -> Iterator[Dict[str, list]]:
+           group_ids: Optional[str] = None) -> Iterator[Dict[str, int]]:
     """Records the router logits of every MoE block (patched or not) while the context is
     open, and writes them at exit as the .npy `moeroute-capacity --npy` reads: [layers,
-    tokens, E], float16 by default, tokens in arrival order. `group_ids`: also write each
-    token's forward-call index ([tokens] float64, the planner's --group-ids: one request per
-    call). Then:  moeroute-capacity --npy PATH --batch-tokens 4096 --preset <family>."""
+    tokens, E], float16 by default, tokens in arrival order. Each forward's logits are
+    appended to a per-layer file beside `path` as they arrive and assembled through a memory
+    map at exit, so a long recording holds one batch in memory, not the dump. `group_ids`: also
+    write each token's forward-call index ([tokens] float64, the planner's --group-ids: one
+    request per call). Yields {"tokens": recorded so far, "calls": forwards}. Then:
+    moeroute-capacity --npy PATH --batch-tokens 4096 --preset <family>."""
     blocks = moe_blocks(model)
     if not blocks:
         raise _core.Error(f"moeroute.hf.record: {type(model).__name__} has no MoE block")
-    chunks: Dict[str, list] = {n: [] for n, _ in blocks}
+    directory = os.path.dirname(os.path.abspath(path))
+    scratch = tempfile.mkdtemp(prefix=".moeroute-record-", dir=directory)
+    files = [open(os.path.join(scratch, f"layer{i}.bin"), "wb") for i in range(len(blocks))]
+    rows = [0] * len(blocks)
+    experts = [0] * len(blocks)
     calls: list = []
+    info = {"tokens": 0, "calls": 0}
     handles = []
 
-    def hook(name):
+    def hook(i):
         def save(module, inputs, output):
             if isinstance(output, tuple):
                 first = output[0]
@@ -400,21 +413,62 @@ def record(model: torch.nn.Module, path: str, *, dtype=np.float16,
                     output = torch.nn.functional.linear(x.reshape(-1, x.shape[-1]).float(),
                                                         module.weight.detach().float())
             logits = output.detach().reshape(-1, output.shape[-1]).float().cpu().numpy()
-            chunks[name].append(logits.astype(dtype))
-            if name == blocks[0][0]:
+            files[i].write(np.ascontiguousarray(logits.astype(dtype)).tobytes())
+            rows[i] += logits.shape[0]
+            experts[i] = logits.shape[1]
+            if i == 0:
                 calls.append(logits.shape[0])
+                info["tokens"] += logits.shape[0]
+                info["calls"] += 1
         return save
 
-    for name, block in blocks:
-        handles.append(_gate_of(block).register_forward_hook(hook(name)))
     try:
-        yield chunks
+        for i, (_, block) in enumerate(blocks):
+            handles.append(_gate_of(block).register_forward_hook(hook(i)))
+        try:
+            yield info
+        finally:
+            for h in handles:
+                h.remove()
+            for f in files:
+                f.close()
+        if rows[0] == 0:
+            raise _core.Error("moeroute.hf.record: no forward ran inside the context")
+        if len(set(rows)) != 1 or len(set(experts)) != 1:
+            raise _core.Error(f"moeroute.hf.record: the layers saw {rows} tokens of {experts} "
+                              "experts: every MoE layer must route every token")
+        out = np.lib.format.open_memmap(path, mode="w+", dtype=dtype,
+                                        shape=(len(blocks), rows[0], experts[0]))
+        for i, f in enumerate(files):
+            src = np.memmap(f.name, dtype=dtype, mode="r", shape=(rows[0], experts[0]))
+            for a in range(0, rows[0], 1 << 16):  # bounded copies
+                out[i, a:a + (1 << 16)] = src[a:a + (1 << 16)]
+            del src
+        out.flush()
+        del out
+        if group_ids is not None:
+            np.save(group_ids, np.repeat(np.arange(len(calls), dtype=np.float64), calls))
     finally:
-        for h in handles:
-            h.remove()
-    layers = [np.concatenate(c) if c else np.zeros((0, 0), dtype) for c in chunks.values()]
-    if not layers or layers[0].size == 0:
-        raise _core.Error("moeroute.hf.record: no forward ran inside the context")
-    np.save(path, np.stack(layers))
-    if group_ids is not None:
-        np.save(group_ids, np.repeat(np.arange(len(calls), dtype=np.float64), calls))
+        shutil.rmtree(scratch, ignore_errors=True)
+
+
+def record_batches(model: torch.nn.Module, batches: Iterable, path: str, *, dtype=np.float16,
+                   group_ids: Optional[str] = None, progress: bool = True,
+                   forward: Optional[Callable] = None) -> tuple:
+    """Runs the model on every batch (model(**batch) for a dict, else model(batch); or
+    forward(model, batch)) without gradients, records the router logits as record() does and
+    shows a progress line on stderr. Returns the dump's shape (layers, tokens, E)."""
+    total = len(batches) if hasattr(batches, "__len__") else None
+    run = forward or (lambda m, b: m(**b) if isinstance(b, dict) else m(b))
+    start = time.monotonic()
+    with torch.no_grad(), record(model, path, dtype=dtype, group_ids=group_ids) as info:
+        for n, batch in enumerate(batches, 1):
+            run(model, batch)
+            if progress:
+                rate = info["tokens"] / max(time.monotonic() - start, 1e-9)
+                of = f"/{total}" if total is not None else ""
+                print(f"\rmoeroute.hf.record: batch {n}{of}, {info['tokens']} tokens "
+                      f"({rate:.0f} tokens/s)", end="", file=sys.stderr, flush=True)
+        if progress:
+            print(file=sys.stderr)
+    return tuple(np.load(path, mmap_mode="r").shape)

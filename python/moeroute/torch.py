@@ -386,6 +386,7 @@ class RouterOutput(NamedTuple):
     totals: torch.Tensor              #: [8] int64 capacity, fallback_capacity, kept, ...
     replay_replaced: torch.Tensor     #: [1] int64 replayed slots the score filter gave back
     config_text: str                  #: the routing's config as name=value text
+    token_shape: tuple = ()           #: the logits' leading dims (combine's output: [*, d])
 
     @property
     def config(self) -> Config:
@@ -476,6 +477,7 @@ def route(logits: torch.Tensor, config: Union[Config, str], *, bias=None, valid=
     top-k score (counted in replay_replaced)."""
     text, kind = _prepared(config, int(logits.shape[-1]), layout)
     flat = logits.reshape(-1, logits.shape[-1])
+    shape = tuple(logits.shape[:-1])
     if valid is not None:
         valid = valid.reshape(-1)
         valid = valid.view(torch.uint8) if valid.dtype == torch.bool else valid
@@ -489,13 +491,13 @@ def route(logits: torch.Tensor, config: Union[Config, str], *, bias=None, valid=
         outs = _route_op(flat, bias, valid, replay_ids, text, kind, int(block_size), ratio)
         # Only weight and the losses carry gradients: the pre-drop gates are routing data
         # here (a custom operator cannot mark an output non-differentiable, so detach them).
-        return RouterOutput(*outs[:4], *(t.detach() for t in outs[4:]), text)
+        return RouterOutput(*outs[:4], *(t.detach() for t in outs[4:]), text, shape)
     if torch.is_grad_enabled() and flat.requires_grad:
         return RouterOutput(*_RouteFn.apply(flat, bias, valid, replay_ids, text, kind,
-                                            int(block_size), ratio), text)
+                                            int(block_size), ratio), text, shape)
     # inference: no graph to record, so no autograd.Function around the call
     return RouterOutput(*_route_impl(flat, bias, valid, replay_ids, text, kind, int(block_size),
-                                     ratio), text)
+                                     ratio), text, shape)
 
 
 def permute(x: torch.Tensor, routing: RouterOutput) -> torch.Tensor:
@@ -509,15 +511,16 @@ def permute(x: torch.Tensor, routing: RouterOutput) -> torch.Tensor:
 
 def combine(expert_out: torch.Tensor, routing: RouterOutput, *, x: Optional[torch.Tensor] = None,
             ) -> torch.Tensor:
-    """y [T, d] = sum of each token's expert rows times its weight (+ x for the dropped
-    assignments under drop_policy residual, which needs x). Differentiable in expert_out,
+    """y [..., d] = sum of each token's expert rows times its weight (+ x for the dropped
+    assignments under drop_policy residual, which needs x). The leading dims are the routed
+    logits' (routing.token_shape), whether or not x is passed. Differentiable in expert_out,
     routing.weight (so the router learns) and x."""
     xf = None if x is None or not _residual(routing.config_text) else \
         x.reshape(-1, x.shape[-1])
     args = (expert_out, routing.weight, xf, routing.row_token, routing.assignment_row,
             routing.fate, routing.config_text)
     y = _combine_op(*args) if custom_ops else _CombineFn.apply(*args)
-    return y if x is None else y.reshape(x.shape)
+    return y.reshape(*routing.token_shape, y.shape[-1]) if routing.token_shape else y
 
 
 def with_overrides(config: Config, capacity_factor: Optional[float] = None,
@@ -546,7 +549,8 @@ class Router(torch.nn.Module):
 
     Arguments override the config: capacity_factor (None keeps the config's; a number sets
     capacity.mode = factor), drop_policy (dispatch.dropped), aux_loss_coeff,
-    z_loss_coeff. expert_bias: a [E] buffer for bias-selected routing (DeepSeek-V3), kept
+    z_loss_coeff. router_bias: a learned [E] bias of the logits (the gate Linear's bias, as
+    HF Switch / NLLB's router_bias). expert_bias: a [E] buffer for bias-selected routing (DeepSeek-V3), kept
     balanced by update_expert_bias(). forward() returns a RouterOutput; route_logits()
     routes logits an engine computed itself.
 
@@ -562,7 +566,7 @@ class Router(torch.nn.Module):
                  num_experts: int = 0, top_k: int = 0, capacity_factor: Optional[float] = None,
                  drop_policy: Optional[str] = None, aux_loss_coeff: Optional[float] = None,
                  z_loss_coeff: Optional[float] = None, layout: str = "auto",
-                 block_size: int = 1, replay_ratio: float = 0.0,
+                 block_size: int = 1, replay_ratio: float = 0.0, router_bias: bool = False,
                  dtype: Optional[torch.dtype] = None, device=None):
         super().__init__()
         cfg = with_overrides(_as_config(config, num_experts, top_k), capacity_factor,
@@ -576,6 +580,10 @@ class Router(torch.nn.Module):
         E = cfg.num_experts
         self.weight = torch.nn.Parameter(torch.empty(E, hidden_size, dtype=dtype, device=device))
         torch.nn.init.normal_(self.weight, std=hidden_size ** -0.5)
+        # the router Linear's own bias (HF Switch / NLLB router_bias), added to the logits;
+        # unlike expert_bias it is learned by the gradient and changes the gates
+        self.bias = (torch.nn.Parameter(torch.zeros(E, dtype=dtype, device=device))
+                     if router_bias else None)
         if cfg["gating.expert_bias"]:
             self.register_buffer("expert_bias", torch.zeros(E, dtype=torch.float32, device=device))
         else:
@@ -628,7 +636,7 @@ class Router(torch.nn.Module):
     def forward(self, hidden_states: torch.Tensor, valid=None,
                 micro_batch: Optional[int] = None, replay_ids=None) -> RouterOutput:
         logits = torch.nn.functional.linear(hidden_states.reshape(-1, hidden_states.shape[-1]),
-                                            self.weight)
+                                            self.weight, self.bias)
         return self.route_logits(logits, valid, micro_batch, replay_ids)
 
     @torch.no_grad()

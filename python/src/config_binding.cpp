@@ -162,6 +162,12 @@ name, as the C++ routing_config and docs/api.md spell it ("capacity.factor",
       .def("__setitem__",
            [](routing_config& c, const std::string& name, const py::handle& v) {
              raise_if(set_field(c, name, field_value_text(v)));
+             // top_n is read only by sum_top_n (validate() insists it is 0 otherwise): moving a
+             // DeepSeek-style config to another group score takes it along, rather than
+             // failing later at a stage
+             if (name == "gating.group_limit.score" &&
+                 c.gating.group_limit.score != group_score::sum_top_n)
+               c.gating.group_limit.top_n = 0;
            })
       .def(
           "fields",

@@ -105,3 +105,31 @@ def test_the_aux_loss_alone_needs_only_its_sums():
     assert list(aux) == ["aux_loss"] and float(aux["aux_loss"][0]) == float(full["aux_loss"][0])
     with pytest.raises(moeroute.Error, match="known: aux_loss"):
         moeroute.losses(g, cfg, which=["aux"])
+
+
+def test_group_score_change_takes_top_n_along():
+    cfg = moeroute.Config.deepseek_v3(16, 4, 4, 2)
+    assert cfg["gating.group_limit.top_n"] == 2
+    cfg["gating.group_limit.score"] = "max"  # DeepSeek-V2's rule: failed at a stage before
+    assert cfg["gating.group_limit.top_n"] == 0
+    cfg.validate()
+    moeroute.route(np.zeros((4, 16), np.float32), cfg, bias=np.zeros(16, np.float32))
+
+
+def test_router_bias_and_combine_shapes():
+    r = mt.Router(8, "mixtral", num_experts=4, top_k=2, router_bias=True)
+    with torch.no_grad():
+        r.bias.copy_(torch.tensor([0.0, 0.0, 0.0, 50.0]))  # expert 3 wins every token
+    x = torch.randn(2, 5, 8)
+    out = r(x)
+    assert (out.ids[:, 0] == 3).all() and out.token_shape == (10,)
+    out.weight.sum().backward()
+    assert r.bias.grad is not None  # learned, unlike expert_bias
+    # combine returns the routed logits' leading dims whether or not x is passed
+    logits = torch.randn(2, 5, 4)
+    routed = mt.route(logits, moeroute.Config.mixtral(4, 2))
+    rows = mt.permute(x, routed)
+    assert mt.combine(rows, routed).shape == (2, 5, 8)
+    assert mt.combine(rows, routed, x=x).shape == (2, 5, 8)
+    flat = mt.route(logits.reshape(10, 4), moeroute.Config.mixtral(4, 2))
+    assert mt.combine(mt.permute(x, flat), flat, x=x).shape == (10, 8)

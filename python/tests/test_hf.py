@@ -135,6 +135,24 @@ def test_record_writes_the_router_logits_hf_returns(tmp_path):
     np.testing.assert_array_equal(np.load(groups), [0.0] * 22 + [1.0] * 5)
 
 
+def test_record_batches_streams_to_disk_with_progress(tmp_path, capsys):
+    m, ids = build("mixtral", 2)
+    batches = [{"input_ids": ids[:, :a]} for a in (11, 4, 7)]
+    want = []
+    gate = mhf.moe_blocks(m)[1][1].gate  # 5.x's returns (logits, weights, index)
+    hook = gate.register_forward_hook(lambda mod, a, out: want.append(
+        (out[0] if isinstance(out, tuple) else out).detach().reshape(-1, 8)))
+    shape = mhf.record_batches(m, batches, str(tmp_path / "d.npy"),
+                               group_ids=str(tmp_path / "g.npy"))
+    hook.remove()
+    assert shape == (2, 2 * (11 + 4 + 7), 8)
+    dump = np.load(tmp_path / "d.npy")
+    np.testing.assert_array_equal(dump[1], torch.cat(want).numpy().astype(np.float16))
+    np.testing.assert_array_equal(np.load(tmp_path / "g.npy"), [0.0] * 22 + [1.0] * 8 + [2.0] * 14)
+    assert "batch 3/3, 44 tokens" in capsys.readouterr().err
+    assert [p.name for p in tmp_path.iterdir() if p.name.startswith(".moeroute")] == []
+
+
 def test_replay_through_a_patched_model():
     m, ids = build("mixtral", 2)
     mhf.patch(m)
