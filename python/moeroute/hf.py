@@ -95,7 +95,7 @@ def _expert_outputs(block, rows, out, scale=None, every=True):
     padding rows past the last segment stay 0. `scale` maps an expert's output (NLLB's token
     dropout). `every`: call an expert with no rows too (on zero rows), as Mixtral's, Qwen's,
     OLMoE's and NLLB's blocks do, so its parameters get a zero gradient rather than none
-    (optimizers treat the two differently); Switch's block skips it."""
+    (optimizers treat the two differently); Switch's and DeepSeek's blocks skip it."""
     d = rows.shape[-1]
     offsets = out.offsets.tolist()  # host read: the expert loop runs on the host
     parts = []
