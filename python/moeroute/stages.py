@@ -198,8 +198,12 @@ def permute(x, laid: Laid, config: Config, *, out=None, threads: int = 0):
     stay as the buffer had them: zero in the fresh buffer this returns, or what `out` (a
     buffer reused across steps, zeroed once) held."""
     if out is None:
-        out = _arrays.zeros_like_framework(x, (laid.max_rows, int(x.shape[1])),
+        out = _arrays.empty_like_framework(x, (laid.max_rows, int(x.shape[1])),
                                            _arrays.dtype_name(x))
+        if _arrays.on_cuda(x):  # reading num_rows would synchronise: zero all of it
+            out[...] = 0
+        else:  # the stage writes every row below num_rows (padding rows as 0): zero the rest
+            out[int(laid.num_rows[0]):] = 0
     _core.permute(config, dict(x=x, row_token=laid.row_token, num_rows=laid.num_rows, out=out),
                   threads, _arrays.stream_of(x))
     return out

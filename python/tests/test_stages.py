@@ -203,6 +203,13 @@ def test_compact_layout_and_expert_map():
     assert lay.kind == "compact" and lay.max_rows % 16 == 0
     off = np.asarray(lay.offsets)
     assert (np.diff(off) % 16 == 0).all() and int(lay.num_rows[0]) == off[-1]
+    # permute's fresh buffer: each row its token's x, padding rows (inside the blocks and past
+    # num_rows, which the stage does not touch) zero
+    h = np.random.default_rng(0).standard_normal((50, 4)).astype(np.float32)
+    buf = moeroute.permute(h, lay, cfg)
+    rt = np.asarray(lay.row_token)
+    want = np.where((rt >= 0)[:, None], h[np.maximum(rt, 0)], 0.0)
+    assert int(lay.num_rows[0]) < lay.max_rows and np.array_equal(buf, want)
     for t in range(50):
         for j in range(2):
             assert lay.row_token[lay.assignment_row[t, j]] == t
