@@ -126,6 +126,21 @@ def main():
     rows["permute bf16, reused out*"] = (
         timed(lambda: moeroute.permute(x, laid, cfg, out=reuse, threads=1), a.reps),
         timed(lambda: torch.index_select(x, 0, src_tok, out=gathered), a.reps))
+    # the same through moeroute.torch (inference, out=): permute and combine into buffers
+    # reused across calls, against torch's ops writing reused buffers
+    y_reuse = torch.empty(T, d, dtype=x.dtype)
+
+    def torch_combine_reused():
+        y_reuse.zero_()
+        y_reuse.index_add_(0, src_tok, buf.index_select(0, dst_row) * w[:, None])
+        return y_reuse
+
+    with torch.no_grad():
+        rows["torch.permute out=*"] = (
+            timed(lambda: mt.permute(x, out, out=reuse), a.reps),
+            timed(lambda: torch.index_select(x, 0, src_tok, out=gathered), a.reps))
+        rows["torch.combine out="] = (timed(lambda: mt.combine(buf, out, out=y_reuse), a.reps),
+                                      timed(torch_combine_reused, a.reps))
     one = torch.randn(1, E)
     overhead = timed(lambda: mt.route(one, text), 200)
 

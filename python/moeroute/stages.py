@@ -210,12 +210,13 @@ def permute(x, laid: Laid, config: Config, *, out=None, threads: int = 0):
 
 
 def combine(expert_out, laid: Laid, dispatched: Dispatched, config: Config, *, x=None,
-            threads: int = 0):
+            out=None, threads: int = 0):
     """y [T, d] = sum over a token's rows of weight * expert_out[row] (+ x for the dropped
-    assignments under drop_policy residual, which needs `x`)."""
+    assignments under drop_policy residual, which needs `x`). `out`: a [T, d] buffer to write
+    (every row is written, so a reused buffer needs no zeroing)."""
     T = int(dispatched.weight.shape[0])
-    y = _arrays.empty_like_framework(expert_out, (T, int(expert_out.shape[1])),
-                                     _arrays.dtype_name(expert_out))
+    y = out if out is not None else _arrays.empty_like_framework(
+        expert_out, (T, int(expert_out.shape[1])), _arrays.dtype_name(expert_out))
     _core.combine(config, dict(expert_out=expert_out, assignment_row=laid.assignment_row,
                                weight=dispatched.weight, fate=dispatched.fate, x=x, y=y), threads,
                   _arrays.stream_of(expert_out))

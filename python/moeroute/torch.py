@@ -500,23 +500,54 @@ def route(logits: torch.Tensor, config: Union[Config, str], *, bias=None, valid=
                                      ratio), text, shape)
 
 
-def permute(x: torch.Tensor, routing: RouterOutput) -> torch.Tensor:
+def _no_autograd(op: str, *tensors) -> None:
+    """out= writes a caller's buffer outside autograd, as torch's own out= variants do."""
+    if torch.is_grad_enabled() and any(t is not None and t.requires_grad for t in tensors):
+        raise _core.Error(f"moeroute.torch.{op}: out= writes without autograd (inference, or "
+                          "under torch.no_grad()); for a differentiable call leave out= unset")
+
+
+def permute(x: torch.Tensor, routing: RouterOutput, *,
+            out: Optional[torch.Tensor] = None) -> torch.Tensor:
     """Hidden states x [..., d] (T tokens) into the expert buffer [max_rows, d]: the rows of
-    expert e start at routing.offsets[e]; padding rows are 0. Differentiable in x."""
+    expert e start at routing.offsets[e]; padding rows are 0. Differentiable in x.
+
+    out: a [max_rows, d] buffer of x's dtype reused across calls (inference): no allocation;
+    rows below routing.num_rows are written (padding rows as 0), the rest keep what they held
+    (zero it once)."""
     flat = x.reshape(-1, x.shape[-1])
+    if out is not None:
+        _no_autograd("permute", x)
+        lay = _st.Laid({"row_token": routing.row_token, "num_rows": routing.num_rows}, "", 1,
+                       int(routing.row_token.shape[0]))
+        return _st.permute(_compute(flat), lay, _config_of(routing.config_text), out=out,
+                           threads=_threads())
     args = (flat, routing.row_token, routing.num_rows, routing.assignment_row,
             routing.config_text)
     return _permute_op(*args) if custom_ops else _PermuteFn.apply(*args)
 
 
 def combine(expert_out: torch.Tensor, routing: RouterOutput, *, x: Optional[torch.Tensor] = None,
-            ) -> torch.Tensor:
+            out: Optional[torch.Tensor] = None) -> torch.Tensor:
     """y [..., d] = sum of each token's expert rows times its weight (+ x for the dropped
     assignments under drop_policy residual, which needs x). The leading dims are the routed
     logits' (routing.token_shape), whether or not x is passed. Differentiable in expert_out,
-    routing.weight (so the router learns) and x."""
+    routing.weight (so the router learns) and x.
+
+    out: a [T, d] buffer of expert_out's dtype reused across calls (inference): every row is
+    written, no allocation; returned in the routed logits' leading dims."""
     xf = None if x is None or not _residual(routing.config_text) else \
         x.reshape(-1, x.shape[-1])
+    if out is not None:
+        _no_autograd("combine", expert_out, routing.weight, x)
+        eo = _compute(expert_out)
+        lay = _st.Laid({"assignment_row": routing.assignment_row}, "", 1, int(eo.shape[0]))
+        d = _st.Dispatched({"weight": routing.weight.float().contiguous(),
+                            "fate": routing.fate})
+        y = _st.combine(eo, lay, d, _config_of(routing.config_text),
+                        x=None if xf is None else _compute(xf), out=out.view(-1, out.shape[-1]),
+                        threads=_threads())
+        return y.view(*routing.token_shape, y.shape[-1]) if routing.token_shape else y
     args = (expert_out, routing.weight, xf, routing.row_token, routing.assignment_row,
             routing.fate, routing.config_text)
     y = _combine_op(*args) if custom_ops else _CombineFn.apply(*args)

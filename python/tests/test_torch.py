@@ -214,3 +214,24 @@ def test_cuda_matches_cpu():
             torch.testing.assert_close(a, b.cpu(), rtol=1e-5, atol=1e-6)
         else:
             assert torch.equal(a, b.cpu())
+
+
+def test_permute_and_combine_into_reused_buffers():
+    # inference: out= writes the caller's buffers (no allocation), the same values as a fresh
+    # call; with autograd on, out= is refused, naming the op
+    cfg = Config.megatron(8, 2, capacity_factor=1.0)
+    out = mt.route(torch.from_numpy(logits_grid(40, 8, seed=3)), cfg)
+    x = torch.randn(40, 16, dtype=torch.bfloat16)
+    buf = torch.zeros(out.row_token.shape[0], 16, dtype=torch.bfloat16)
+    y = torch.empty(40, 16, dtype=torch.bfloat16)
+    with torch.no_grad():
+        for _ in range(2):  # reused
+            got = mt.permute(x, out, out=buf)
+            assert got.data_ptr() == buf.data_ptr()
+            assert torch.equal(buf, mt.permute(x, out))
+            yy = mt.combine(buf * 2, out, x=x, out=y)
+            assert yy.data_ptr() == y.data_ptr()
+            assert torch.equal(y, mt.combine(buf * 2, out, x=x))
+    xg = x.float().requires_grad_()
+    with pytest.raises(moeroute.Error, match="permute: out= writes without autograd"):
+        mt.permute(xg, out, out=torch.zeros(out.row_token.shape[0], 16))
