@@ -16,6 +16,7 @@ float32 (the library's widest element type) and their results cast back."""
 
 from typing import NamedTuple, Optional, Union
 
+import numpy as np
 import torch
 
 from . import _core
@@ -54,14 +55,40 @@ def _threads() -> int:
 
 # --- the three operations on tensors (shared by the custom-op and autograd paths) ----------
 
+class _Wrapped(dict):
+    """A stage's outputs as tensors, each wrapped (zero-copy) when it is read: only the ones
+    route returns pay for it."""
+
+    def __getitem__(self, name):
+        a = dict.__getitem__(self, name)
+        return torch.from_numpy(a) if isinstance(a, np.ndarray) else a
+
+
+def _numpy_view(t):
+    """A zero-copy numpy view of a CPU tensor numpy can hold (None stays None), else None.
+    The stages take numpy arrays through the buffer protocol with fewer hand-overs than
+    DLPack, and numpy allocates their outputs faster than torch: half the fixed cost of a
+    small call (performance.md, "The Python package")."""
+    if t is None or t.device.type != "cpu" or t.dtype == torch.bfloat16:
+        return None
+    return t.detach().numpy()
+
+
 def _route_impl(logits, bias, valid, replay_ids, config: str, kind: str, block_size: int,
                 replay_ratio: float):
     cfg = _config_of(config)
     x = _compute(logits.detach())
-    r = _st.route(x, cfg, bias=None if bias is None else bias.detach().float().contiguous(),
-                  valid=valid, kind=kind, block_size=block_size, replay_ids=replay_ids,
-                  replay_ratio=replay_ratio, threads=_threads())
-    g, d, lay = r.gated.arrays, r.dispatched.arrays, r.laid.arrays
+    bias = None if bias is None else bias.detach().float().contiguous()
+    host = [_numpy_view(t) for t in (x, bias, valid, replay_ids)]
+    if host[0] is not None and all(h is not None or t is None
+                                   for h, t in zip(host[1:], (bias, valid, replay_ids))):
+        x_in, bias, valid, replay_ids = host  # the stages on numpy views; outputs wrapped below
+    else:
+        x_in = x
+    r = _st.route(x_in, cfg, bias=bias, valid=valid, kind=kind, block_size=block_size,
+                  replay_ids=replay_ids, replay_ratio=replay_ratio, threads=_threads())
+    g, d, lay = _Wrapped(r.gated.arrays), _Wrapped(r.dispatched.arrays), _Wrapped(r.laid.arrays)
+    r.losses = _Wrapped(r.losses)
     loss_dtype = logits.dtype if logits.dtype in (torch.float32, torch.float64) else torch.float32
     def empty():  # a fresh one each time: a custom operator's outputs may not alias
         return x.new_zeros((0,), dtype=torch.int64)
