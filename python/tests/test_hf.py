@@ -42,6 +42,20 @@ def grads_of(m):
     return {n: p.grad.clone() for n, p in m.named_parameters() if p.grad is not None}
 
 
+def assert_patched_grads_match(make, loss_of):
+    """Two fresh models from make() -> (model, *inputs), in training mode, the second patched:
+    loss_of(model, *inputs).backward() in each, then the same gradients (assert_same_grads)."""
+    grads = []
+    for patched in (False, True):
+        m, *inputs = make()
+        m.train()
+        if patched:
+            mhf.patch(m)
+        loss_of(m, *inputs).backward()
+        grads.append(grads_of(m))
+    assert_same_grads(grads[1], grads[0])
+
+
 def assert_same_grads(got, want):
     """The same parameters have gradients (an expert with no tokens: zero where HF calls it,
     none where HF skips it), each within 1e-4 (the expert-sum order differs, see above)."""
@@ -81,16 +95,7 @@ def test_patched_model_equals_the_unpatched_one(family, k):
 
 @pytest.mark.parametrize("family,k", FAMILIES)
 def test_training_step_gradients_match(family, k):
-    grads = []
-    for patched in (False, True):
-        m, ids = build(family, k)
-        m.train()
-        if patched:
-            mhf.patch(m)
-        out = m(ids, labels=ids)
-        out.loss.backward()
-        grads.append(grads_of(m))
-    assert_same_grads(grads[1], grads[0])
+    assert_patched_grads_match(lambda: build(family, k), lambda m, ids: m(ids, labels=ids).loss)
 
 
 def test_train_with_capacity_and_residual_drops():
@@ -258,15 +263,8 @@ def test_newer_families_patched_equal_unpatched(family, k):
 
 @pytest.mark.parametrize("family,k", NEW_FAMILIES)
 def test_newer_families_training_gradients_match(family, k):
-    grads = []
-    for patched in (False, True):
-        m, ids = build_new(family, k)
-        m.train()
-        if patched:
-            mhf.patch(m)
-        m(ids, labels=ids).loss.backward()
-        grads.append(grads_of(m))
-    assert_same_grads(grads[1], grads[0])
+    assert_patched_grads_match(lambda: build_new(family, k),
+                               lambda m, ids: m(ids, labels=ids).loss)
 
 
 @pytest.mark.skipif(not has("DeepseekV3Config"), reason="transformers < 4.50 has no DeepSeek-V3")
@@ -374,19 +372,15 @@ def test_seq2seq_patched_model_equals_the_unpatched_one(family, capacity, eval_f
 @pytest.mark.parametrize("family,capacity,eval_fraction", SEQ2SEQ_FAMILIES)
 def test_seq2seq_training_step_gradients_match(family, capacity, eval_fraction):
     # the router losses too: transformers adds them from the router tuples patch() returns
-    grads = []
-    for patched in (False, True):
+    def make():
         m, ids, dec = build_seq2seq(family, capacity, eval_fraction, moe_token_dropout=0.0)
-        for mod in m.modules():
+        for mod in m.modules():  # no random token dropout: the two runs must draw alike
             if hasattr(mod, "moe_token_dropout"):
                 mod.moe_token_dropout = 0.0
-        m.train()
-        if patched:
-            mhf.patch(m)
-        out = m(ids, decoder_input_ids=dec, labels=dec, output_router_logits=True)
-        out.loss.backward()
-        grads.append(grads_of(m))
-    assert_same_grads(grads[1], grads[0])
+        return m, ids, dec
+
+    assert_patched_grads_match(make, lambda m, ids, dec: m(
+        ids, decoder_input_ids=dec, labels=dec, output_router_logits=True).loss)
 
 
 @_seq2seq_4x
