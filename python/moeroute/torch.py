@@ -79,19 +79,18 @@ def _route_impl(logits, bias, valid, replay_ids, config: str, kind: str, block_s
     cfg = _config_of(config)
     x = _compute(logits.detach())
     bias = None if bias is None else bias.detach().float().contiguous()
-    host = [_numpy_view(t) for t in (x, bias, valid, replay_ids)]
-    if host[0] is not None and all(h is not None or t is None
-                                   for h, t in zip(host[1:], (bias, valid, replay_ids))):
-        x_in, bias, valid, replay_ids = host  # the stages on numpy views; outputs wrapped below
-    else:
-        x_in = x
-    r = _st.route(x_in, cfg, bias=bias, valid=valid, kind=kind, block_size=block_size,
+    inputs = (x, bias, valid, replay_ids)
+    views = [_numpy_view(t) for t in inputs]
+    if all(v is not None or t is None for v, t in zip(views, inputs)):
+        inputs = views  # every input a host array numpy holds: the stages on numpy views
+    x, bias, valid, replay_ids = inputs
+    r = _st.route(x, cfg, bias=bias, valid=valid, kind=kind, block_size=block_size,
                   replay_ids=replay_ids, replay_ratio=replay_ratio, threads=_threads())
     g, d, lay = _Wrapped(r.gated.arrays), _Wrapped(r.dispatched.arrays), _Wrapped(r.laid.arrays)
     r.losses = _Wrapped(r.losses)
     loss_dtype = logits.dtype if logits.dtype in (torch.float32, torch.float64) else torch.float32
     def empty():  # a fresh one each time: a custom operator's outputs may not alias
-        return x.new_zeros((0,), dtype=torch.int64)
+        return logits.new_zeros((0,), dtype=torch.int64)
 
     return (d["weight"],
             r.losses["aux_loss"].to(loss_dtype).reshape(()),
@@ -104,7 +103,7 @@ def _route_impl(logits, bias, valid, replay_ids, config: str, kind: str, block_s
             g["seq_tokens"] if "seq_tokens" in g else empty(),
             d["totals"],
             g["replay_replaced"] if "replay_replaced" in g else
-            x.new_zeros((1,), dtype=torch.int64))
+            logits.new_zeros((1,), dtype=torch.int64))
 
 
 def _route_backward_impl(logits, valid, ids, fate, aux_count, valid_tokens, seq_count,
