@@ -89,18 +89,10 @@ inline int run_agree_mode(const tool_options& o, tool_setup& s) {
                          l["near_ties"].get<std::int64_t>(), l["near_tie_share"].get<double>());
   };
   write_outputs(o.format, o.out_path, o.csv_path, table, csv, [&] { return j.dump(2); });
-  if (!o.json_path.empty()) {
-    std::FILE* f = std::fopen(o.json_path.c_str(), "w");
-    if (f == nullptr) throw std::runtime_error("cannot write --json file '" + o.json_path + "'");
-    std::fputs(j.dump(2).c_str(), f);
-    std::fclose(f);
-  }
+  if (!o.json_path.empty()) write_file_whole(o.json_path, j.dump(2), "--json file");
   if (!o.plot_path.empty()) {
     const std::string data = o.plot_path + ".json";
-    std::FILE* f = std::fopen(data.c_str(), "w");
-    if (f == nullptr) throw std::runtime_error("cannot write '" + data + "'");
-    std::fputs(j.dump().c_str(), f);
-    std::fclose(f);
+    write_file_whole(data, j.dump(), "plot data");
     draw_plot(o.python, o.agree_plot_script, o.plot_path, data, false);
   }
   return 0;

@@ -4,7 +4,6 @@
 #pragma once
 
 #include <cstdint>
-#include <fstream>
 #include <optional>
 #include <stdexcept>
 #include <string>
@@ -68,11 +67,8 @@ inline int run_cluster_mode(const tool_options& o, const tool_setup& s, const to
       [&] { return ep_to_json(rows, meta).dump(2); });
   std::string json_for_plot = o.json_path;
   if (json_for_plot.empty() && !o.plot_path.empty()) json_for_plot = o.plot_path + ".json";
-  if (!json_for_plot.empty()) {
-    std::ofstream f(json_for_plot);
-    f << ep_to_json(rows, meta).dump(2) << '\n';
-    if (!f) throw std::runtime_error("cannot write '" + json_for_plot + "'");
-  }
+  if (!json_for_plot.empty())
+    write_file_whole(json_for_plot, ep_to_json(rows, meta).dump(2) + '\n', "--json file");
   if (!o.plot_path.empty())
     draw_plot(o.python, script_path("plot_ep.py"), o.plot_path, json_for_plot,
               !o.json_path.empty());

@@ -10,9 +10,9 @@
 #include <cmath>
 #include <cstdint>
 #include <cstdio>
-#include <fstream>
 #include <functional>
 #include <optional>
+#include <sstream>
 #include <stdexcept>
 #include <string>
 #include <vector>
@@ -215,19 +215,15 @@ inline int run_planning_mode(const tool_options& o, const tool_setup& s, const t
     const std::string stem = o.csv_path.size() > 4 && o.csv_path.ends_with(".csv")
                                  ? o.csv_path.substr(0, o.csv_path.size() - 4)
                                  : o.csv_path;
-    std::ofstream recs(stem + ".recommendations.csv"), experts(stem + ".experts.csv");
+    std::ostringstream recs, experts;
     write_recommendations_csv(recs, r);
     write_experts_csv(experts, r);
-    if (!recs || !experts)
-      throw std::runtime_error("cannot write the CSV files beside '" + o.csv_path + "'");
+    write_file_whole(stem + ".recommendations.csv", recs.str(), "--csv file");
+    write_file_whole(stem + ".experts.csv", experts.str(), "--csv file");
   }
   std::string json_for_plot = o.json_path;
   if (json_for_plot.empty() && !o.plot_path.empty()) json_for_plot = o.plot_path + ".json";
-  if (!json_for_plot.empty()) {
-    std::ofstream f(json_for_plot);
-    f << json() << '\n';
-    if (!f) throw std::runtime_error("cannot write '" + json_for_plot + "'");
-  }
+  if (!json_for_plot.empty()) write_file_whole(json_for_plot, json() + '\n', "--json file");
   if (!o.plot_path.empty()) {
     draw_plot(o.python, pa.plot_script, o.plot_path, json_for_plot, !o.json_path.empty());
     if (!quiet) std::fprintf(stderr, "plot written to %s\n", o.plot_path.c_str());

@@ -7,7 +7,7 @@
 #include <unistd.h>
 
 #include <cstdio>
-#include <fstream>
+#include <sstream>
 #include <stdexcept>
 #include <string>
 
@@ -69,11 +69,8 @@ inline int run_sweep_mode(const tool_options& o, const tool_setup& s, const tool
       o.format, o.out_path, o.csv_path,
       [&](std::ostream& os) { write_table(os, rows, in.descriptions, setup); },
       [&](std::ostream& os) { write_csv(os, rows); }, [&] { return to_json(rows, meta).dump(2); });
-  if (!o.json_path.empty()) {
-    std::ofstream f(o.json_path);
-    f << to_json(rows, meta).dump(2) << '\n';
-    if (!f) throw std::runtime_error("cannot write --json file '" + o.json_path + "'");
-  }
+  if (!o.json_path.empty())
+    write_file_whole(o.json_path, to_json(rows, meta).dump(2) + '\n', "--json file");
   if (o.check) {
     std::size_t bad = 0;
     std::size_t near = 0;
@@ -103,9 +100,9 @@ inline int run_sweep_mode(const tool_options& o, const tool_setup& s, const tool
     std::string csv_for_plot = o.csv_path;
     if (csv_for_plot.empty()) {
       csv_for_plot = o.plot_path + ".csv";
-      std::ofstream f(csv_for_plot);
-      write_csv(f, rows);
-      if (!f) throw std::runtime_error("cannot write '" + csv_for_plot + "'");
+      std::ostringstream csv;
+      write_csv(csv, rows);
+      write_file_whole(csv_for_plot, csv.str(), "plot data");
     }
     draw_plot(o.python, o.plot_script, o.plot_path, csv_for_plot, !o.csv_path.empty());
     if (!o.quiet) std::fprintf(stderr, "plot written to %s\n", o.plot_path.c_str());
