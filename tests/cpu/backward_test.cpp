@@ -4,9 +4,11 @@
 // function, renormalisation and drop policy, noise, groups and bias, batch / sequence aux and
 // z-loss terms, NaN / Inf and all-very-negative rows, f32 / f16 / bf16 logits), three passes
 // each (weights, accumulate or overwrite, with and without the routing term): within 1e-6
-// relative + 1e-9 absolute (both in double), serial and OpenMP bit-identical.
+// relative + 1e-9 absolute (both in double), serial and OpenMP bit-identical. The grid's rows
+// take the row path; wide rows and many choices the element path (their own case below).
 #include <catch2/catch.hpp>
 
+#include <bit>
 #include <cmath>
 #include <cstdint>
 #include <cstring>
@@ -95,6 +97,73 @@ TEST_CASE("cpu gating_backward equals the reference with repeated ids in a token
   const auto cases = grid_logit_cases();
   for (std::size_t i = 0; i < cases.size(); ++i)
     check_logit_grads<float>(cases[i], 300, 500 + static_cast<std::uint32_t>(i), true);
+}
+
+// Rows wider than the row path's 512, and more than its 64 choices, take the element path:
+// the same checks on a softmax + aux + z config, a sigmoid + bias one and an after-drop one.
+TEST_CASE("cpu gating_backward equals the reference on the element path", "[cpu][backward]") {
+  std::vector<grid_logit_case> cases;
+  {
+    auto c = presets::qwen_moe(520, 4);
+    c.loss.aux_coefficient = 0.01f;
+    c.loss.z_coefficient = 0.001f;
+    cases.push_back({"softmax, E = 520", c});
+  }
+  {
+    auto c = presets::deepseek_v3(544, 8, 8, 4);
+    c.loss.aux_coefficient = 0.01f;
+    c.loss.z_coefficient = 0.001f;
+    cases.push_back({"sigmoid, groups, bias, E = 544", c, true});
+  }
+  cases.push_back({"after-drop, k = 66 of 70", presets::deepspeed_topk(70, 66, 0.5, 1)});
+  for (std::size_t i = 0; i < cases.size(); ++i) {
+    check_logit_grads<float>(cases[i], 37, 900 + static_cast<std::uint32_t>(i));
+    check_logit_grads<bf16_bits>(cases[i], 37, 950 + static_cast<std::uint32_t>(i));
+  }
+}
+
+// The row path's bits are fixed: fixed lanes, no libm, no contraction (docs/numerics.md), so
+// every ISA build (cpu_tests: SSE2, cpu_avx2_tests, cpu_native_tests) gives the same d logits.
+// A hash of them on softmax and sigmoid configs, with every term, pinned here: a change to the
+// row path's arithmetic must change this constant on purpose.
+TEST_CASE("cpu gating_backward row path: the same bits on every ISA build", "[cpu][backward]") {
+  std::uint64_t hash = 1469598103934665603ULL;  // FNV-1a over the output bits
+  std::vector<routing_config> cfgs = {presets::qwen_moe(64, 8), presets::deepseek_v3(64, 8, 8, 4),
+                                      presets::mixtral(8, 2), presets::switch_top1(29, 1.0, 1)};
+  for (auto& cfg : cfgs) {
+    cfg.loss.aux_coefficient = 0.01f;
+    cfg.loss.z_coefficient = 0.001f;
+    const std::int64_t T = 96;
+    const std::int32_t E = cfg.num_experts, k = cfg.top_k;
+    // inputs from integers (std::normal_distribution's own float math contracts on FMA builds)
+    std::uint64_t state = 77;
+    const auto next = [&state](int span) {
+      state = state * 6364136223846793005ULL + 1442695040888963407ULL;
+      return static_cast<float>(static_cast<int>((state >> 33) % (2 * span + 1)) - span);
+    };
+    std::vector<float> x(static_cast<std::size_t>(T * E));
+    for (auto& v : x) v = next(1000) * 0.003f;
+    const std::vector<float> bias(cfg.gating.expert_bias ? E : 0, 0.05f);
+    auto g = reference::gating<float>(cfg, std::span<const float>(x), T, bias, {});
+    const auto d = reference::dispatch(cfg, g);
+    std::vector<float> dw(static_cast<std::size_t>(T * k));
+    for (auto& v : dw) v = next(64) * (1.0f / 64);
+    std::vector<float> out(static_cast<std::size_t>(T * E), 0.25f);
+    gating_backward_params<float> p;
+    p.d_logits = x.data();
+    p.tokens = T;
+    p.gated = reference::view(g);
+    p.dispatched.d_fate = d.fates.data();
+    p.d_grad_weight = dw.data();
+    p.accumulate = true;
+    p.d_grad_logits = out.data();
+    REQUIRE(cpu::gating_backward(cfg, p, cpu::executor::serial()).ok());
+    for (const float v : out) {
+      hash ^= std::bit_cast<std::uint32_t>(v);
+      hash *= 1099511628211ULL;
+    }
+  }
+  CHECK(hash == 0x7391559832d4f475ULL);
 }
 
 TEST_CASE("cpu gating_backward: bad params name the field", "[cpu][backward]") {

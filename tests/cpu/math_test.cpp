@@ -3,11 +3,12 @@
 // bound (2 ulp) and monotonic over every 61st float of [-104, 89]; sigmoid_row within 3 ulp
 // and monotonic over [-89, 104], and the fused sigmoid pass equal to its separate passes;
 // math::log within 1e-15 of
-// libm's over every binade; the selection (top_n, with and without a mask, every n up to 16 and
-// the index-sort path; top_n_columns, 16 rows at once by insertion or by sorting networks,
-// where AVX-512 has it) equal to a stable sort by (value desc, index asc) on rows full of ties,
-// -inf, -FLT_MAX and +-FLT_MAX; the row kernels' 16-column bf16 load / store bit for bit equal
-// to dtype's conversions; the row copy byte for byte.
+// libm's over every binade; math::exp (double) / exp_lanes within 2.5e-16 of libm's exp, 0 /
+// subnormal / inf at the ends, its 8-lane form bit for bit its scalar one; the selection (top_n,
+// with and without a mask, every n up to 16 and the index-sort path; top_n_columns, 16 rows at once
+// by insertion or by sorting networks, where AVX-512 has it) equal to a stable sort by (value desc,
+// index asc) on rows full of ties, -inf, -FLT_MAX and +-FLT_MAX; the row kernels' 16-column bf16
+// load / store bit for bit equal to dtype's conversions; the row copy byte for byte.
 #include <catch2/catch.hpp>
 
 #include <algorithm>
@@ -26,6 +27,7 @@
 #include <moeroute/cpu/detail/select.hpp>
 #include <moeroute/cpu/detail/select_columns.hpp>
 #include <moeroute/dtype.hpp>
+#include <moeroute/macros.hpp>
 
 using namespace moeroute::cpu;
 
@@ -214,6 +216,57 @@ TEST_CASE("cpu math::sigmoid_row_fused equals its separate passes", "[cpu][math]
   }
 }
 #endif
+
+// exp's bits are the same scalar or in lanes where the caller keeps every rounding
+// (MOEROUTE_PRECISE_FP, as the logit gradient's row path does): inlined into code compiled
+// with FMA contraction, either may fuse differently. The test calls it from such a region.
+MOEROUTE_PRECISE_FP_BEGIN
+namespace {
+[[gnu::noinline]] double precise_exp(double x) { return math::exp(x); }
+[[gnu::noinline]] void precise_exp_lanes(math::f64x8& x) { math::exp_lanes(x); }
+}  // namespace
+MOEROUTE_PRECISE_FP_END
+
+TEST_CASE("cpu math::exp(double) is within 2.5e-16 of exp; exp_lanes gives its bits",
+          "[cpu][math]") {
+  std::mt19937_64 rng(11);
+  double worst = 0.0, worst_at = 0.0;
+  std::int64_t lanes_differ = 0;
+  for (int i = 0; i < 250000; ++i) {
+    // the whole normal range, and the softmax's exp(x - max) in [-100, 0] most of the time
+    math::f64x8 x;
+    for (int l = 0; l < 8; ++l) {
+      const double u = static_cast<double>(rng() >> 11) * 0x1p-53;
+      x[l] = (i + l) % 2 == 0 ? -708.0 + u * (709.7 + 708.0) : -100.0 * u;
+    }
+    math::f64x8 got = x;
+    precise_exp_lanes(got);
+    for (int l = 0; l < 8; ++l) {
+      const double scalar = precise_exp(x[l]), want = std::exp(x[l]);
+      lanes_differ += std::bit_cast<std::uint64_t>(scalar) != std::bit_cast<std::uint64_t>(got[l]);
+      const double err = std::abs(scalar - want) / want;
+      if (err > worst) {
+        worst = err;
+        worst_at = x[l];
+      }
+    }
+  }
+  INFO("worst " << worst << " at " << worst_at);
+  REQUIRE(worst <= 2.5e-16);  // about 1 ulp
+  REQUIRE(lanes_differ == 0);
+  // the ends: subnormal results rounded once, 0 below, inf above, 1 at 0
+  for (const double x : {-708.5, -720.0, -740.0, -744.9}) {
+    const double want = std::exp(x), got = math::exp(x);
+    INFO("x = " << x);
+    REQUIRE(std::abs(got - want) <= std::ldexp(want, -50) + 0x1p-1074);
+  }
+  REQUIRE(math::exp(-746.0) == 0.0);
+  REQUIRE(math::exp(-1e300) == 0.0);
+  REQUIRE(math::exp(709.7) == std::exp(709.7));
+  REQUIRE(math::exp(709.8) == std::numeric_limits<double>::infinity());
+  REQUIRE(math::exp(1e300) == std::numeric_limits<double>::infinity());
+  REQUIRE(math::exp(0.0) == 1.0);
+}
 
 TEST_CASE("cpu math::log is within 1e-15 of log over every binade", "[cpu][math]") {
   std::mt19937_64 rng(3);

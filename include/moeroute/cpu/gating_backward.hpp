@@ -10,8 +10,10 @@
 #include <cfloat>
 #include <cmath>
 #include <cstdint>
+#include <cstring>
 
 #include <moeroute/config.hpp>
+#include <moeroute/cpu/detail/math.hpp>
 #include <moeroute/cpu/gating.hpp>
 #include <moeroute/cpu/parallel.hpp>
 #include <moeroute/params/gating_backward.hpp>
@@ -50,9 +52,85 @@ inline double score_deriv(score_function f, double x, double s) {
 }
 }  // namespace bwd
 
-/// The gradient of one token's row (see the file comment); `out` is its row of d logits.
-/// Rows up to this wide keep their exps, softmaxes and choice map on the stack.
-inline constexpr std::int32_t gating_backward_cache_max = 512;
+/// Rows up to this wide, with up to row_max_k choices, take the row path (arrays on the stack);
+/// the rest the element path.
+inline constexpr std::int32_t gating_backward_row_max = 512;
+inline constexpr std::int32_t gating_backward_row_max_k = 64;
+
+/// One row's values, made once per token by the row path (36 KB on the stack, one per task).
+/// Arrays are padded to whole blocks of 8 lanes; pad lanes hold values that add nothing.
+struct gating_backward_row {
+  static constexpr std::int32_t n = gating_backward_row_max;
+  alignas(64) double x[n];       ///< the clean (sanitised) logits; pads -FLT_MAX
+  alignas(64) double xg[n];      ///< the gate logits: x plus noise (noise on the gates only)
+  alignas(64) double ex[n];      ///< exp(x - max x): the softmax of x times its sum
+  alignas(64) double gex[n];     ///< exp(xg - max xg) (noise on the gates only; else ex)
+  alignas(64) double sc[n];      ///< score(x) of a per-expert score (sigmoid, sqrt-softplus)
+  alignas(64) double dv[n];      ///< d score / d x at x
+  alignas(64) double ct[n];      ///< the routing term's part at the chosen experts; else 0
+  alignas(64) double gp_aux[n];  ///< dL/dP of the batch aux loss: c_aux * count(e); per call
+  alignas(64) double gp_seq[n];  ///< dL/dP of the sequence aux loss, for sequence seq_q
+  alignas(64) float res[n];      ///< the row of d logits being made
+  bool ready = false;            ///< ct is zero and gp_aux filled (the same for every token)
+  std::int64_t seq_q = -1;       ///< the sequence gp_seq is filled for
+};
+
+// The row path's blocks: 8 doubles (one AVX-512 register, two AVX2 ones) or 8 floats, read
+// and written in place through block() (unaligned, may alias: a plain vector move). Vectors
+// never pass a call by value (their calling convention depends on the ISA: -Wpsabi), so the
+// helpers take and return references.
+using f64b = math::f64x8;
+using f32b = math::f32x8;
+using i32b = std::int32_t __attribute__((vector_size(32)));
+using f64u = double __attribute__((vector_size(64), aligned(8), may_alias));
+using f32u = float __attribute__((vector_size(32), aligned(4), may_alias));
+[[gnu::always_inline]] inline const f64u& block(const double* a) {
+  return *reinterpret_cast<const f64u*>(a);
+}
+[[gnu::always_inline]] inline f64u& block(double* a) { return *reinterpret_cast<f64u*>(a); }
+[[gnu::always_inline]] inline const f32u& block(const float* a) {
+  return *reinterpret_cast<const f32u*>(a);
+}
+[[gnu::always_inline]] inline f32u& block(float* a) { return *reinterpret_cast<f32u*>(a); }
+/// Multiplies the pad lanes of the block at e (lanes past a row of n) by 0.
+[[gnu::always_inline]] inline void zero_pads(f64b& v, std::int32_t e, std::int32_t n) {
+  for (std::int32_t l = 0; l < 8; ++l) v[l] = e + l < n ? v[l] : 0.0;
+}
+/// The largest lane, by halves (a chain of three, not seven).
+[[gnu::always_inline]] inline double max_of_lanes(const f64b& v) {
+  const math::f64x4 a = __builtin_shufflevector(v, v, 0, 1, 2, 3),
+                    b = __builtin_shufflevector(v, v, 4, 5, 6, 7);
+  const math::f64x4 c = a > b ? a : b;
+  const double d0 = c[0] > c[2] ? c[0] : c[2], d1 = c[1] > c[3] ? c[1] : c[3];
+  return d0 > d1 ? d0 : d1;
+}
+/// The largest of the row x (pads -FLT_MAX), from -FLT_MAX as the reference's: exact.
+inline double max_row(const double* x, std::int32_t n) {
+  f64b mv = f64b{} - static_cast<double>(FLT_MAX);
+  for (std::int32_t e = 0; e < n; e += 8) {
+    const f64b v = block(x + e);
+    mv = v > mv ? v : mv;
+  }
+  return max_of_lanes(mv);
+}
+/// out = exp(x - m) over the row (pads 0); returns the sum of out, lane l holding the elements
+/// e = l mod 8, folded as math::fold_sum: the same rounding on every ISA. With `gp`, also
+/// gp_dot = the sum of gp * out in the same lanes.
+inline double exps_row(const double* x, std::int32_t n, double m, double* out,
+                       const double* gp = nullptr, double* gp_dot = nullptr) {
+  const std::int32_t n8 = (n + 7) & ~7;
+  f64b acc = {}, dot = {};
+  for (std::int32_t e = 0; e < n8; e += 8) {
+    f64b v = block(x + e) - m;
+    math::exp_lanes(v);
+    if (e + 8 > n) zero_pads(v, e, n);
+    block(out + e) = v;
+    acc += v;
+    if (gp != nullptr) dot += block(gp + e) * v;
+  }
+  if (gp_dot != nullptr) *gp_dot = math::fold_sum(dot);
+  return math::fold_sum(acc);
+}
 
 template <class Element>
 struct gating_backward_agent {
@@ -60,7 +138,7 @@ struct gating_backward_agent {
   const gating_backward_params<Element>& p;
   std::int32_t E, k;
   score_function score;
-  bool softmax_after, before_drop, after_drop, noisy_gates;
+  bool softmax_after, before_drop, after_drop, noisy_gates, row_path;
   double routing_weight, aux_weight = 0.0, seq_weight = 0.0, z_weight = 0.0;
   // seq_divisor: the sequences with a valid token (sequence_reduction::mean) or 1 (sum)
   std::int64_t sequences = 0, seq_len = 0, seq_divisor = 0, valid_tokens = 0;
@@ -75,6 +153,7 @@ struct gating_backward_agent {
     before_drop = g.renorm == renormalize::before_drop && !softmax_after;
     after_drop = g.renorm == renormalize::after_drop;
     noisy_gates = cfg.noise_active() && g.noise.target == noise_target::selection_and_gates;
+    row_path = E <= gating_backward_row_max && k <= gating_backward_row_max_k;
     routing_weight = p.weights.routing;
     const double scale = aux_loss_scale(cfg);
     if (p.weights.aux != 0.0 && cfg.loss.aux_coefficient != 0.0f)
@@ -92,28 +171,321 @@ struct gating_backward_agent {
     valid_tokens = p.gated.sums.d_valid_tokens ? *p.gated.sums.d_valid_tokens : p.tokens;
   }
 
-  /// max (from its start value) and sum of exp(x(e) - max) over the row, in e order, as the
-  /// reference makes them; with `keep`, keep[e] = exp(x(e) - max) / sum. Returns keep.
-  template <class X>
-  const double* softmax_row(const X& x, double& max, double& sum, double* keep) const {
-    for (std::int32_t e = 0; e < E; ++e) max = std::fmax(max, x(e));
-    for (std::int32_t e = 0; e < E; ++e) {
-      const double ex = std::exp(x(e) - max);
-      if (keep != nullptr) keep[e] = ex;
-      sum += ex;
-    }
-    if (keep != nullptr)
-      for (std::int32_t e = 0; e < E; ++e) keep[e] /= sum;
-    return keep;
+  /// The upstream d weight of choice j: 0 for a dropped assignment (weight 0 whatever the
+  /// logits), routing * d weight rounded to float as the reference scales it.
+  [[nodiscard]] double d_weight(std::int64_t t, std::int32_t j) const {
+    if (!holds_row(p.dispatched.d_fate[t * k + j])) return 0.0;
+    const float gw = p.d_grad_weight[t * k + j];
+    return routing_weight == 1.0 ? static_cast<double>(gw)
+                                 : static_cast<double>(static_cast<float>(routing_weight * gw));
   }
 
-  void token(std::int64_t t, std::int8_t* choice_of) const {
+  /// The batch and sequence aux terms' per-token constants (see token()).
+  struct loss_terms {
+    const std::int64_t* aux_count = nullptr;
+    bool aux = false, seq = false, zl = false;
+    std::int64_t q = 0;  ///< the token's sequence
+    double seq_base = 0.0, seq_L2 = 1.0, c_aux = 0.0, c_z = 0.0;
+    /// d loss / d P(e) of the sequence aux term
+    [[nodiscard]] double gp_seq(const std::int64_t* seq_count, std::int32_t E,
+                                std::int32_t e) const {
+      return seq_base * static_cast<double>(seq_count[q * E + e]) / seq_L2;
+    }
+  };
+  [[nodiscard]] loss_terms losses_of(std::int64_t t) const {
+    loss_terms l;
+    l.aux_count = aux_weight != 0.0 ? p.gated.sums.d_aux_count : nullptr;
+    l.aux = l.aux_count != nullptr;
+    l.zl = z_weight != 0.0;
+    l.q = seq_len > 0 ? sequence_of_token(cfg.loss.sequence_order, t, sequences, seq_len) : 0;
+    const double Ls = seq_len > 0 ? static_cast<double>(p.gated.sums.d_seq_tokens[l.q]) : 0.0;
+    l.seq = seq_weight != 0.0 && seq_divisor > 0 && Ls > 0.0;
+    l.seq_base = l.seq ? seq_weight / static_cast<double>(seq_divisor) : 0.0;
+    l.seq_L2 = l.seq ? Ls * Ls : 1.0;
+    const double Tn = static_cast<double>(valid_tokens);
+    l.c_aux = aux_weight / (Tn * Tn);
+    l.c_z = z_weight * 2.0 / Tn;
+    return l;
+  }
+
+  /// One token's row of d logits: zero for padding, else the row path or the element path.
+  void token(std::int64_t t, gating_backward_row* row) const {
     float* out = p.d_grad_logits + t * E;
     const bool valid = p.d_valid == nullptr || p.d_valid[t] != 0;
     if (!valid || valid_tokens == 0) {
       if (!p.accumulate) std::fill(out, out + E, 0.0f);
       return;
     }
+    if (row != nullptr) {
+      row_token(t, *row);
+    } else {
+      element_token(t);
+    }
+  }
+
+  /// The row path, in blocks of 8 lanes (GCC / Clang generic vectors, math::exp_lanes in
+  /// double): a pass loading the logits, one making the exps with their sums and the aux dot,
+  /// the k choices' scalars, and one pass adding every term, each rounded to float in the
+  /// reference's order. The reference's formulas; its sums over experts are in 8 lanes here,
+  /// a softmax is exp * (1 / sum), and its exp / log are math::exp_lanes / math::log (within
+  /// 1e-15 relative of libm's): the result agrees with it to ~1e-15 relative before the float
+  /// rounding. Fixed lanes, so the bits do not depend on the ISA or the thread count.
+  void row_token(std::int64_t t, gating_backward_row& s) const {
+    constexpr std::int32_t max_k = gating_backward_row_max_k;
+    const std::int32_t E8 = (E + 7) & ~7;
+    float* out = p.d_grad_logits + t * E;
+    const auto& g = cfg.gating;
+    const std::int32_t* ids = p.gated.d_ids != nullptr ? p.gated.d_ids + t * k : nullptr;
+    const Element* row = p.d_logits + t * E;
+    const bool softmax = score == score_function::softmax;
+    const loss_terms L = losses_of(t);
+    if (!s.ready) {  // once per task: ct zero between tokens, the aux loss's dL/dP
+      std::fill(s.ct, s.ct + E8, 0.0);
+      for (std::int32_t e = 0; e < E8; ++e)
+        s.gp_aux[e] = L.aux && e < E ? L.c_aux * static_cast<double>(L.aux_count[e]) : 0.0;
+      s.ready = true;
+    }
+    if (L.seq && s.seq_q != L.q) {
+      for (std::int32_t e = 0; e < E8; ++e)
+        s.gp_seq[e] = e < E ? L.gp_seq(p.gated.sums.d_seq_count, E, e) : 0.0;
+      s.seq_q = L.q;
+    }
+    // ---- pass 1: the clean logits (pads -FLT_MAX) and whether any was NaN / Inf
+    i32b nonfinite = {};
+    for (std::int32_t e = 0; e < E8; e += 8) {
+      f32b f;
+      if (e + 8 <= E) {
+        for (std::int32_t l = 0; l < 8; ++l) f[l] = math::load(row[e + l]);
+      } else {
+        for (std::int32_t l = 0; l < 8; ++l) f[l] = e + l < E ? math::load(row[e + l]) : -FLT_MAX;
+      }
+      constexpr std::int32_t exponent = 0x7F800000;
+      nonfinite |= (__builtin_bit_cast(i32b, f) & exponent) == exponent;
+      const f32b lo = f32b{} - FLT_MAX, hi = f32b{} + FLT_MAX;  // math::sanitize, lane-wise
+      f = f > lo ? f : lo;
+      f = f < hi ? f : hi;
+      block(s.x + e) = __builtin_convertvector(f, f64b);
+    }
+    bool any_nonfinite = false;
+    for (std::int32_t l = 0; l < 8; ++l) any_nonfinite = any_nonfinite || nonfinite[l] != 0;
+    const double* xg = s.x;  // the gate logits
+    if (noisy_gates) {
+      for (std::int32_t e = 0; e < E; ++e) {
+        const float z = rng::gating_noise(g.noise.seed, g.noise.offset,
+                                          g.noise.kind == noise_kind::gaussian, t, E, e);
+        s.xg[e] = bwd::sanitize(s.x[e] + static_cast<double>(g.noise.scale) * z);
+      }
+      std::fill(s.xg + E, s.xg + E8, -static_cast<double>(FLT_MAX));
+      xg = s.xg;
+    }
+    // the upstream gradient of each choice (0 for a dropped one, and in the pads to K8);
+    // `any`: the routing term has work
+    const std::int32_t K8 = (k + 7) & ~7;
+    alignas(64) double dw[max_k], alive[max_k];
+    bool any = false;
+    if (p.d_grad_weight != nullptr && routing_weight != 0.0) {
+      for (std::int32_t j = 0; j < K8; ++j) {
+        alive[j] = j < k && holds_row(p.dispatched.d_fate[t * k + j]) ? 1.0 : 0.0;
+        dw[j] = j < k ? d_weight(t, j) : 0.0;
+        any = any || dw[j] != 0.0;
+      }
+    }
+    // ---- pass 2: the exps of x for the losses (and the gates, without noise), of xg for
+    // the gates with noise; with a softmax score the aux dots in the same pass
+    const bool need_soft = L.zl || ((L.aux || L.seq) && softmax);
+    const bool need_gsoft = any && softmax && !softmax_after;
+    double cm = 0.0, inv = 0.0, lse = 0.0, dot_aux = 0.0, dot_seq = 0.0;
+    if (need_soft || (need_gsoft && !noisy_gates)) {
+      cm = max_row(s.x, E8);
+      const bool dots = (L.aux || L.seq) && softmax;
+      const double sum = exps_row(s.x, E, cm, s.ex, dots && L.aux ? s.gp_aux : nullptr, &dot_aux);
+      inv = 1.0 / sum;  // (softmax = exp * inv: a multiply per element, not a divide)
+      dot_aux *= inv;
+      if (dots && L.seq) {
+        f64b acc = {};
+        for (std::int32_t e = 0; e < E8; e += 8) acc += block(s.gp_seq + e) * block(s.ex + e);
+        dot_seq = math::fold_sum(acc) * inv;
+      }
+      lse = cm + math::log(sum);
+    }
+    const double* gex = s.ex;  // the gates' exps and 1 / sum
+    double ginv = inv;
+    if (need_gsoft && noisy_gates) {
+      ginv = 1.0 / exps_row(xg, E, max_row(xg, E8), s.gex);
+      gex = s.gex;
+    }
+    // ---- a per-expert score and its derivative at x, for the aux terms (pads 0)
+    double p_scale = 1.0;  // P(e) = sc(e) * p_scale for a per-expert score
+    const bool have_sc = (L.aux || L.seq) && !softmax;
+    if (have_sc) {
+      f64b acc = {}, da = {}, ds = {};
+      for (std::int32_t e = 0; e < E8; e += 8) {
+        f64b sc, dv;
+        if (score == score_function::sigmoid) {
+          f64b em = -block(s.x + e);
+          math::exp_lanes(em);
+          sc = 1.0 / (1.0 + em);
+          dv = sc * (1.0 - sc);
+        } else {
+          for (std::int32_t l = 0; l < 8; ++l) {
+            sc[l] = bwd::score(score, s.x[e + l]);
+            dv[l] = bwd::score_deriv(score, s.x[e + l], sc[l]);
+          }
+        }
+        if (e + 8 > E) {
+          zero_pads(sc, e, E);
+          zero_pads(dv, e, E);
+        }
+        block(s.sc + e) = sc;
+        block(s.dv + e) = dv;
+        acc += sc;
+        da += block(s.gp_aux + e) * sc;
+        if (L.seq) ds += block(s.gp_seq + e) * sc;
+      }
+      p_scale = 1.0 / (math::fold_sum(acc) + 1e-20);
+      dot_aux = math::fold_sum(da) * p_scale;
+      dot_seq = math::fold_sum(ds) * p_scale;
+    }
+    const auto score_at = [&](std::int32_t e) {  // score(xg[e]), reusing sc without noise
+      if (have_sc && !noisy_gates) return s.sc[e];
+      if (score == score_function::sigmoid) return 1.0 / (1.0 + math::exp(-xg[e]));
+      return bwd::score(score, xg[e]);
+    };
+    // ---- the routing term's scalars over the k choices, and its part at each chosen expert
+    // into ct (a repeated id adds twice, as the reference's scan does); the dense part
+    // -s(e) dot3 of a softmax score is added in pass 3
+    double dense = 0.0;  // the routing term is dense * gsoft(e) + ct(e)
+    if (any) {
+      // the choices' gates h (pads 0); the sums over j in 8 lanes, as over the experts
+      alignas(64) double h[max_k], dgpre[max_k], dh[max_k];
+      if (softmax_after) {
+        double gm = -static_cast<double>(FLT_MAX), gsum = 0.0;
+        for (std::int32_t j = 0; j < k; ++j) gm = std::fmax(gm, xg[ids[j]]);
+        // the row's exps are these when the best choice is the row's max (no bias, no noise)
+        const bool reuse = need_soft && !noisy_gates && gm == cm;
+        for (std::int32_t j = 0; j < k; ++j) {
+          h[j] = reuse ? s.ex[ids[j]] : math::exp(xg[ids[j]] - gm);
+          gsum += h[j];
+        }
+        const double inv_gsum = 1.0 / gsum;
+        for (std::int32_t j = 0; j < k; ++j) h[j] = h[j] * inv_gsum;
+      } else {
+        for (std::int32_t j = 0; j < k; ++j) h[j] = softmax ? gex[ids[j]] * ginv : score_at(ids[j]);
+      }
+      std::fill(h + k, h + K8, 0.0);
+      const double sf = static_cast<double>(g.scaling_factor);
+      // before-drop renormalisation: the gates are h / denom
+      f64b hsum = {};
+      for (std::int32_t j = 0; j < K8 && before_drop; j += 8) hsum += block(h + j);
+      const double denom =
+          before_drop ? math::fold_sum(hsum) + static_cast<double>(g.renorm_epsilon) : 1.0;
+      const double inv_denom = denom > 0.0 ? 1.0 / denom : 0.0;
+      // after-drop renormalisation (never with before-drop): S, the held gates' sum, clamped
+      // to FLT_EPSILON; dw is 0 for a dropped choice
+      double inv_D = 0.0, dot_w_D2 = 0.0;
+      if (after_drop) {
+        f64b Sv = {}, dwv = {};
+        for (std::int32_t j = 0; j < K8; j += 8) {
+          Sv += block(alive + j) * block(h + j);
+          dwv += block(dw + j) * block(h + j);
+        }
+        const double S = math::fold_sum(Sv), dot_w = math::fold_sum(dwv);
+        const double D =
+            S > static_cast<double>(FLT_EPSILON) ? S : static_cast<double>(FLT_EPSILON);
+        inv_D = 1.0 / D;
+        dot_w_D2 = S < static_cast<double>(FLT_EPSILON) ? 0.0 : dot_w * inv_D * inv_D;
+      }
+      f64b d2 = {};
+      for (std::int32_t j = 0; j < K8; j += 8) {
+        const f64b v = after_drop ? block(alive + j) * (sf * (block(dw + j) * inv_D - dot_w_D2))
+                                  : sf * block(dw + j);
+        block(dgpre + j) = v;
+        d2 += v * block(h + j);
+      }
+      // dot2 (before-drop) and softmax-after's dot3 are both sum dgpre * h
+      const double dot2 = before_drop ? math::fold_sum(d2) : 0.0;
+      const double dot2_d2 = dot2 * inv_denom * inv_denom;
+      f64b d3 = {};
+      for (std::int32_t j = 0; j < K8; j += 8) {
+        const f64b v = before_drop ? block(dgpre + j) * inv_denom - dot2_d2 : block(dgpre + j);
+        block(dh + j) = v;
+        d3 += v * block(h + j);
+      }
+      double dot3 = 0.0;
+      if (softmax_after) {
+        dot3 = math::fold_sum(d2);
+      } else if (softmax) {
+        dot3 = math::fold_sum(d3);
+        dense = -dot3;
+      }
+      for (std::int32_t j = 0; j < k; ++j) {
+        const std::int32_t e = ids[j];
+        if (softmax_after) {
+          s.ct[e] += h[j] * (dgpre[j] - dot3);
+        } else if (softmax) {
+          s.ct[e] += h[j] * dh[j];
+        } else {
+          s.ct[e] += dh[j] * bwd::score_deriv(score, xg[e], score_at(e));
+        }
+      }
+    }
+    // ---- pass 3: every term per block, each rounded to float and added in the reference's
+    // order (routing, aux, sequence-aux, z); dL/dx(e) from dL/dP(e) = gp and the row's dot:
+    // softmax s(e) (gp - dot), a per-expert score score'(x) (gp - dot) / (ssum + 1e-20)
+    const double czl = L.c_z * lse;
+    const double* sc_or_dv = softmax ? s.ex : s.dv;  // the factor of (gp - dot)
+    const double p_factor = softmax ? inv : p_scale;
+    const double gdense = ginv * dense;
+    for (std::int32_t e = 0; e < E8; e += 8) {
+      f32b v = {};
+      if (p.accumulate) {
+        if (e + 8 <= E) {
+          v = block(out + e);
+        } else {
+          for (std::int32_t l = 0; e + l < E; ++l) v[l] = out[e + l];
+        }
+      }
+      if (any) v += __builtin_convertvector(block(gex + e) * gdense + block(s.ct + e), f32b);
+      if (L.aux || L.seq) {
+        const f64b fac = block(sc_or_dv + e) * p_factor;
+        if (L.aux) v += __builtin_convertvector(fac * (block(s.gp_aux + e) - dot_aux), f32b);
+        if (L.seq) v += __builtin_convertvector(fac * (block(s.gp_seq + e) - dot_seq), f32b);
+      }
+      if (L.zl) v += __builtin_convertvector(czl * (block(s.ex + e) * inv), f32b);
+      if (e + 8 <= E && !any_nonfinite) {
+        block(out + e) = v;
+      } else {
+        block(s.res + e) = v;
+      }
+    }
+    if (any)
+      for (std::int32_t j = 0; j < k; ++j) s.ct[ids[j]] = 0.0;
+    // the tail block went to res; with a non-finite logit every block did, and such an
+    // element gets no gradient: it keeps what it held (a rare row)
+    if (!any_nonfinite) {
+      for (std::int32_t e = E & ~7; e < E; ++e) out[e] = s.res[e];
+    } else {
+      for (std::int32_t e = 0; e < E; ++e)
+        if (math::nonfinite(math::load(row[e])) == 0) {
+          out[e] = s.res[e];
+        } else if (!p.accumulate) {
+          out[e] = 0.0f;
+        }
+    }
+  }
+
+  /// max (from its start value) and sum of exp(x(e) - max) over the row, in e order, as the
+  /// reference makes them.
+  template <class X>
+  void softmax_row(const X& x, double& max, double& sum) const {
+    for (std::int32_t e = 0; e < E; ++e) max = std::fmax(max, x(e));
+    for (std::int32_t e = 0; e < E; ++e) sum += std::exp(x(e) - max);
+  }
+
+  /// The element path (rows wider than row_max, or more than row_max_k choices): each
+  /// element's terms from the reference's per-element expressions, libm's exp each time.
+  void element_token(std::int64_t t) const {
+    float* out = p.d_grad_logits + t * E;
     const auto& g = cfg.gating;
     const std::int32_t* ids = p.gated.d_ids != nullptr ? p.gated.d_ids + t * k : nullptr;
     const Element* row = p.d_logits + t * E;
@@ -133,26 +505,14 @@ struct gating_backward_agent {
     const bool routing = p.d_grad_weight != nullptr && routing_weight != 0.0;
     double gm = -static_cast<double>(FLT_MAX), gsum = 0.0;
     double denom = 1.0, S = 0.0, dot_w = 0.0, dot2 = 0.0;
-    // exp(xg(e) - gm) and exp(clean(e) - cm), each made once per element and kept (rows up to
-    // cache_max wide): the formulas read them up to six times, and the same double expression
-    // gives the same bits, so the result is unchanged
-    constexpr std::int32_t cache_max = gating_backward_cache_max;
-    const bool cached = E <= cache_max;
-    double gex[cache_max], cex[cache_max];
-    const double* g_soft = nullptr;  // exp(xg - gm) / gsum per element, once made
     const auto s_of = [&](std::int32_t e) {
       if (score != score_function::softmax) return bwd::score(score, xg(e));
-      return g_soft != nullptr ? g_soft[e] : std::exp(xg(e) - gm) / gsum;
+      return std::exp(xg(e) - gm) / gsum;
     };
     const auto h_of = [&](std::int32_t j) {
       return softmax_after ? std::exp(xg(ids[j]) - gm) / gsum : s_of(ids[j]);
     };
-    const auto dw_of = [&](std::int32_t j) {
-      if (!alive(j)) return 0.0;
-      const float gw = p.d_grad_weight[t * k + j];
-      return routing_weight == 1.0 ? static_cast<double>(gw)
-                                   : static_cast<double>(static_cast<float>(routing_weight * gw));
-    };
+    const auto dw_of = [&](std::int32_t j) { return d_weight(t, j); };
     const auto gpre_of = [&](std::int32_t j) {
       const double h = h_of(j);
       return before_drop ? (denom > 0.0 ? h / denom : 0.0) : h;
@@ -168,7 +528,7 @@ struct gating_backward_agent {
         for (std::int32_t j = 0; j < k; ++j) gm = std::fmax(gm, xg(ids[j]));
         for (std::int32_t j = 0; j < k; ++j) gsum += std::exp(xg(ids[j]) - gm);
       } else if (score == score_function::softmax) {
-        g_soft = softmax_row(xg, gm, gsum, cached ? gex : nullptr);
+        softmax_row(xg, gm, gsum);
       }
       if (before_drop) {
         double sum = 0.0;
@@ -208,45 +568,22 @@ struct gating_backward_agent {
       }
     }
     // ---- aux, sequence-aux and z terms: softmax / normalised scores of the clean logits
-    const std::int64_t* aux_count = aux_weight != 0.0 ? p.gated.sums.d_aux_count : nullptr;
-    const bool aux = aux_count != nullptr;
-    const bool zl = z_weight != 0.0;
-    const std::int64_t q =
-        seq_len > 0 ? sequence_of_token(cfg.loss.sequence_order, t, sequences, seq_len) : 0;
-    const double Ls = seq_len > 0 ? static_cast<double>(p.gated.sums.d_seq_tokens[q]) : 0.0;
-    const bool seq = seq_weight != 0.0 && seq_divisor > 0 && Ls > 0.0;
-    const double seq_base = seq ? seq_weight / static_cast<double>(seq_divisor) : 0.0;
-    const double seq_L2 = seq ? Ls * Ls : 1.0;
-    const auto gp_seq = [&](std::int32_t e) {
-      return seq_base * static_cast<double>(p.gated.sums.d_seq_count[q * E + e]) / seq_L2;
-    };
+    const loss_terms L = losses_of(t);
+    const std::int64_t* seq_count = p.gated.sums.d_seq_count;
     double cm = -static_cast<double>(FLT_MAX), cse = 0.0, ssum = 0.0, dot_aux = 0.0, dot_seq = 0.0;
-    const double Tn = static_cast<double>(valid_tokens);
-    const double c_aux = aux_weight / (Tn * Tn), c_z = z_weight * 2.0 / Tn;
-    const double* c_soft = nullptr;  // exp(clean - cm) / cse per element, once made
-    if ((aux || seq || zl) && g_soft != nullptr && !noisy_gates) {
-      // the routing softmax above is this one: the same logits, max and sum, in the same order
-      cm = gm;
-      cse = gsum;
-      c_soft = g_soft;
-    } else if (aux || seq || zl) {
-      c_soft = softmax_row(clean, cm, cse, cached ? cex : nullptr);
-    }
-    if ((aux || seq) && score != score_function::softmax)
+    if (L.aux || L.seq || L.zl) softmax_row(clean, cm, cse);
+    if ((L.aux || L.seq) && score != score_function::softmax)
       for (std::int32_t e = 0; e < E; ++e) ssum += bwd::score(score, clean(e));
-    // the softmax of the clean logits
-    const auto soft = [&](std::int32_t e) {
-      return c_soft != nullptr ? c_soft[e] : std::exp(clean(e) - cm) / cse;
-    };
+    const auto soft = [&](std::int32_t e) { return std::exp(clean(e) - cm) / cse; };
     const auto P_of = [&](std::int32_t e) {
       return score == score_function::softmax ? soft(e)
                                               : bwd::score(score, clean(e)) / (ssum + 1e-20);
     };
-    if (aux)
+    if (L.aux)
       for (std::int32_t e = 0; e < E; ++e)
-        dot_aux += c_aux * static_cast<double>(aux_count[e]) * P_of(e);
-    if (seq)
-      for (std::int32_t e = 0; e < E; ++e) dot_seq += gp_seq(e) * P_of(e);
+        dot_aux += L.c_aux * static_cast<double>(L.aux_count[e]) * P_of(e);
+    if (L.seq)
+      for (std::int32_t e = 0; e < E; ++e) dot_seq += L.gp_seq(seq_count, E, e) * P_of(e);
     const auto p_backward = [&](std::int32_t e, double gp, double dot) {
       if (score == score_function::softmax) return soft(e) * (gp - dot);
       const double x = clean(e);
@@ -254,34 +591,18 @@ struct gating_backward_agent {
       return bwd::score_deriv(score, x, sc) * (gp - dot) / (ssum + 1e-20);
     };
     const double lse = cm + std::log(cse);
-    // which choice j names expert e (cached rows, distinct ids): the element loop then looks
-    // up its one match instead of scanning the k ids; reset for the next token below
-    std::int8_t* jof = choice_of;
-    bool mapped = any && cached && k <= 127;
-    if (mapped)
-      for (std::int32_t j = 0; j < k; ++j) {
-        if (jof[ids[j]] >= 0) {  // a repeated id (an engine's own ids): scan instead
-          for (std::int32_t i = 0; i < j; ++i) jof[ids[i]] = -1;
-          mapped = false;
-          break;
-        }
-        jof[ids[j]] = static_cast<std::int8_t>(j);
-      }
     // The four terms at element e, named as the reference's passes that add them
     // (reference::routing_backward, aux_loss_backward, sequence_aux_loss_backward,
     // z_loss_backward) and as the kernel's helpers.
     const auto routing_backward = [&](std::int32_t e) {
       double r = 0.0;
-      // the choices naming e, in j order: the mapped one, or all k scanned
-      const std::int32_t j_lo = mapped ? (jof[e] >= 0 ? jof[e] : k) : 0;
-      const std::int32_t j_hi = mapped ? (jof[e] >= 0 ? jof[e] + 1 : k) : k;
       if (softmax_after) {
-        for (std::int32_t j = j_lo; j < j_hi; ++j)
+        for (std::int32_t j = 0; j < k; ++j)
           if (ids[j] == e) r += h_of(j) * (dgpre_of(j) - dot3);
         return r;
       }
       if (score == score_function::softmax) r = -s_of(e) * dot3;
-      for (std::int32_t j = j_lo; j < j_hi; ++j) {
+      for (std::int32_t j = 0; j < k; ++j) {
         if (ids[j] != e) continue;
         if (score == score_function::softmax) {
           r += s_of(e) * dh_of(j);
@@ -293,25 +614,23 @@ struct gating_backward_agent {
       return r;
     };
     const auto aux_loss_backward = [&](std::int32_t e) {
-      return p_backward(e, c_aux * static_cast<double>(aux_count[e]), dot_aux);
+      return p_backward(e, L.c_aux * static_cast<double>(L.aux_count[e]), dot_aux);
     };
     const auto sequence_aux_loss_backward = [&](std::int32_t e) {
-      return p_backward(e, gp_seq(e), dot_seq);
+      return p_backward(e, L.gp_seq(seq_count, E, e), dot_seq);
     };
-    const auto z_loss_backward = [&](std::int32_t e) { return c_z * lse * soft(e); };
+    const auto z_loss_backward = [&](std::int32_t e) { return L.c_z * lse * soft(e); };
     // ---- one pass over the row: routing, aux, sequence-aux, z, each rounded and added
     for (std::int32_t e = 0; e < E; ++e) {
       float v = p.accumulate ? out[e] : 0.0f;
       if (std::isfinite(raw(e))) {
         if (any) v += static_cast<float>(routing_backward(e));
-        if (aux) v += static_cast<float>(aux_loss_backward(e));
-        if (seq) v += static_cast<float>(sequence_aux_loss_backward(e));
-        if (zl) v += static_cast<float>(z_loss_backward(e));
+        if (L.aux) v += static_cast<float>(aux_loss_backward(e));
+        if (L.seq) v += static_cast<float>(sequence_aux_loss_backward(e));
+        if (L.zl) v += static_cast<float>(z_loss_backward(e));
       }
       out[e] = v;
     }
-    if (mapped)
-      for (std::int32_t j = 0; j < k; ++j) jof[ids[j]] = -1;
   }
 };
 
@@ -337,10 +656,12 @@ template <class Element>
   parallel_for(ex, tasks, [&](std::int64_t i) {
     std::int64_t begin, end;
     task_range(p.tokens, tasks, i, begin, end);
-    // which choice names each expert, -1 between tokens (rows up to cache_max wide)
-    std::int8_t choice_of[detail::gating_backward_cache_max];
-    std::fill(choice_of, choice_of + detail::gating_backward_cache_max, std::int8_t{-1});
-    for (std::int64_t t = begin; t < end; ++t) agent.token(t, choice_of);
+    if (agent.row_path) {
+      detail::gating_backward_row row;  // uninitialised: each row pass writes before reading
+      for (std::int64_t t = begin; t < end; ++t) agent.token(t, &row);
+    } else {
+      for (std::int64_t t = begin; t < end; ++t) agent.token(t, nullptr);
+    }
   });
   return status::success();
 }

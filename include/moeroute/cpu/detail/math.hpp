@@ -13,6 +13,7 @@
 #include <type_traits>
 
 #include <moeroute/dtype.hpp>
+#include <moeroute/macros.hpp>
 
 #if defined(__AVX512F__) || defined(__AVX2__)
 #include <immintrin.h>
@@ -139,13 +140,17 @@ template <class V>
 }
 #endif
 
+using i64x8 = std::int64_t __attribute__((vector_size(64)));
+
+MOEROUTE_PRECISE_FP_BEGIN
 /// @brief log(x) in double for a normal, finite x > 0: x = 2^e * f with f in [sqrt(1/2),
 ///        sqrt(2)), log f = 2 atanh(s), s = (f - 1) / (f + 1), |s| < 0.172, by its odd series
 ///        to s^19, and e * ln2 in two parts.
 /// @note Inline, without a call (a libm call in a vector loop spills every vector register):
 ///       within 4e-16 relative of log(x) (tests/cpu/math_test.cpp checks 1e-15 over
 ///       [2^-1022, 2^1023]), so float(m + log(sum)) is the float the reference rounds to except
-///       where that double lies within 1e-15 of a float rounding boundary.
+///       where that double lies within 1e-15 of a float rounding boundary. Uncontracted
+///       (MOEROUTE_PRECISE_FP), so the same bits whatever -march the caller is built with.
 [[nodiscard]] inline double log(double x) noexcept {
   const auto bits = std::bit_cast<std::uint64_t>(x);
   // the exponent that puts f in [sqrt(1/2), sqrt(2)): the bits' distance from those of
@@ -154,19 +159,78 @@ template <class V>
   const std::int64_t e = static_cast<std::int64_t>(bits - sqrt_half) >> 52;
   const double f = std::bit_cast<double>(bits - (static_cast<std::uint64_t>(e) << 52));
   const double s = (f - 1.0) / (f + 1.0), z = s * s;
-  double p = 1.0 / 19;
-  p = p * z + 1.0 / 17;
-  p = p * z + 1.0 / 15;
-  p = p * z + 1.0 / 13;
-  p = p * z + 1.0 / 11;
-  p = p * z + 1.0 / 9;
-  p = p * z + 1.0 / 7;
-  p = p * z + 1.0 / 5;
-  p = p * z + 1.0 / 3;
+  // the series 1/3 + z/5 + ... + z^8/19 by Estrin's scheme (a chain of 5 operations after z,
+  // not Horner's 16: the logit gradient takes one log per token)
+  const double z2 = z * z, z4 = z2 * z2, z8 = z4 * z4;
+  const double a0 = z * (1.0 / 5) + 1.0 / 3, a1 = z * (1.0 / 9) + 1.0 / 7;
+  const double a2 = z * (1.0 / 13) + 1.0 / 11, a3 = z * (1.0 / 17) + 1.0 / 15;
+  const double b0 = a1 * z2 + a0, b1 = a3 * z2 + a2;
+  const double p = (1.0 / 19) * z8 + (b1 * z4 + b0);
   constexpr double ln2_hi = 6.93147180369123816490e-01, ln2_lo = 1.90821492927058770002e-10;
   const double ed = static_cast<double>(e);
   return ed * ln2_hi + ((2.0 * s) * (z * p) + (ed * ln2_lo + 2.0 * s));
 }
+
+/// @brief x = exp(x) in double, in place, lane-wise for V = double or f64x8 (in place: a vector
+///        never passes a call by value, -Wpsabi), for any x that is not NaN:
+///        x clamped to [-746, 710], n = round(x / ln2) by adding 1.5 * 2^52 (n is then the low
+///        bits of the sum: no float-to-integer conversion, which AVX2 lacks for doubles),
+///        r = x - n ln2 in two parts (|r| <= 0.347), exp(r) by its Taylor series to r^13
+///        (truncation < 5e-18 relative), and the scaling by 2^n in two normal powers
+///        of two so that subnormal results come out and x > 709.79 gives +inf. Below -745.2 the
+///        result is 0, as is exp's.
+/// @note The same operations for both V, written uncontracted (MOEROUTE_PRECISE_FP): inlined
+///       into a caller that is too (the logit gradient's row path), the same bits on every
+///       ISA, scalar or vector. Within 2.5e-16 relative (about 1 ulp) of exp(x) for normal
+///       results (tests/cpu/math_test.cpp).
+// (__builtin_bit_cast: std::bit_cast would return a vector by value)
+template <class V>
+[[gnu::always_inline]] inline void exp_lanes(V& x) noexcept {
+  using I = std::conditional_t<std::is_same_v<V, double>, std::int64_t, i64x8>;
+  const V lo = V{} - 746.0, hi = V{} + 710.0;
+  x = x < lo ? lo : x;
+  x = x > hi ? hi : x;
+  constexpr double log2e = 1.4426950408889634074;
+  constexpr double magic = 6755399441055744.0;  // 1.5 * 2^52: adding it rounds to an integer
+  const V kd = x * log2e + magic;
+  const V n = kd - magic;
+  const I ni = __builtin_bit_cast(I, kd) - std::bit_cast<std::int64_t>(magic);
+  // ln2 = hi + lo, hi with 32 significant bits: n * hi is exact for |n| < 2^21
+  constexpr double ln2_hi = 6.93147180369123816490e-01, ln2_lo = 1.90821492927058770002e-10;
+  const V r = (x - n * ln2_hi) - n * ln2_lo;
+  // the Taylor series to r^13 by Estrin's scheme: pairs, then pairs of pairs (a dependency
+  // chain of 7 operations after r^8, not Horner's 26: short rows are latency-bound); the 1 is
+  // added last, so that r's low bits are not rounded away first
+  const V r2 = r * r, r4 = r2 * r2, r8 = r4 * r4;
+  const V a0 = r, a1 = r * (1.0 / 6.0) + 0.5, a2 = r * (1.0 / 120.0) + 1.0 / 24.0;
+  const V a3 = r * (1.0 / 5040.0) + 1.0 / 720.0, a4 = r * (1.0 / 362880.0) + 1.0 / 40320.0;
+  const V a5 = r * (1.0 / 39916800.0) + 1.0 / 3628800.0;
+  const V a6 = r * (1.0 / 6227020800.0) + 1.0 / 479001600.0;
+  const V b0 = a1 * r2 + a0, b1 = a3 * r2 + a2, b2 = a5 * r2 + a4;
+  const V c0 = b1 * r4 + b0, c1 = a6 * r4 + b2;
+  const V p = (c1 * r8 + c0) + 1.0;
+#if defined(__AVX512F__)
+  // vscalefpd: p * 2^n rounded once, as the two steps below round it (same bits)
+  if constexpr (!std::is_same_v<V, double>) {
+    (void)ni;
+    x = (V)_mm512_maskz_scalef_pd(0xff, (__m512d)p, (__m512d)n);
+    return;
+  }
+#endif
+  // n in [-1076, 1024]: halves in [-538, 512], each a normal power of two; p * 2^n1 is exact,
+  // so a subnormal result is rounded once
+  const I n1 = ni >> 1, n2 = ni - n1;
+  const V s1 = __builtin_bit_cast(V, (n1 + 1023) << 52);
+  const V s2 = __builtin_bit_cast(V, (n2 + 1023) << 52);
+  x = p * s1 * s2;
+}
+
+/// exp_lanes of one double.
+[[nodiscard]] inline double exp(double x) noexcept {
+  exp_lanes(x);
+  return x;
+}
+MOEROUTE_PRECISE_FP_END
 
 /// NaN -> -FLT_MAX, +-Inf -> +-FLT_MAX (the reference's sanitise), branch-free: a NaN fails
 /// the first compare, so the two selects are exactly maxps / minps (which return their second
