@@ -96,6 +96,14 @@ using f32u = float __attribute__((vector_size(32), aligned(4), may_alias));
 [[gnu::always_inline]] inline void zero_pads(f64b& v, std::int32_t e, std::int32_t n) {
   for (std::int32_t l = 0; l < 8; ++l) v[l] = e + l < n ? v[l] : 0.0;
 }
+/// The sum of f(0..k-1), lane j % 8 holding f(j), folded as math::fold_sum: the bits an
+/// 8-lane block sum gives, in scalar code (for the k choices' few values).
+template <class F>
+[[gnu::always_inline]] inline double choice_sum(std::int32_t k, F&& f) {
+  double acc[8] = {};
+  for (std::int32_t j = 0; j < k; ++j) acc[j & 7] += f(j);
+  return ((acc[0] + acc[4]) + (acc[2] + acc[6])) + ((acc[1] + acc[5]) + (acc[3] + acc[7]));
+}
 /// The largest lane, by halves (a chain of three, not seven).
 [[gnu::always_inline]] inline double max_of_lanes(const f64b& v) {
   const math::f64x4 a = __builtin_shufflevector(v, v, 0, 1, 2, 3),
@@ -278,15 +286,14 @@ struct gating_backward_agent {
       std::fill(s.xg + E, s.xg + E8, -static_cast<double>(FLT_MAX));
       xg = s.xg;
     }
-    // the upstream gradient of each choice (0 for a dropped one, and in the pads to K8);
-    // `any`: the routing term has work
-    const std::int32_t K8 = (k + 7) & ~7;
-    alignas(64) double dw[max_k], alive[max_k];
+    // the upstream gradient of each choice (0 for a dropped one); `any`: the routing term
+    // has work
+    double dw[max_k], alive[max_k];
     bool any = false;
     if (p.d_grad_weight != nullptr && routing_weight != 0.0) {
-      for (std::int32_t j = 0; j < K8; ++j) {
-        alive[j] = j < k && holds_row(p.dispatched.d_fate[t * k + j]) ? 1.0 : 0.0;
-        dw[j] = j < k ? d_weight(t, j) : 0.0;
+      for (std::int32_t j = 0; j < k; ++j) {
+        alive[j] = holds_row(p.dispatched.d_fate[t * k + j]) ? 1.0 : 0.0;
+        dw[j] = d_weight(t, j);
         any = any || dw[j] != 0.0;
       }
     }
@@ -354,10 +361,11 @@ struct gating_backward_agent {
     // ---- the routing term's scalars over the k choices, and its part at each chosen expert
     // into ct (a repeated id adds twice, as the reference's scan does); the dense part
     // -s(e) dot3 of a softmax score is added in pass 3
-    double dense = 0.0;  // the routing term is dense * gsoft(e) + ct(e)
+    double dense = 0.0;    // the routing term is dense * gsoft(e) + the chosen parts at e
+    double chosen[max_k];  // choice j's part of the routing term at its expert ids[j]
     if (any) {
-      // the choices' gates h (pads 0); the sums over j in 8 lanes, as over the experts
-      alignas(64) double h[max_k], dgpre[max_k], dh[max_k];
+      // the choices' gates h; the sums over j in 8 lanes, as over the experts
+      double h[max_k], dgpre[max_k], dh[max_k];
       if (softmax_after) {
         double gm = -static_cast<double>(FLT_MAX), gsum = 0.0;
         for (std::int32_t j = 0; j < k; ++j) gm = std::fmax(gm, xg[ids[j]]);
@@ -372,62 +380,54 @@ struct gating_backward_agent {
       } else {
         for (std::int32_t j = 0; j < k; ++j) h[j] = softmax ? gex[ids[j]] * ginv : score_at(ids[j]);
       }
-      std::fill(h + k, h + K8, 0.0);
+      // (scalar over j: h was just stored element by element, and a vector load of it would
+      // wait for those stores; the sums fold 8 lanes as math::fold_sum, the same bits)
       const double sf = static_cast<double>(g.scaling_factor);
       // before-drop renormalisation: the gates are h / denom
-      f64b hsum = {};
-      for (std::int32_t j = 0; j < K8 && before_drop; j += 8) hsum += block(h + j);
-      const double denom =
-          before_drop ? math::fold_sum(hsum) + static_cast<double>(g.renorm_epsilon) : 1.0;
+      const double denom = before_drop ? choice_sum(k, [&](std::int32_t j) { return h[j]; }) +
+                                             static_cast<double>(g.renorm_epsilon)
+                                       : 1.0;
       const double inv_denom = denom > 0.0 ? 1.0 / denom : 0.0;
       // after-drop renormalisation (never with before-drop): S, the held gates' sum, clamped
       // to FLT_EPSILON; dw is 0 for a dropped choice
       double inv_D = 0.0, dot_w_D2 = 0.0;
       if (after_drop) {
-        f64b Sv = {}, dwv = {};
-        for (std::int32_t j = 0; j < K8; j += 8) {
-          Sv += block(alive + j) * block(h + j);
-          dwv += block(dw + j) * block(h + j);
-        }
-        const double S = math::fold_sum(Sv), dot_w = math::fold_sum(dwv);
+        const double S = choice_sum(k, [&](std::int32_t j) { return alive[j] * h[j]; });
+        const double dot_w = choice_sum(k, [&](std::int32_t j) { return dw[j] * h[j]; });
         const double D =
             S > static_cast<double>(FLT_EPSILON) ? S : static_cast<double>(FLT_EPSILON);
         inv_D = 1.0 / D;
         dot_w_D2 = S < static_cast<double>(FLT_EPSILON) ? 0.0 : dot_w * inv_D * inv_D;
       }
-      f64b d2 = {};
-      for (std::int32_t j = 0; j < K8; j += 8) {
-        const f64b v = after_drop ? block(alive + j) * (sf * (block(dw + j) * inv_D - dot_w_D2))
-                                  : sf * block(dw + j);
-        block(dgpre + j) = v;
-        d2 += v * block(h + j);
-      }
+      for (std::int32_t j = 0; j < k; ++j)
+        dgpre[j] = after_drop ? alive[j] * (sf * (dw[j] * inv_D - dot_w_D2)) : sf * dw[j];
       // dot2 (before-drop) and softmax-after's dot3 are both sum dgpre * h
-      const double dot2 = before_drop ? math::fold_sum(d2) : 0.0;
+      const double dgh = choice_sum(k, [&](std::int32_t j) { return dgpre[j] * h[j]; });
+      const double dot2 = before_drop ? dgh : 0.0;
       const double dot2_d2 = dot2 * inv_denom * inv_denom;
-      f64b d3 = {};
-      for (std::int32_t j = 0; j < K8; j += 8) {
-        const f64b v = before_drop ? block(dgpre + j) * inv_denom - dot2_d2 : block(dgpre + j);
-        block(dh + j) = v;
-        d3 += v * block(h + j);
-      }
+      for (std::int32_t j = 0; j < k; ++j)
+        dh[j] = before_drop ? dgpre[j] * inv_denom - dot2_d2 : dgpre[j];
       double dot3 = 0.0;
       if (softmax_after) {
-        dot3 = math::fold_sum(d2);
+        dot3 = dgh;
       } else if (softmax) {
-        dot3 = math::fold_sum(d3);
+        dot3 = choice_sum(k, [&](std::int32_t j) { return dh[j] * h[j]; });
         dense = -dot3;
       }
       for (std::int32_t j = 0; j < k; ++j) {
         const std::int32_t e = ids[j];
         if (softmax_after) {
-          s.ct[e] += h[j] * (dgpre[j] - dot3);
+          chosen[j] = h[j] * (dgpre[j] - dot3);
         } else if (softmax) {
-          s.ct[e] += h[j] * dh[j];
+          chosen[j] = h[j] * dh[j];
         } else {
-          s.ct[e] += dh[j] * bwd::score_deriv(score, xg[e], score_at(e));
+          chosen[j] = dh[j] * bwd::score_deriv(score, xg[e], score_at(e));
         }
       }
+      // at most two blocks: pass 3 selects the choices' parts in registers; wider rows take
+      // them from ct, stored long enough before pass 3 reads them
+      if (E8 > 16)
+        for (std::int32_t j = 0; j < k; ++j) s.ct[ids[j]] += chosen[j];
     }
     // ---- pass 3: every term per block, each rounded to float and added in the reference's
     // order (routing, aux, sequence-aux, z); dL/dx(e) from dL/dP(e) = gp and the row's dot:
@@ -445,7 +445,18 @@ struct gating_backward_agent {
           for (std::int32_t l = 0; e + l < E; ++l) v[l] = out[e + l];
         }
       }
-      if (any) v += __builtin_convertvector(block(gex + e) * gdense + block(s.ct + e), f32b);
+      if (any) {
+        f64b ct;
+        if (E8 > 16) {
+          ct = block(s.ct + e);
+        } else {
+          ct = f64b{};
+          const f64b lane = f64b{0, 1, 2, 3, 4, 5, 6, 7} + static_cast<double>(e);
+          for (std::int32_t j = 0; j < k; ++j)
+            ct += lane == static_cast<double>(ids[j]) ? f64b{} + chosen[j] : f64b{};
+        }
+        v += __builtin_convertvector(block(gex + e) * gdense + ct, f32b);
+      }
       if (L.aux || L.seq) {
         const f64b fac = block(sc_or_dv + e) * p_factor;
         if (L.aux) v += __builtin_convertvector(fac * (block(s.gp_aux + e) - dot_aux), f32b);
@@ -458,7 +469,7 @@ struct gating_backward_agent {
         block(s.res + e) = v;
       }
     }
-    if (any)
+    if (any && E8 > 16)
       for (std::int32_t j = 0; j < k; ++j) s.ct[ids[j]] = 0.0;
     // the tail block went to res; with a non-finite logit every block did, and such an
     // element gets no gradient: it keeps what it held (a rare row)
