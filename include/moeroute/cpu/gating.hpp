@@ -123,41 +123,65 @@ struct gating_task_space {
 };
 
 /// The gating workspace: per-task partials and per-slot scratch rows, carved in one fixed
-/// sequence.
+/// sequence. Each task's part of every array starts task_gap_bytes after its neighbour's
+/// (strides padded, cpu/parallel.hpp): tasks on different threads update their partials every
+/// token.
 struct gating_space {
   std::int32_t experts = 0;
   std::int32_t tile = 1;
-  double* scores = nullptr;          // [tasks, E]
-  std::int64_t* counts = nullptr;    // [tasks, E]
-  double* z = nullptr;               // [tasks]
-  std::int64_t* valid = nullptr;     // [tasks]
-  std::int64_t* bad = nullptr;       // [tasks]
-  std::int64_t* replaced = nullptr;  // [tasks]
-  float* rows = nullptr;             // [tasks, tile, 7, E]
-  std::uint8_t* allowed = nullptr;   // [tasks, tile, E]
-  std::int32_t* order = nullptr;     // [tasks, tile, E]
-  std::int64_t* keys = nullptr;      // [tasks, tile, key_capacity(E)]
+  double* scores = nullptr;          // [tasks, partial_stride]: E used
+  std::int64_t* counts = nullptr;    // [tasks, partial_stride]
+  double* z = nullptr;               // [tasks, scalar_stride]: 1 used
+  std::int64_t* valid = nullptr;     // [tasks, scalar_stride]
+  std::int64_t* bad = nullptr;       // [tasks, scalar_stride]
+  std::int64_t* replaced = nullptr;  // [tasks, scalar_stride]
+  float* rows = nullptr;             // [tasks, rows_stride]: tile * 7 * E used
+  std::uint8_t* allowed = nullptr;   // [tasks, allowed_stride]: tile * E used
+  std::int32_t* order = nullptr;     // [tasks, order_stride]: tile * E used
+  std::int64_t* keys = nullptr;      // [tasks, keys_stride]: tile * key_capacity(E) used
+
+  [[nodiscard]] std::size_t slot_elements() const noexcept {
+    return static_cast<std::size_t>(tile) * static_cast<std::size_t>(experts);
+  }
+  [[nodiscard]] std::size_t partial_stride() const noexcept {
+    return task_stride<double>(static_cast<std::size_t>(experts));
+  }
+  [[nodiscard]] static std::size_t scalar_stride() noexcept { return task_stride<double>(1); }
+  [[nodiscard]] std::size_t rows_stride() const noexcept {
+    return task_stride<float>(7 * slot_elements());
+  }
+  [[nodiscard]] std::size_t allowed_stride() const noexcept {
+    return task_stride<std::uint8_t>(slot_elements());
+  }
+  [[nodiscard]] std::size_t order_stride() const noexcept {
+    return task_stride<std::int32_t>(slot_elements());
+  }
+  [[nodiscard]] std::size_t keys_stride() const noexcept {
+    return task_stride<std::int64_t>(static_cast<std::size_t>(tile) *
+                                     static_cast<std::size_t>(key_capacity(experts)));
+  }
 
   /// Task i's partials with the scratch of its tile slot `slot`.
   [[nodiscard]] gating_task_space task(std::int64_t i, std::int32_t slot) const noexcept {
     const std::size_t e = static_cast<std::size_t>(experts), u = static_cast<std::size_t>(i);
-    const std::size_t w = u * static_cast<std::size_t>(tile) + static_cast<std::size_t>(slot);
-    float* r = rows + w * 7 * e;
-    return {scores + u * e,
-            counts + u * e,
-            z + u,
-            valid + u,
-            bad + u,
-            replaced + u,
+    const std::size_t w = static_cast<std::size_t>(slot);
+    float* r = rows + u * rows_stride() + w * 7 * e;
+    const std::size_t one = scalar_stride();
+    return {scores + u * partial_stride(),
+            counts + u * partial_stride(),
+            z + u * one,
+            valid + u * one,
+            bad + u * one,
+            replaced + u * one,
             r,
             r + e,
             r + 2 * e,
             r + 3 * e,
             r + 4 * e,
             r + 5 * e,
-            allowed + w * e,
-            order + w * e,
-            keys + w * static_cast<std::size_t>(key_capacity(experts)),
+            allowed + u * allowed_stride() + w * e,
+            order + u * order_stride() + w * e,
+            keys + u * keys_stride() + w * static_cast<std::size_t>(key_capacity(experts)),
             r + 6 * e};
   }
 };
@@ -166,21 +190,20 @@ struct gating_space {
 inline gating_space carve_gating_space(workspace_carver& w, const gating_plan& plan,
                                        const routing_config& cfg) {
   const std::int32_t E = cfg.num_experts;
-  const std::size_t n = static_cast<std::size_t>(plan.tasks), e = static_cast<std::size_t>(E);
+  const std::size_t n = static_cast<std::size_t>(plan.tasks);
   gating_space s;
   s.experts = E;
   s.tile = gating_tile(cfg);
-  const std::size_t slots = n * static_cast<std::size_t>(s.tile);
-  s.scores = w.take<double>(n * e);
-  s.counts = w.take<std::int64_t>(n * e);
-  s.z = w.take<double>(n);
-  s.valid = w.take<std::int64_t>(n);
-  s.bad = w.take<std::int64_t>(n);
-  s.replaced = w.take<std::int64_t>(n);
-  s.rows = w.take<float>(slots * 7 * e);
-  s.allowed = w.take<std::uint8_t>(slots * e);
-  s.order = w.take<std::int32_t>(slots * e);
-  s.keys = w.take<std::int64_t>(slots * static_cast<std::size_t>(key_capacity(E)));
+  s.scores = w.take<double>(n * s.partial_stride());
+  s.counts = w.take<std::int64_t>(n * s.partial_stride());
+  s.z = w.take<double>(n * s.scalar_stride());
+  s.valid = w.take<std::int64_t>(n * s.scalar_stride());
+  s.bad = w.take<std::int64_t>(n * s.scalar_stride());
+  s.replaced = w.take<std::int64_t>(n * s.scalar_stride());
+  s.rows = w.take<float>(n * s.rows_stride());
+  s.allowed = w.take<std::uint8_t>(n * s.allowed_stride());
+  s.order = w.take<std::int32_t>(n * s.order_stride());
+  s.keys = w.take<std::int64_t>(n * s.keys_stride());
   return s;
 }
 
@@ -785,16 +808,17 @@ template <class Element>
   double z = 0.0;
   std::int64_t valid = 0, bad = 0, replaced = 0;
   for (std::int64_t i = 0; i < plan.tasks; ++i) {
-    const double* ps = space.scores + i * E;
-    const std::int64_t* pc = space.counts + i * E;
+    const detail::gating_task_space part = space.task(i, 0);
+    const double* ps = part.scores;
+    const std::int64_t* pc = part.counts;
     for (std::int32_t e = 0; e < E; ++e) {
       sums.d_aux_score_sum[e] += ps[e];
       sums.d_aux_count[e] += pc[e];
     }
-    z += space.z[i];
-    valid += space.valid[i];
-    bad += space.bad[i];
-    replaced += space.replaced[i];
+    z += *part.z;
+    valid += *part.valid;
+    bad += *part.bad;
+    replaced += *part.replaced;
     if (S > 0 && !plan.whole_segments) {  // pieces of sequence i / pieces, in order
       const std::int64_t q = i / plan.pieces;
       if (i % plan.pieces == 0) {
@@ -806,7 +830,7 @@ template <class Element>
         seq_scores[q * E + e] += ps[e];
         seq_counts[q * E + e] += pc[e];
       }
-      sums.d_seq_tokens[q] += space.valid[i];
+      sums.d_seq_tokens[q] += *part.valid;
     }
   }
   *sums.d_valid_tokens = valid;

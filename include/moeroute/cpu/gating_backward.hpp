@@ -662,8 +662,10 @@ template <class Element>
   if (auto s = validate(cfg, p); !s) return s;
   if (p.tokens == 0) return status::success();
   const detail::gating_backward_agent<Element> agent(cfg, p);
+  // about 16k logits a task (tens of microseconds), as cpu::gating: a small call is one task,
+  // run on the calling thread, so that OpenMP's fork and join never cost more than they save
   const std::int64_t tasks =
-      task_count(p.tokens, std::max<std::int64_t>(1, 4096 / cfg.num_experts + 1));
+      task_count(p.tokens, std::max<std::int64_t>(1, 16384 / cfg.num_experts + 1));
   parallel_for(ex, tasks, [&](std::int64_t i) {
     std::int64_t begin, end;
     task_range(p.tokens, tasks, i, begin, end);

@@ -109,10 +109,14 @@ inline void renormalized_weights(const routing_config& cfg, const fate* fates, c
 
 /// The selection path's workspace.
 struct selection_space {
-  std::int64_t* counts = nullptr;   // [tasks * count_rows * E] requests per (task, choice rank
-                                    // or 1, expert), then offsets
-  std::int64_t* stamps = nullptr;   // [tasks * E] the last token of the task naming each expert
-  std::int64_t* masked = nullptr;   // [tasks] masked tokens per task; -1: the task saw bad input
+  // per task, task_gap_bytes apart (cpu/parallel.hpp: each task counts every token)
+  std::int64_t* counts = nullptr;  // [tasks, counts_stride] requests per (choice rank or 1,
+                                   // expert), then offsets: count_rows * E used
+  std::int64_t* stamps = nullptr;  // [tasks, stamps_stride] the last token of the task naming
+                                   // each expert: E used
+  std::int64_t* masked = nullptr;  // [tasks, masked_stride] masked tokens per task; -1: the
+                                   // task saw bad input
+  std::size_t counts_stride = 0, stamps_stride = 0, masked_stride = 0;
   std::uint64_t* pairs = nullptr;   // [n] (key << 32 | assignment) of over-subscribed experts
   std::uint64_t* picked = nullptr;  // [n] a copy of them that the selection permutes
   std::int64_t* bucket = nullptr;   // [E + 1] first pair of each expert
@@ -126,9 +130,12 @@ inline selection_space carve_selection_space(workspace_carver& w, const routing_
   const std::size_t tasks = static_cast<std::size_t>(selection_tasks(tokens));
   const std::size_t keyed = kept_by_rank(cfg) ? 0 : n;  // pairs
   selection_space s;
-  s.counts = w.take<std::int64_t>(tasks * static_cast<std::size_t>(count_rows(cfg)) * E);
-  s.stamps = w.take<std::int64_t>(tasks * E);
-  s.masked = w.take<std::int64_t>(tasks);
+  s.counts_stride = task_stride<std::int64_t>(static_cast<std::size_t>(count_rows(cfg)) * E);
+  s.stamps_stride = task_stride<std::int64_t>(E);
+  s.masked_stride = task_stride<std::int64_t>(1);
+  s.counts = w.take<std::int64_t>(tasks * s.counts_stride);
+  s.stamps = w.take<std::int64_t>(tasks * s.stamps_stride);
+  s.masked = w.take<std::int64_t>(tasks * s.masked_stride);
   s.pairs = w.take<std::uint64_t>(keyed);
   s.picked = w.take<std::uint64_t>(keyed);
   s.bucket = w.take<std::int64_t>(E + 1);
@@ -158,8 +165,8 @@ template <bool PerChoice>
   parallel_for(ex, tasks, [&](std::int64_t task) {
     std::int64_t t0 = 0, t1 = 0;
     task_range(T, tasks, task, t0, t1);
-    std::int64_t* count = w.counts + task * K * E;
-    std::int64_t* stamp = w.stamps + task * E;
+    std::int64_t* count = w.counts + task * w.counts_stride;
+    std::int64_t* stamp = w.stamps + task * w.stamps_stride;
     std::fill(count, count + K * E, std::int64_t{0});
     std::fill(stamp, stamp + E, std::int64_t{-1});
     std::int64_t masked = 0;
@@ -178,7 +185,7 @@ template <bool PerChoice>
           stamp[id[j]] = t;
         }
       if (!ok) {
-        w.masked[task] = -1;
+        w.masked[task * w.masked_stride] = -1;
         return;
       }
       if (p.d_valid != nullptr && p.d_valid[t] == 0) {
@@ -187,12 +194,12 @@ template <bool PerChoice>
       }
       for (std::int32_t j = 0; j < k; ++j) ++count[(PerChoice ? j * E : 0) + id[j]];
     }
-    w.masked[task] = masked;
+    w.masked[task * w.masked_stride] = masked;
   });
   dispatch_totals totals{};
   for (std::int64_t task = 0; task < tasks; ++task) {
-    if (w.masked[task] < 0) return false;
-    totals.masked += w.masked[task] * k;
+    if (w.masked[task * w.masked_stride] < 0) return false;
+    totals.masked += w.masked[task * w.masked_stride] * k;
   }
 
   // 2. requests per expert; capacity; each (task, expert) count becomes where that task's
@@ -201,7 +208,8 @@ template <bool PerChoice>
   std::int64_t max_load = 0;
   for (std::int32_t e = 0; e < E; ++e) {
     std::int64_t r = 0;
-    for (std::int64_t row = 0; row < tasks * K; ++row) r += w.counts[row * E + e];
+    for (std::int64_t task = 0; task < tasks; ++task)
+      for (std::int64_t j = 0; j < K; ++j) r += w.counts[task * w.counts_stride + j * E + e];
     o.d_requested[e] = r;
     max_load = std::max(max_load, r);
   }
@@ -219,7 +227,7 @@ template <bool PerChoice>
     std::int64_t at = paired(e) ? w.bucket[e] : 0;  // choice rank outer, then task
     for (std::int64_t j = 0; j < K; ++j)
       for (std::int64_t task = 0; task < tasks; ++task) {
-        std::int64_t& c = w.counts[(task * K + j) * E + e];
+        std::int64_t& c = w.counts[task * w.counts_stride + j * E + e];
         const std::int64_t here = c;
         c = at;
         at += here;
@@ -248,7 +256,7 @@ template <bool PerChoice>
   parallel_for(ex, tasks, [&](std::int64_t task) {
     std::int64_t t0 = 0, t1 = 0;
     task_range(T, tasks, task, t0, t1);
-    std::int64_t* const at_task = w.counts + task * K * E;
+    std::int64_t* const at_task = w.counts + task * w.counts_stride;
     for (std::int64_t t = t0; t < t1; ++t) {  // (by token: no 64-bit division per assignment)
       const bool valid = p.d_valid == nullptr || p.d_valid[t] != 0;
       if (by_rank) {
