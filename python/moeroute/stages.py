@@ -328,6 +328,18 @@ def route(logits, config: Config, *, bias=None, valid=None, kind: str = "auto",
     "padded", "compact" or "auto" (padded when the capacity is bounded, else compact).
     replay_ids / replay_ratio: routing replay, as in gating()."""
     kind = layout_kind_for(config, kind)
+    if not _core.emulated and all(v is None or type(v) is np.ndarray
+                                  for v in (logits, bias, valid, replay_ids)):
+        # host numpy arrays: the four stages in one call, every output carved from one
+        # buffer (a small batch's fixed cost: performance.md, "The Python package")
+        T = _tokens_of(logits, "logits")
+        if replay_ids is not None:
+            replay_ids = _arrays.as_int32(replay_ids, "replay_ids")
+        g, d, lay, lo = _core.route_host(config, logits, bias, _arrays.as_mask(valid), kind,
+                                         block_size, per_token_aux, replay_ids,
+                                         float(replay_ratio), threads)
+        return Routing(Gated(g, T), Dispatched(d),
+                       Laid(lay, kind, block_size, int(lay["row_token"].shape[0])), lo)
     g = gating(logits, config, bias=bias, valid=valid, per_token_aux=per_token_aux,
                replay_ids=replay_ids, replay_ratio=replay_ratio, threads=threads)
     d = dispatch(g, config, valid=valid, threads=threads)

@@ -99,10 +99,29 @@ call_arrays::call_arrays(std::string op, py::dict arrays, std::optional<std::int
 void call_arrays::fail(const std::string& what) const { throw binding_error(op_ + ": " + what); }
 
 bool call_arrays::has(const std::string& name) const {
+  for (const auto& [n, v] : presets_)
+    if (n == name) return true;
   return arrays_.contains(name) && !arrays_[py::str(name)].is_none();
 }
 
+void call_arrays::preset(const std::string& name, const array_view& v) {
+  for (auto& [n, old] : presets_)
+    if (n == name) {
+      old = v;
+      return;
+    }
+  presets_.emplace_back(name, v);
+}
+
 array_view call_arrays::look(const std::string& name, bool writable) {
+  for (const auto& [n, v] : presets_)
+    if (n == name) {
+      if (!placed_) {
+        place_ = v.place;
+        placed_ = true;
+      }
+      return v;
+    }
   py::object obj = arrays_[py::str(name)];
   // an input that requires grad (a stage is not differentiable; moeroute.torch is): its values
   if (!writable && py::hasattr(obj, "requires_grad") && obj.attr("requires_grad").cast<bool>())

@@ -12,6 +12,7 @@
 #include <optional>
 #include <stdexcept>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include <moeroute/status.hpp>
@@ -69,8 +70,13 @@ class call_arrays {
   call_arrays(std::string op, py::dict arrays, std::optional<std::intptr_t> stream = {},
               bool device_arrays = false);
 
-  /// True when `name` is given (and not None).
+  /// True when `name` is given (and not None), or preset.
   [[nodiscard]] bool has(const std::string& name) const;
+
+  /// @brief Gives `name` as an array already looked at: later reads take `v` without a
+  ///        DLPack or buffer hand-over (fused route: an input read once for four stages, and
+  ///        the outputs it carved from its one buffer). Replaces an earlier preset of `name`.
+  void preset(const std::string& name, const array_view& v);
 
   /// @brief The array `s.name`: exactly shape `s.shape` and dtype `s.dtype`, or null when it
   ///        is absent and not `required`. `writable`: the call writes it.
@@ -104,6 +110,7 @@ class call_arrays {
   std::optional<std::intptr_t> stream_;
   std::vector<py::object> keep_;       // capsules and buffer owners, alive for the call
   std::vector<py::buffer_info> bufs_;  // buffer-protocol views of read-only inputs
+  std::vector<std::pair<std::string, array_view>> presets_;
   device_place place_{};
   bool placed_ = false;
   bool device_arrays_ = false;

@@ -1,7 +1,8 @@
 // SPDX-License-Identifier: Apache-2.0
 // moeroute._core: the C++ library's stages for Python. The package's Python code (moeroute/)
-// allocates outputs in the caller's framework and calls these; nothing here allocates an
-// output or implements routing of its own.
+// allocates outputs in the caller's framework and calls these, except route_host, which
+// carves a host batch's outputs from one numpy buffer of its own (the fixed cost of a small
+// batch); nothing here implements routing of its own.
 #include "module.hpp"
 
 #include <pybind11/stl.h>
@@ -28,6 +29,18 @@ void bind_ops(py::module_& m) {
       },
       cfg, arrays, py::arg("layout"), py::arg("block_size"), py::arg("local_experts") = 0, threads,
       stream);
+  m.def(
+      "route_host",
+      [](const routing_config& c, py::object logits, py::object bias, py::object valid,
+         const std::string& kind, std::int64_t block_size, bool per_token_aux,
+         py::object replay_ids, float replay_ratio, int t) {
+        return route_host(c, std::move(logits), std::move(bias), std::move(valid),
+                          parse_layout_kind(kind), block_size, per_token_aux, std::move(replay_ids),
+                          replay_ratio, t);
+      },
+      cfg, py::arg("logits"), py::arg("bias") = py::none(), py::arg("valid") = py::none(),
+      py::arg("layout") = "padded", py::arg("block_size") = 1, py::arg("per_token_aux") = false,
+      py::arg("replay_ids") = py::none(), py::arg("replay_ratio") = 0.0f, threads);
   m.def("permute", &permute, cfg, arrays, threads, stream);
   m.def("combine", &combine, cfg, arrays, threads, stream);
   m.def("losses", &losses, cfg, arrays, py::arg("tokens"), threads, stream);

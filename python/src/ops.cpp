@@ -6,10 +6,13 @@
 // library's message.
 #include "ops.hpp"
 
+#include <pybind11/numpy.h>
+
 #include <moeroute/cpu.hpp>
 #include <moeroute/params/checks.hpp>
 #include <moeroute/status.hpp>
 
+#include <algorithm>
 #include <cstddef>
 #include <utility>
 
@@ -59,8 +62,11 @@ void* workspace_of(call_arrays& a, std::size_t bytes) {
 }
 
 /// Reads the gating outputs a later stage takes (only those its config lists).
-const_gating_result gated_of(call_arrays& a, const routing_config& cfg, std::int64_t T) {
-  const auto specs = gating_outputs(cfg, T, false);
+/// (`given`: the gating specs when the caller has them, else made here)
+const_gating_result gated_of(call_arrays& a, const routing_config& cfg, std::int64_t T,
+                             const std::vector<spec>* given = nullptr) {
+  const auto made = given != nullptr ? std::vector<spec>{} : gating_outputs(cfg, T, false);
+  const auto& specs = given != nullptr ? *given : made;
   const_gating_result g;
   g.d_ids = a.in<std::int32_t>(find_spec(specs, "ids"), true);
   g.d_gates = a.in<float>(find_spec(specs, "gates"), true);
@@ -75,8 +81,9 @@ const_gating_result gated_of(call_arrays& a, const routing_config& cfg, std::int
 
 /// The loss sums, as gating wrote them (`required` lists the ones the caller needs).
 const_gating_sums sums_of(call_arrays& a, const routing_config& cfg, std::int64_t T, bool aux,
-                          bool z, bool seq) {
-  const auto specs = gating_outputs(cfg, T, false);
+                          bool z, bool seq, const std::vector<spec>* given = nullptr) {
+  const auto made = given != nullptr ? std::vector<spec>{} : gating_outputs(cfg, T, false);
+  const auto& specs = given != nullptr ? *given : made;
   const_gating_sums s;
   s.d_valid_tokens = a.in<std::int64_t>(find_spec(specs, "valid_tokens"), false);
   s.d_aux_score_sum = a.in<double>(find_spec(specs, "aux_score_sum"), aux);
@@ -118,17 +125,24 @@ std::size_t dispatch_workspace_bytes(const routing_config& cfg, std::int64_t tok
               : cpu::dispatch_workspace_bytes(cfg, tokens);
 }
 
-void gating(routing_config cfg, py::dict arrays, float replay_ratio, int threads,
-            std::optional<std::intptr_t> stream) {
-  call_arrays a = arrays_of("gating", std::move(arrays), stream);
+namespace {
+
+// Each stage on a call's arrays (a dict's, or the fused route's presets); the fused route
+// passes the output specs it made once (spec lists are most of a small call's cost).
+
+void gating_on(const routing_config& cfg, call_arrays& a, float replay_ratio, int threads,
+               std::optional<std::intptr_t> stream, const std::vector<spec>* given = nullptr) {
   raise_if(validate(cfg), "gating");
   const array_view logits = a.view("logits", {any, cfg.num_experts}, element_types, false);
   const run_on on = where(a, threads, stream);
   const std::int64_t T = logits.shape[0];
   raise_if(validate_tokens(cfg, T), "gating");
   const bool replayed = a.has("replay_ids");
-  const auto specs =
-      gating_outputs(cfg, T, a.has("aux_scores") || a.has("aux_count_ids"), replayed);
+  const auto made =
+      given != nullptr
+          ? std::vector<spec>{}
+          : gating_outputs(cfg, T, a.has("aux_scores") || a.has("aux_count_ids"), replayed);
+  const auto& specs = given != nullptr ? *given : made;
   gating_result o;
   o.d_ids = a.out<std::int32_t>(find_spec(specs, "ids"), true);
   o.d_gates = a.out<float>(find_spec(specs, "gates"), true);
@@ -181,17 +195,18 @@ void gating(routing_config cfg, py::dict arrays, float replay_ratio, int threads
   });
 }
 
-void dispatch(routing_config cfg, py::dict arrays, int threads,
-              std::optional<std::intptr_t> stream) {
-  call_arrays a = arrays_of("dispatch", std::move(arrays), stream);
+void dispatch_on(const routing_config& cfg, call_arrays& a, int threads,
+                 std::optional<std::intptr_t> stream, const std::vector<spec>* gspecs = nullptr,
+                 const std::vector<spec>* given = nullptr) {
   raise_if(validate(cfg), "dispatch");
   const std::int64_t T = a.view("ids", {any, cfg.top_k}, {elem::i32}, false).shape[0];
   const run_on on = where(a, threads, stream);
   raise_if(validate_tokens(cfg, T), "dispatch");
-  const auto specs = dispatch_outputs(cfg, T);
+  const auto made = given != nullptr ? std::vector<spec>{} : dispatch_outputs(cfg, T);
+  const auto& specs = given != nullptr ? *given : made;
   dispatch_params p;
   p.tokens = T;
-  p.gated = gated_of(a, cfg, T);
+  p.gated = gated_of(a, cfg, T, gspecs);
   p.d_valid = valid_of(a, T);
   p.out.d_expert = a.out<std::int32_t>(find_spec(specs, "expert"), true);
   p.out.d_slot = a.out<std::int32_t>(find_spec(specs, "slot"), true);
@@ -212,9 +227,10 @@ void dispatch(routing_config cfg, py::dict arrays, int threads,
   });
 }
 
-void layout(routing_config cfg, py::dict arrays, layout_kind kind, std::int64_t block_size,
-            std::int32_t local_experts, int threads, std::optional<std::intptr_t> stream) {
-  call_arrays a = arrays_of("layout", std::move(arrays), stream);
+void layout_on(const routing_config& cfg, call_arrays& a, layout_kind kind, std::int64_t block_size,
+               std::int32_t local_experts, int threads, std::optional<std::intptr_t> stream,
+               const std::vector<spec>* given = nullptr,
+               const std::vector<spec>* dgiven = nullptr) {
   raise_if(validate(cfg), "layout");
   const std::int64_t T = a.view("expert", {any, cfg.top_k}, {elem::i32}, false).shape[0];
   const run_on on = where(a, threads, stream);
@@ -225,8 +241,11 @@ void layout(routing_config cfg, py::dict arrays, layout_kind kind, std::int64_t 
       a.in<std::int32_t>({"expert_map", {cfg.total_experts()}, elem::i32}, false);
   const std::int32_t local = map != nullptr ? local_experts : 0;
   if (map != nullptr && local < 1) a.fail("expert_map: holds no local expert (every entry is -1)");
-  const auto specs = layout_outputs(cfg, T, kind, block_size, local);
-  const auto dspecs = dispatch_outputs(cfg, T);
+  const auto made =
+      given != nullptr ? std::vector<spec>{} : layout_outputs(cfg, T, kind, block_size, local);
+  const auto& specs = given != nullptr ? *given : made;
+  const auto dmade = dgiven != nullptr ? std::vector<spec>{} : dispatch_outputs(cfg, T);
+  const auto& dspecs = dgiven != nullptr ? *dgiven : dmade;
   layout_params p;
   p.kind = kind;
   p.block_size = block_size;
@@ -250,6 +269,154 @@ void layout(routing_config cfg, py::dict arrays, layout_kind kind, std::int64_t 
   run("layout", [&] {
     return on.cuda ? cuda_launch::layout(cfg, p, on.stream) : cpu::layout(cfg, p, executor_of(on));
   });
+}
+
+void losses_on(const routing_config& cfg, call_arrays& a, std::int64_t tokens, int threads,
+               std::optional<std::intptr_t> stream, const std::vector<spec>* gspecs = nullptr) {
+  raise_if(param_checks::validate_extents(cfg, tokens), "losses");
+  loss_params p;
+  p.tokens = tokens;
+  p.d_aux_loss = a.out<double>({"aux_loss", {1}, elem::f64}, false);
+  p.d_sequence_aux_loss = a.out<double>({"sequence_aux_loss", {1}, elem::f64}, false);
+  p.d_z_loss = a.out<double>({"z_loss", {1}, elem::f64}, false);
+  p.sums = sums_of(a, cfg, tokens, p.d_aux_loss != nullptr,
+                   p.d_z_loss != nullptr && cfg.loss.z_coefficient != 0.0f,
+                   p.d_sequence_aux_loss != nullptr, gspecs);
+  const run_on on = where(a, threads, stream);
+  run("losses", [&] {
+    return on.cuda ? cuda_launch::losses(cfg, p, on.stream) : cpu::losses(cfg, p, executor_of(on));
+  });
+}
+
+}  // namespace
+
+void gating(routing_config cfg, py::dict arrays, float replay_ratio, int threads,
+            std::optional<std::intptr_t> stream) {
+  call_arrays a = arrays_of("gating", std::move(arrays), stream);
+  gating_on(cfg, a, replay_ratio, threads, stream);
+}
+
+void dispatch(routing_config cfg, py::dict arrays, int threads,
+              std::optional<std::intptr_t> stream) {
+  call_arrays a = arrays_of("dispatch", std::move(arrays), stream);
+  dispatch_on(cfg, a, threads, stream);
+}
+
+void layout(routing_config cfg, py::dict arrays, layout_kind kind, std::int64_t block_size,
+            std::int32_t local_experts, int threads, std::optional<std::intptr_t> stream) {
+  call_arrays a = arrays_of("layout", std::move(arrays), stream);
+  layout_on(cfg, a, kind, block_size, local_experts, threads, stream);
+}
+
+void losses(routing_config cfg, py::dict arrays, std::int64_t tokens, int threads,
+            std::optional<std::intptr_t> stream) {
+  call_arrays a = arrays_of("losses", std::move(arrays), stream);
+  losses_on(cfg, a, tokens, threads, stream);
+}
+
+namespace {
+
+/// numpy's dtype of an output element type.
+py::dtype numpy_dtype(elem e) {
+  switch (e) {
+    case elem::f16:
+      return py::dtype("float16");
+    case elem::f64:
+      return py::dtype::of<double>();
+    case elem::i32:
+      return py::dtype::of<std::int32_t>();
+    case elem::i64:
+      return py::dtype::of<std::int64_t>();
+    case elem::u8:
+      return py::dtype::of<std::uint8_t>();
+    default:
+      return py::dtype::of<float>();
+  }
+}
+
+std::size_t elem_bytes(elem e) {
+  switch (e) {
+    case elem::f16:
+    case elem::bf16:
+      return 2;
+    case elem::f64:
+    case elem::i64:
+      return 8;
+    case elem::u8:
+      return 1;
+    default:
+      return 4;
+  }
+}
+
+std::size_t bytes_of(const spec& s) {
+  std::size_t n = elem_bytes(s.dtype);
+  for (const std::int64_t d : s.shape) n *= static_cast<std::size_t>(d);
+  return n;
+}
+
+}  // namespace
+
+py::tuple route_host(routing_config cfg, py::object logits, py::object bias, py::object valid,
+                     layout_kind kind, std::int64_t block_size, bool per_token_aux,
+                     py::object replay_ids, float replay_ratio, int threads) {
+  py::dict given;
+  given["logits"] = std::move(logits);
+  given["bias"] = std::move(bias);
+  given["valid"] = std::move(valid);
+  given["replay_ids"] = std::move(replay_ids);
+  call_arrays a("route", std::move(given), std::nullopt, false);
+  raise_if(validate(cfg), "route");
+  // the inputs read once, for every stage
+  const array_view x = a.view("logits", {any, cfg.num_experts}, element_types, false);
+  const std::int64_t T = x.shape[0];
+  raise_if(validate_tokens(cfg, T), "route");
+  a.preset("logits", x);
+  if (a.has("valid")) a.preset("valid", a.view("valid", {T}, {elem::u8}, false));
+  if (a.has("bias")) a.preset("bias", a.view("bias", {cfg.num_experts}, {elem::f32}, false));
+  const run_on on = where(a, threads, std::nullopt);
+  // every output, and the workspace the stages take in turn, carved from one buffer
+  const std::vector<spec> groups[4] = {gating_outputs(cfg, T, per_token_aux, a.has("replay_ids")),
+                                       dispatch_outputs(cfg, T),
+                                       layout_outputs(cfg, T, kind, block_size, 0),
+                                       {{"aux_loss", {1}, elem::f64},
+                                        {"sequence_aux_loss", {1}, elem::f64},
+                                        {"z_loss", {1}, elem::f64}}};
+  const std::size_t gating_ws = gating_workspace_bytes(cfg, T, on.cuda);
+  const std::size_t dispatch_ws = dispatch_workspace_bytes(cfg, T, on.cuda);
+  const auto aligned = [](std::size_t n) { return (n + 63) / 64 * 64; };
+  std::size_t total = aligned(std::max(gating_ws, dispatch_ws));
+  for (const auto& group : groups)
+    for (const spec& s : group) total += aligned(bytes_of(s));
+  py::array_t<std::uint8_t> buffer(static_cast<py::ssize_t>(total + 64));
+  auto* base = reinterpret_cast<std::byte*>(buffer.mutable_data());
+  base += (64 - reinterpret_cast<std::uintptr_t>(base) % 64) % 64;
+  // an empty batch writes nothing, and the losses only what the config has: zero first
+  std::byte* at = base + aligned(std::max(gating_ws, dispatch_ws));
+  if (T == 0) std::fill(at, base + total, std::byte{0});
+  py::dict out[4];
+  for (int g = 0; g < 4; ++g)
+    for (const spec& s : groups[g]) {
+      if (g == 3) std::fill(at, at + bytes_of(s), std::byte{0});
+      std::vector<py::ssize_t> shape(s.shape.begin(), s.shape.end());
+      out[g][py::str(s.name)] = py::array(numpy_dtype(s.dtype), shape, {}, at, buffer);
+      a.preset(s.name, array_view{at, s.dtype, s.shape, {dl::cpu, 0}});
+      at += aligned(bytes_of(s));
+    }
+  const auto workspace = [&](std::size_t bytes) {
+    array_view v;
+    v.data = base;
+    v.dtype = elem::u8;
+    v.shape = {static_cast<std::int64_t>(bytes)};
+    a.preset("workspace", v);
+  };
+  workspace(gating_ws);
+  gating_on(cfg, a, replay_ratio, threads, std::nullopt, &groups[0]);
+  workspace(dispatch_ws);
+  dispatch_on(cfg, a, threads, std::nullopt, &groups[0], &groups[1]);
+  layout_on(cfg, a, kind, block_size, 0, threads, std::nullopt, &groups[2], &groups[1]);
+  losses_on(cfg, a, T, threads, std::nullopt, &groups[0]);
+  return py::make_tuple(out[0], out[1], out[2], out[3]);
 }
 
 void permute(routing_config cfg, py::dict arrays, int threads,
@@ -308,24 +475,6 @@ void combine(routing_config cfg, py::dict arrays, int threads,
       return on.cuda ? cuda_launch::combine(cfg, p, on.stream)
                      : cpu::combine(cfg, p, executor_of(on));
     });
-  });
-}
-
-void losses(routing_config cfg, py::dict arrays, std::int64_t tokens, int threads,
-            std::optional<std::intptr_t> stream) {
-  call_arrays a = arrays_of("losses", std::move(arrays), stream);
-  raise_if(param_checks::validate_extents(cfg, tokens), "losses");
-  loss_params p;
-  p.tokens = tokens;
-  p.d_aux_loss = a.out<double>({"aux_loss", {1}, elem::f64}, false);
-  p.d_sequence_aux_loss = a.out<double>({"sequence_aux_loss", {1}, elem::f64}, false);
-  p.d_z_loss = a.out<double>({"z_loss", {1}, elem::f64}, false);
-  p.sums = sums_of(a, cfg, tokens, p.d_aux_loss != nullptr,
-                   p.d_z_loss != nullptr && cfg.loss.z_coefficient != 0.0f,
-                   p.d_sequence_aux_loss != nullptr);
-  const run_on on = where(a, threads, stream);
-  run("losses", [&] {
-    return on.cuda ? cuda_launch::losses(cfg, p, on.stream) : cpu::losses(cfg, p, executor_of(on));
   });
 }
 

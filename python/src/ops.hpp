@@ -38,6 +38,14 @@ void dispatch(routing_config cfg, py::dict arrays, int threads, stream_arg strea
 /// local_experts: the number of non-negative entries of arrays["expert_map"] (when given)
 void layout(routing_config cfg, py::dict arrays, layout_kind kind, std::int64_t block_size,
             std::int32_t local_experts, int threads, stream_arg stream);
+/// @brief gating, dispatch, layout (no expert map) and the losses of host arrays in one call:
+///        every output carved from one numpy buffer (this binding owns it), each input read
+///        once. Returns the four stages' outputs as dicts of numpy arrays (gating, dispatch,
+///        layout, losses), as the stages' own bindings fill them. The fixed cost of a small
+///        batch from Python (performance.md, "The Python package").
+py::tuple route_host(routing_config cfg, py::object logits, py::object bias, py::object valid,
+                     layout_kind kind, std::int64_t block_size, bool per_token_aux,
+                     py::object replay_ids, float replay_ratio, int threads);
 void permute(routing_config cfg, py::dict arrays, int threads, stream_arg stream);
 void combine(routing_config cfg, py::dict arrays, int threads, stream_arg stream);
 void losses(routing_config cfg, py::dict arrays, std::int64_t tokens, int threads,

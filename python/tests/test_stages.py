@@ -350,3 +350,56 @@ def test_cuda_stages_match_the_cpu(name, cfg):
     gg = moeroute.gating_backward(torch.from_numpy(x).cuda(), gpu.gated, gpu.dispatched, cfg,
                                   grad_weight=gw.cuda())
     torch.testing.assert_close(gg.cpu(), g, rtol=1e-5, atol=1e-6)
+
+
+def staged_route(x, cfg, **kw):
+    """moeroute.route's four stages called one by one (the path torch tensors take): what
+    the fused host binding must give, array for array."""
+    kind = moeroute.stages.layout_kind_for(cfg, kw.pop("kind", "auto"))
+    block_size = kw.pop("block_size", 1)
+    valid = kw.get("valid")
+    g = moeroute.gating(x, cfg, **kw)
+    d = moeroute.dispatch(g, cfg, valid=valid)
+    lay = moeroute.layout(d, cfg, kind=kind, block_size=block_size)
+    return g, d, lay, moeroute.losses(g, cfg)
+
+
+@pytest.mark.parametrize("case", ["plain", "bool_valid", "per_token_aux", "replay", "compact",
+                                  "sequences", "empty"])
+@pytest.mark.parametrize("name,cfg", CONFIGS[::4], ids=[n for n, _ in CONFIGS[::4]])
+def test_fused_host_route_equals_the_stages(name, cfg, case):
+    """moeroute.route on host numpy arrays runs the four stages in one binding call
+    (_core.route_host, every output carved from one buffer): every output array, bit for bit,
+    as the stages called one by one give it."""
+    T = 0 if case == "empty" else 77
+    cfg = cfg.copy()
+    if case == "sequences":
+        cfg["loss.sequence_length"] = 7
+    x = logits_grid(T, cfg.num_experts, seed=len(name) + len(case))
+    kw = dict(bias=bias_for(cfg))
+    if case in ("plain", "bool_valid", "replay", "sequences"):
+        valid = np.arange(T) % 5 != 2
+        kw["valid"] = valid if case == "bool_valid" else valid.astype(np.uint8)
+    if case == "per_token_aux":
+        kw["per_token_aux"] = True
+    if case == "replay":
+        rng = np.random.default_rng(3)
+        kw["replay_ids"] = rng.integers(-1, cfg.num_experts, size=(T, cfg.top_k)).astype(np.int64)
+        kw["replay_ratio"] = 0.5
+    route_kw = dict(kw)
+    if case == "compact":
+        route_kw.update(kind="compact", block_size=8)
+    try:
+        fused = moeroute.route(x, cfg, **route_kw)
+    except Error as e:
+        with pytest.raises(Error, match=str(e).split(":")[0]):
+            staged_route(x, cfg, **route_kw)
+        return
+    g, d, lay, losses = staged_route(x, cfg, **route_kw)
+    for got, want in ((fused.gated.arrays, g.arrays), (fused.dispatched.arrays, d.arrays),
+                      (fused.laid.arrays, lay.arrays), (fused.losses, losses)):
+        assert sorted(got) == sorted(want)
+        for key in want:
+            assert got[key].dtype == want[key].dtype and got[key].shape == want[key].shape, key
+            np.testing.assert_array_equal(got[key], want[key], err_msg=key)
+    assert fused.laid.max_rows == lay.max_rows and fused.laid.kind == lay.kind
