@@ -61,7 +61,7 @@ class _Wrapped(dict):
 
     def __getitem__(self, name):
         a = dict.__getitem__(self, name)
-        return torch.from_numpy(a) if isinstance(a, np.ndarray) else a
+        return torch.from_numpy(a) if type(a) is np.ndarray else a
 
 
 def _numpy_view(t):
@@ -87,15 +87,17 @@ def _route_impl(logits, bias, valid, replay_ids, config: str, kind: str, block_s
     r = _st.route(x, cfg, bias=bias, valid=valid, kind=kind, block_size=block_size,
                   replay_ids=replay_ids, replay_ratio=replay_ratio, threads=_threads())
     g, d, lay = _Wrapped(r.gated.arrays), _Wrapped(r.dispatched.arrays), _Wrapped(r.laid.arrays)
-    r.losses = _Wrapped(r.losses)
     loss_dtype = logits.dtype if logits.dtype in (torch.float32, torch.float64) else torch.float32
     def empty():  # a fresh one each time: a custom operator's outputs may not alias
         return logits.new_zeros((0,), dtype=torch.int64)
 
-    return (d["weight"],
-            r.losses["aux_loss"].to(loss_dtype).reshape(()),
-            r.losses["sequence_aux_loss"].to(loss_dtype).reshape(()),
-            r.losses["z_loss"].to(loss_dtype).reshape(()),
+    if isinstance(r.losses["aux_loss"], np.ndarray):  # host: each loss a 0-d tensor at once
+        aux, seq, z = (torch.tensor(float(r.losses[n][0]), dtype=loss_dtype) for n in
+                       ("aux_loss", "sequence_aux_loss", "z_loss"))
+    else:
+        aux, seq, z = (r.losses[n].to(loss_dtype).reshape(()) for n in
+                       ("aux_loss", "sequence_aux_loss", "z_loss"))
+    return (d["weight"], aux, seq, z,
             g["ids"], g["gates"], d["expert"], d["slot"], d["fate"], lay["row_token"],
             lay["assignment_row"], lay["num_rows"], lay["offsets"], d["load"], d["requested"],
             g["aux_count"],
