@@ -75,15 +75,25 @@ struct gating_backward_row {
   std::int64_t seq_q = -1;       ///< the sequence gp_seq is filled for
 };
 
-// The row path's blocks: 8 doubles (one AVX-512 register, two AVX2 ones) or 8 floats, read
-// and written in place through block() (unaligned, may alias: a plain vector move). Vectors
-// never pass a call by value (their calling convention depends on the ISA: -Wpsabi), so the
-// helpers take and return references.
-using f64b = math::f64x8;
-using f32b = math::f32x8;
-using i32b = std::int32_t __attribute__((vector_size(32)));
-using f64u = double __attribute__((vector_size(64), aligned(8), may_alias));
-using f32u = float __attribute__((vector_size(32), aligned(4), may_alias));
+// The row path's vectors: W doubles, the ISA's own width (AVX-512 8, AVX 4, else 2). A wider
+// generic vector than the ISA's has no machine mode, and GCC keeps such a variable in memory:
+// 8-double blocks made the AVX2 build 3-4x slower. Rows are still padded to whole blocks of 8,
+// and every sum over experts puts element e in lane e % 8 of an 8-lane accumulator (lanes8):
+// the same rounding, so the same bits, on every ISA. Vectors are read and written in place
+// through block() (unaligned, may alias) and never pass a call by value (-Wpsabi).
+#if defined(__AVX512F__)
+inline constexpr std::int32_t W = 8;
+#elif defined(__AVX__)
+inline constexpr std::int32_t W = 4;
+#else
+inline constexpr std::int32_t W = 2;
+#endif
+using f64w = double __attribute__((vector_size(8 * W)));
+using i64w = std::int64_t __attribute__((vector_size(8 * W)));
+using f32w = float __attribute__((vector_size(4 * W)));
+using i32w = std::int32_t __attribute__((vector_size(4 * W)));
+using f64u = double __attribute__((vector_size(8 * W), aligned(8), may_alias));
+using f32u = float __attribute__((vector_size(4 * W), aligned(4), may_alias));
 [[gnu::always_inline]] inline const f64u& block(const double* a) {
   return *reinterpret_cast<const f64u*>(a);
 }
@@ -92,52 +102,77 @@ using f32u = float __attribute__((vector_size(32), aligned(4), may_alias));
   return *reinterpret_cast<const f32u*>(a);
 }
 [[gnu::always_inline]] inline f32u& block(float* a) { return *reinterpret_cast<f32u*>(a); }
-/// Multiplies the pad lanes of the block at e (lanes past a row of n) by 0.
-[[gnu::always_inline]] inline void zero_pads(f64b& v, std::int32_t e, std::int32_t n) {
-  for (std::int32_t l = 0; l < 8; ++l) v[l] = e + l < n ? v[l] : 0.0;
+
+/// An 8-lane sum as W-lane vectors: part h holds lanes h * W .. h * W + W - 1 (loops add the
+/// vector at e + h * W, e a multiple of 8, to part[h] in an inner loop the compiler unrolls:
+/// a constant index keeps the parts in registers).
+struct lanes8 {
+  f64w part[8 / W] = {};
+  /// The sum of the 8 lanes folded as math::fold_sum folds an f64x8: (l + l+4), (+2), (+1).
+  [[nodiscard]] double fold() const {
+#if defined(__AVX512F__)
+    return math::fold_sum(part[0]);
+#elif defined(__AVX__)
+    const f64w c = part[0] + part[1];
+    return (c[0] + c[2]) + (c[1] + c[3]);
+#else
+    const f64w f = (part[0] + part[2]) + (part[1] + part[3]);
+    return f[0] + f[1];
+#endif
+  }
+};
+
+/// Multiplies the pad lanes of the vector at element i (lanes past a row of n) by 0 (v
+/// finite): a multiply by a mask from a table, not a lane loop or a ?: (both go through
+/// memory in GCC's hands).
+[[gnu::always_inline]] inline void zero_pads(f64w& v, std::int32_t i, std::int32_t n) {
+  alignas(64) static constexpr double ones_then_zeros[16] = {1, 1, 1, 1, 1, 1, 1, 1,
+                                                             0, 0, 0, 0, 0, 0, 0, 0};
+  const std::int32_t live = std::clamp(n - i, 0, 8);
+  v *= block(ones_then_zeros + 8 - live);
+}
+/// x = m ? a : x, lane-wise, as bit operations (see zero_pads).
+[[gnu::always_inline]] inline void select_lanes(f64w& x, const i64w& m, const f64w& a) {
+  x = __builtin_bit_cast(f64w,
+                         (__builtin_bit_cast(i64w, x) & ~m) | (__builtin_bit_cast(i64w, a) & m));
 }
 /// The sum of f(0..k-1), lane j % 8 holding f(j), folded as math::fold_sum: the bits an
-/// 8-lane block sum gives, in scalar code (for the k choices' few values).
+/// 8-lane sum gives, in scalar code (for the k choices' few values).
 template <class F>
 [[gnu::always_inline]] inline double choice_sum(std::int32_t k, F&& f) {
   double acc[8] = {};
   for (std::int32_t j = 0; j < k; ++j) acc[j & 7] += f(j);
   return ((acc[0] + acc[4]) + (acc[2] + acc[6])) + ((acc[1] + acc[5]) + (acc[3] + acc[7]));
 }
-/// The largest lane, by halves (a chain of three, not seven).
-[[gnu::always_inline]] inline double max_of_lanes(const f64b& v) {
-  const math::f64x4 a = __builtin_shufflevector(v, v, 0, 1, 2, 3),
-                    b = __builtin_shufflevector(v, v, 4, 5, 6, 7);
-  const math::f64x4 c = a > b ? a : b;
-  const double d0 = c[0] > c[2] ? c[0] : c[2], d1 = c[1] > c[3] ? c[1] : c[3];
-  return d0 > d1 ? d0 : d1;
-}
 /// The largest of the row x (pads -FLT_MAX), from -FLT_MAX as the reference's: exact.
 inline double max_row(const double* x, std::int32_t n) {
-  f64b mv = f64b{} - static_cast<double>(FLT_MAX);
-  for (std::int32_t e = 0; e < n; e += 8) {
-    const f64b v = block(x + e);
-    mv = v > mv ? v : mv;
+  f64w mv = f64w{} - static_cast<double>(FLT_MAX);
+  for (std::int32_t i = 0; i < n; i += W) {
+    const f64w v = block(x + i);
+    select_lanes(mv, v > mv, v);
   }
-  return max_of_lanes(mv);
+  double m = mv[0];
+  for (std::int32_t l = 1; l < W; ++l) m = mv[l] > m ? mv[l] : m;
+  return m;
 }
-/// out = exp(x - m) over the row (pads 0); returns the sum of out, lane l holding the elements
-/// e = l mod 8, folded as math::fold_sum: the same rounding on every ISA. With `gp`, also
+/// out = exp(x - m) over the row (pads 0); returns the sum of out in lanes8. With `gp`, also
 /// gp_dot = the sum of gp * out in the same lanes.
 inline double exps_row(const double* x, std::int32_t n, double m, double* out,
                        const double* gp = nullptr, double* gp_dot = nullptr) {
   const std::int32_t n8 = (n + 7) & ~7;
-  f64b acc = {}, dot = {};
-  for (std::int32_t e = 0; e < n8; e += 8) {
-    f64b v = block(x + e) - m;
-    math::exp_lanes(v);
-    if (e + 8 > n) zero_pads(v, e, n);
-    block(out + e) = v;
-    acc += v;
-    if (gp != nullptr) dot += block(gp + e) * v;
-  }
-  if (gp_dot != nullptr) *gp_dot = math::fold_sum(dot);
-  return math::fold_sum(acc);
+  lanes8 acc, dot;
+  for (std::int32_t e = 0; e < n8; e += 8)
+    for (std::int32_t h = 0; h < 8 / W; ++h) {
+      const std::int32_t i = e + h * W;
+      f64w v = block(x + i) - m;
+      math::exp_lanes(v);
+      if (i + W > n) zero_pads(v, i, n);
+      block(out + i) = v;
+      acc.part[h] += v;
+      if (gp != nullptr) dot.part[h] += block(gp + i) * v;
+    }
+  if (gp_dot != nullptr) *gp_dot = dot.fold();
+  return acc.fold();
 }
 
 template <class Element>
@@ -259,23 +294,23 @@ struct gating_backward_agent {
       s.seq_q = L.q;
     }
     // ---- pass 1: the clean logits (pads -FLT_MAX) and whether any was NaN / Inf
-    i32b nonfinite = {};
-    for (std::int32_t e = 0; e < E8; e += 8) {
-      f32b f;
-      if (e + 8 <= E) {
-        for (std::int32_t l = 0; l < 8; ++l) f[l] = math::load(row[e + l]);
+    i32w nonfinite = {};
+    for (std::int32_t i = 0; i < E8; i += W) {
+      f32w f;
+      if (i + W <= E) {
+        for (std::int32_t l = 0; l < W; ++l) f[l] = math::load(row[i + l]);
       } else {
-        for (std::int32_t l = 0; l < 8; ++l) f[l] = e + l < E ? math::load(row[e + l]) : -FLT_MAX;
+        for (std::int32_t l = 0; l < W; ++l) f[l] = i + l < E ? math::load(row[i + l]) : -FLT_MAX;
       }
       constexpr std::int32_t exponent = 0x7F800000;
-      nonfinite |= (__builtin_bit_cast(i32b, f) & exponent) == exponent;
-      const f32b lo = f32b{} - FLT_MAX, hi = f32b{} + FLT_MAX;  // math::sanitize, lane-wise
+      nonfinite |= (__builtin_bit_cast(i32w, f) & exponent) == exponent;
+      const f32w lo = f32w{} - FLT_MAX, hi = f32w{} + FLT_MAX;  // math::sanitize, lane-wise
       f = f > lo ? f : lo;
       f = f < hi ? f : hi;
-      block(s.x + e) = __builtin_convertvector(f, f64b);
+      block(s.x + i) = __builtin_convertvector(f, f64w);
     }
     bool any_nonfinite = false;
-    for (std::int32_t l = 0; l < 8; ++l) any_nonfinite = any_nonfinite || nonfinite[l] != 0;
+    for (std::int32_t l = 0; l < W; ++l) any_nonfinite = any_nonfinite || nonfinite[l] != 0;
     const double* xg = s.x;  // the gate logits
     if (noisy_gates) {
       for (std::int32_t e = 0; e < E; ++e) {
@@ -309,9 +344,11 @@ struct gating_backward_agent {
       inv = 1.0 / sum;  // (softmax = exp * inv: a multiply per element, not a divide)
       dot_aux *= inv;
       if (dots && L.seq) {
-        f64b acc = {};
-        for (std::int32_t e = 0; e < E8; e += 8) acc += block(s.gp_seq + e) * block(s.ex + e);
-        dot_seq = math::fold_sum(acc) * inv;
+        lanes8 acc;
+        for (std::int32_t e = 0; e < E8; e += 8)
+          for (std::int32_t h = 0; h < 8 / W; ++h)
+            acc.part[h] += block(s.gp_seq + e + h * W) * block(s.ex + e + h * W);
+        dot_seq = acc.fold() * inv;
       }
       lse = cm + math::log(sum);
     }
@@ -325,33 +362,35 @@ struct gating_backward_agent {
     double p_scale = 1.0;  // P(e) = sc(e) * p_scale for a per-expert score
     const bool have_sc = (L.aux || L.seq) && !softmax;
     if (have_sc) {
-      f64b acc = {}, da = {}, ds = {};
-      for (std::int32_t e = 0; e < E8; e += 8) {
-        f64b sc, dv;
-        if (score == score_function::sigmoid) {
-          f64b em = -block(s.x + e);
-          math::exp_lanes(em);
-          sc = 1.0 / (1.0 + em);
-          dv = sc * (1.0 - sc);
-        } else {
-          for (std::int32_t l = 0; l < 8; ++l) {
-            sc[l] = bwd::score(score, s.x[e + l]);
-            dv[l] = bwd::score_deriv(score, s.x[e + l], sc[l]);
+      lanes8 acc, da, ds;
+      for (std::int32_t e = 0; e < E8; e += 8)
+        for (std::int32_t h = 0; h < 8 / W; ++h) {
+          const std::int32_t i = e + h * W;
+          f64w sc, dv;
+          if (score == score_function::sigmoid) {
+            f64w em = -block(s.x + i);
+            math::exp_lanes(em);
+            sc = 1.0 / (1.0 + em);
+            dv = sc * (1.0 - sc);
+          } else {
+            for (std::int32_t l = 0; l < W; ++l) {
+              sc[l] = bwd::score(score, s.x[i + l]);
+              dv[l] = bwd::score_deriv(score, s.x[i + l], sc[l]);
+            }
           }
+          if (i + W > E) {
+            zero_pads(sc, i, E);
+            zero_pads(dv, i, E);
+          }
+          block(s.sc + i) = sc;
+          block(s.dv + i) = dv;
+          acc.part[h] += sc;
+          da.part[h] += block(s.gp_aux + i) * sc;
+          if (L.seq) ds.part[h] += block(s.gp_seq + i) * sc;
         }
-        if (e + 8 > E) {
-          zero_pads(sc, e, E);
-          zero_pads(dv, e, E);
-        }
-        block(s.sc + e) = sc;
-        block(s.dv + e) = dv;
-        acc += sc;
-        da += block(s.gp_aux + e) * sc;
-        if (L.seq) ds += block(s.gp_seq + e) * sc;
-      }
-      p_scale = 1.0 / (math::fold_sum(acc) + 1e-20);
-      dot_aux = math::fold_sum(da) * p_scale;
-      dot_seq = math::fold_sum(ds) * p_scale;
+      p_scale = 1.0 / (acc.fold() + 1e-20);
+      dot_aux = da.fold() * p_scale;
+      dot_seq = ds.fold() * p_scale;
     }
     const auto score_at = [&](std::int32_t e) {  // score(xg[e]), reusing sc without noise
       if (have_sc && !noisy_gates) return s.sc[e];
@@ -436,45 +475,47 @@ struct gating_backward_agent {
     const double* sc_or_dv = softmax ? s.ex : s.dv;  // the factor of (gp - dot)
     const double p_factor = softmax ? inv : p_scale;
     const double gdense = ginv * dense;
-    for (std::int32_t e = 0; e < E8; e += 8) {
-      f32b v = {};
+    for (std::int32_t i = 0; i < E8; i += W) {
+      f32w v = {};
       if (p.accumulate) {
-        if (e + 8 <= E) {
-          v = block(out + e);
+        if (i + W <= E) {
+          v = block(out + i);
         } else {
-          for (std::int32_t l = 0; e + l < E; ++l) v[l] = out[e + l];
+          for (std::int32_t l = 0; i + l < E; ++l) v[l] = out[i + l];
         }
       }
       if (any) {
-        f64b ct;
+        f64w ct;
         if (E8 > 16) {
-          ct = block(s.ct + e);
+          ct = block(s.ct + i);
         } else {
-          ct = f64b{};
-          const f64b lane = f64b{0, 1, 2, 3, 4, 5, 6, 7} + static_cast<double>(e);
+          alignas(64) static constexpr double iota[8] = {0, 1, 2, 3, 4, 5, 6, 7};
+          const f64w lane = block(iota) + static_cast<double>(i);
+          ct = f64w{};
           for (std::int32_t j = 0; j < k; ++j)
-            ct += lane == static_cast<double>(ids[j]) ? f64b{} + chosen[j] : f64b{};
+            ct += __builtin_bit_cast(f64w, __builtin_bit_cast(i64w, f64w{} + chosen[j]) &
+                                               (lane == static_cast<double>(ids[j])));
         }
-        v += __builtin_convertvector(block(gex + e) * gdense + ct, f32b);
+        v += __builtin_convertvector(block(gex + i) * gdense + ct, f32w);
       }
       if (L.aux || L.seq) {
-        const f64b fac = block(sc_or_dv + e) * p_factor;
-        if (L.aux) v += __builtin_convertvector(fac * (block(s.gp_aux + e) - dot_aux), f32b);
-        if (L.seq) v += __builtin_convertvector(fac * (block(s.gp_seq + e) - dot_seq), f32b);
+        const f64w fac = block(sc_or_dv + i) * p_factor;
+        if (L.aux) v += __builtin_convertvector(fac * (block(s.gp_aux + i) - dot_aux), f32w);
+        if (L.seq) v += __builtin_convertvector(fac * (block(s.gp_seq + i) - dot_seq), f32w);
       }
-      if (L.zl) v += __builtin_convertvector(czl * (block(s.ex + e) * inv), f32b);
-      if (e + 8 <= E && !any_nonfinite) {
-        block(out + e) = v;
+      if (L.zl) v += __builtin_convertvector(czl * (block(s.ex + i) * inv), f32w);
+      if (i + W <= E && !any_nonfinite) {
+        block(out + i) = v;
       } else {
-        block(s.res + e) = v;
+        block(s.res + i) = v;
       }
     }
     if (any && E8 > 16)
       for (std::int32_t j = 0; j < k; ++j) s.ct[ids[j]] = 0.0;
-    // the tail block went to res; with a non-finite logit every block did, and such an
+    // the tail vector went to res; with a non-finite logit every vector did, and such an
     // element gets no gradient: it keeps what it held (a rare row)
     if (!any_nonfinite) {
-      for (std::int32_t e = E & ~7; e < E; ++e) out[e] = s.res[e];
+      for (std::int32_t e = E / W * W; e < E; ++e) out[e] = s.res[e];
     } else {
       for (std::int32_t e = 0; e < E; ++e)
         if (math::nonfinite(math::load(row[e])) == 0) {

@@ -28,6 +28,7 @@ using f32x4 = float __attribute__((vector_size(16)));
 using f64x8 = double __attribute__((vector_size(64)));
 using f64x4 = double __attribute__((vector_size(32)));
 using f64x2 = double __attribute__((vector_size(16)));
+using i64x8 = std::int64_t __attribute__((vector_size(64)));
 
 /// Lanes of the double accumulators: 8 fills an AVX-512 register and is a fixed number, so a
 /// sum's rounding does not depend on the ISA the code was compiled for.
@@ -140,8 +141,6 @@ template <class V>
 }
 #endif
 
-using i64x8 = std::int64_t __attribute__((vector_size(64)));
-
 MOEROUTE_PRECISE_FP_BEGIN
 /// @brief log(x) in double for a normal, finite x > 0: x = 2^e * f with f in [sqrt(1/2),
 ///        sqrt(2)), log f = 2 atanh(s), s = (f - 1) / (f + 1), |s| < 0.172, by its odd series
@@ -183,13 +182,54 @@ MOEROUTE_PRECISE_FP_BEGIN
 ///       into a caller that is too (the logit gradient's row path), the same bits on every
 ///       ISA, scalar or vector. Within 2.5e-16 relative (about 1 ulp) of exp(x) for normal
 ///       results (tests/cpu/math_test.cpp).
+using i64x4 = std::int64_t __attribute__((vector_size(32)));
+/// The 64-bit integer lanes matching double lanes V.
+template <class V>
+struct int_lanes {
+  using type = std::int64_t;
+};
+template <>
+struct int_lanes<f64x8> {
+  using type = i64x8;
+};
+template <>
+struct int_lanes<f64x4> {
+  using type = i64x4;
+};
+using i64x2 = std::int64_t __attribute__((vector_size(16)));
+template <>
+struct int_lanes<f64x2> {
+  using type = i64x2;
+};
+
 // (__builtin_bit_cast: std::bit_cast would return a vector by value)
 template <class V>
 [[gnu::always_inline]] inline void exp_lanes(V& x) noexcept {
-  using I = std::conditional_t<std::is_same_v<V, double>, std::int64_t, i64x8>;
+#if !defined(__AVX512F__)
+  if constexpr (std::is_same_v<V, f64x8>) {
+    // two halves of 4 lanes, the same operations: 8 lanes of this exp's temporaries are
+    // twice the 16 registers of AVX2 (GCC spilled most of them)
+    f64x4 a = __builtin_shufflevector(x, x, 0, 1, 2, 3),
+          b = __builtin_shufflevector(x, x, 4, 5, 6, 7);
+    exp_lanes(a);
+    exp_lanes(b);
+    x = __builtin_shufflevector(a, b, 0, 1, 2, 3, 4, 5, 6, 7);
+    return;
+  }
+#endif
+  using I = typename int_lanes<V>::type;
   const V lo = V{} - 746.0, hi = V{} + 710.0;
-  x = x < lo ? lo : x;
-  x = x > hi ? hi : x;
+  if constexpr (std::is_same_v<V, double>) {
+    x = x < lo ? lo : x;
+    x = x > hi ? hi : x;
+  } else {
+    // the clamps as bit selects: GCC lowers a ?: of 8 doubles to 128-bit blends without
+    // AVX-512 (and spills); and / or of the compare masks stay two 256-bit operations each
+    const I below = x<lo, above = x> hi;
+    I b = (__builtin_bit_cast(I, x) & ~below) | (__builtin_bit_cast(I, lo) & below);
+    b = (b & ~above) | (__builtin_bit_cast(I, hi) & above);
+    x = __builtin_bit_cast(V, b);
+  }
   constexpr double log2e = 1.4426950408889634074;
   constexpr double magic = 6755399441055744.0;  // 1.5 * 2^52: adding it rounds to an integer
   const V kd = x * log2e + magic;
@@ -218,8 +258,11 @@ template <class V>
   }
 #endif
   // n in [-1076, 1024]: halves in [-538, 512], each a normal power of two; p * 2^n1 is exact,
-  // so a subnormal result is rounded once
-  const I n1 = ni >> 1, n2 = ni - n1;
+  // so a subnormal result is rounded once. n1 = round(n / 2) by the same magic add (n / 2 is
+  // exact): a 64-bit arithmetic shift is AVX-512's only, and GCC took AVX2 / SSE2 lanes one
+  // at a time for it (the logit gradient 4x slower there)
+  const I n1 = __builtin_bit_cast(I, n * 0.5 + magic) - __builtin_bit_cast(std::int64_t, magic);
+  const I n2 = ni - n1;
   const V s1 = __builtin_bit_cast(V, (n1 + 1023) << 52);
   const V s2 = __builtin_bit_cast(V, (n2 + 1023) << 52);
   x = p * s1 * s2;
