@@ -81,13 +81,7 @@ struct gating_backward_row {
 // and every sum over experts puts element e in lane e % 8 of an 8-lane accumulator (lanes8):
 // the same rounding, so the same bits, on every ISA. Vectors are read and written in place
 // through block() (unaligned, may alias) and never pass a call by value (-Wpsabi).
-#if defined(__AVX512F__)
-inline constexpr std::int32_t W = 8;
-#elif defined(__AVX__)
-inline constexpr std::int32_t W = 4;
-#else
-inline constexpr std::int32_t W = 2;
-#endif
+inline constexpr std::int32_t W = math::native_lanes / 2;  // doubles in a native register
 using f64w = double __attribute__((vector_size(8 * W)));
 using i64w = std::int64_t __attribute__((vector_size(8 * W)));
 using f32w = float __attribute__((vector_size(4 * W)));
