@@ -12,6 +12,7 @@
 #include <cmath>
 #include <cstdint>
 #include <cstring>
+#include <limits>
 #include <span>
 #include <string>
 #include <vector>
@@ -164,6 +165,59 @@ TEST_CASE("cpu gating_backward row path: the same bits on every ISA build", "[cp
     }
   }
   CHECK(hash == 0x7391559832d4f475ULL);
+}
+
+// A token's gradient must not depend on where it sits in the batch: rows of at most 8
+// experts go W tokens at a time through the column path (groups start where a task does),
+// the rest of a task and any group with a padding token or a NaN through the row path. The
+// same rows shifted by three tokens (the same sums: the batch is the same) land in other
+// groups and paths; every token's bits must match.
+TEST_CASE("cpu gating_backward: a token's bits do not depend on its position in the batch",
+          "[cpu][backward]") {
+  std::vector<routing_config> cfgs = {presets::mixtral(8, 2), presets::seed_reference(8, 2, 0.75),
+                                      presets::deepspeed_top2(5, 0.5, 1),
+                                      presets::deepspeed_topk(6, 6, 0.5, 1), presets::olmoe(64, 8)};
+  for (auto cfg : cfgs) {
+    cfg.loss.aux_coefficient = 0.01f;
+    cfg.loss.z_coefficient = 0.001f;
+    INFO("E = " << cfg.num_experts << ", k = " << cfg.top_k);
+    const std::int64_t T = 203;
+    const std::int32_t E = cfg.num_experts, k = cfg.top_k;
+    auto x = random_logits(T, E, 31);
+    x[static_cast<std::size_t>(40 * E + 1)] = std::numeric_limits<float>::quiet_NaN();
+    std::vector<std::uint8_t> valid(static_cast<std::size_t>(T), 1);
+    valid[77] = 0;
+    const auto g = reference::gating<float>(cfg, std::span<const float>(x), T, {}, valid);
+    const auto d = reference::dispatch(cfg, g);
+    const auto dw = random_values(static_cast<std::size_t>(T * k), 32);
+    for (const bool accumulate : {false, true}) {
+      std::vector<float> full(static_cast<std::size_t>(T * E), 0.5f), shifted(full);
+      gating_backward_params<float> p;
+      p.d_logits = x.data();
+      p.tokens = T;
+      p.d_valid = valid.data();
+      p.gated = reference::view(g);
+      p.dispatched.d_fate = d.fates.data();
+      p.d_grad_weight = dw.data();
+      p.accumulate = accumulate;
+      p.d_grad_logits = full.data();
+      REQUIRE(cpu::gating_backward(cfg, p, cpu::executor::serial()).ok());
+      constexpr std::int64_t s = 3;
+      p.d_logits += s * E;
+      p.tokens = T - s;
+      p.d_valid += s;
+      p.gated.d_ids += s * k;
+      p.gated.d_gates += s * k;
+      p.dispatched.d_fate += s * k;
+      p.d_grad_weight += s * k;
+      p.d_grad_logits = shifted.data() + s * E;
+      REQUIRE(cpu::gating_backward(cfg, p, cpu::executor::serial()).ok());
+      for (std::size_t i = static_cast<std::size_t>(s * E); i < full.size(); ++i)
+        if (std::bit_cast<std::uint32_t>(full[i]) != std::bit_cast<std::uint32_t>(shifted[i]))
+          FAIL("token " << i / E << ", expert " << i % E << ": " << full[i] << " in the batch, "
+                        << shifted[i] << " shifted by " << s);
+    }
+  }
 }
 
 TEST_CASE("cpu gating_backward: bad params name the field", "[cpu][backward]") {

@@ -175,7 +175,7 @@ struct gating_backward_agent {
   const gating_backward_params<Element>& p;
   std::int32_t E, k;
   score_function score;
-  bool softmax_after, before_drop, after_drop, noisy_gates, row_path;
+  bool softmax_after, before_drop, after_drop, noisy_gates, row_path, column_path = false;
   double routing_weight, aux_weight = 0.0, seq_weight = 0.0, z_weight = 0.0;
   // seq_divisor: the sequences with a valid token (sequence_reduction::mean) or 1 (sum)
   std::int64_t sequences = 0, seq_len = 0, seq_divisor = 0, valid_tokens = 0;
@@ -206,6 +206,8 @@ struct gating_backward_agent {
     }
     z_weight = cfg.loss.z_coefficient != 0.0f ? p.weights.z * cfg.loss.z_coefficient : 0.0;
     valid_tokens = p.gated.sums.d_valid_tokens ? *p.gated.sums.d_valid_tokens : p.tokens;
+    column_path = row_path && E <= 8 && k <= 8 && score == score_function::softmax &&
+                  !noisy_gates && seq_weight == 0.0;
   }
 
   /// The upstream d weight of choice j: 0 for a dropped assignment (weight 0 whatever the
@@ -469,6 +471,7 @@ struct gating_backward_agent {
     const double* sc_or_dv = softmax ? s.ex : s.dv;  // the factor of (gp - dot)
     const double p_factor = softmax ? inv : p_scale;
     const double gdense = ginv * dense;
+    const bool dense_part = softmax && !softmax_after;
     for (std::int32_t i = 0; i < E8; i += W) {
       f32w v = {};
       if (p.accumulate) {
@@ -490,7 +493,8 @@ struct gating_backward_agent {
             ct += __builtin_bit_cast(f64w, __builtin_bit_cast(i64w, f64w{} + chosen[j]) &
                                                (lane == static_cast<double>(ids[j])));
         }
-        v += __builtin_convertvector(block(gex + i) * gdense + ct, f32w);
+        // (only a softmax before top-k has the dense part; else gex may be unset: 0 + ct)
+        v += __builtin_convertvector(dense_part ? block(gex + i) * gdense + ct : f64w{} + ct, f32w);
       }
       if (L.aux || L.seq) {
         const f64w fac = block(sc_or_dv + i) * p_factor;
@@ -518,6 +522,173 @@ struct gating_backward_agent {
           out[e] = 0.0f;
         }
     }
+  }
+
+  /// The column path, for rows of at most 8 experts with softmax scores and no noise or
+  /// sequence aux loss (Mixtral): W tokens side by side, one per vector lane, each expert and
+  /// each choice one vector. A row of 8 is one vector, so the row path is a chain of dependent
+  /// steps per token; here the chain's every step serves W tokens at once. The row path's
+  /// operations in its order (sums folded as its 8 lanes are, the same selects and
+  /// reciprocals), so a token gets the same bits in either path (backward_test checks it).
+  /// Returns false, writing nothing, when a token of the group is padding or has a NaN / Inf
+  /// logit: the caller gives the group to the row path.
+  [[nodiscard]] bool column_group(std::int64_t t0) const {
+    constexpr std::int32_t n = 8;  // experts and choices, at most
+    if (valid_tokens == 0) return false;
+    const bool routing = p.d_grad_weight != nullptr && routing_weight != 0.0;
+    alignas(64) double xt[n][W], dwt[n][W], alt[n][W], idt[n][W];
+    for (std::int32_t l = 0; l < W; ++l) {
+      const std::int64_t t = t0 + l;
+      if (p.d_valid != nullptr && p.d_valid[t] == 0) return false;
+      const Element* row = p.d_logits + t * E;
+      for (std::int32_t e = 0; e < E; ++e) {
+        const float f = math::load(row[e]);
+        if (math::nonfinite(f) != 0) return false;
+        xt[e][l] = static_cast<double>(math::sanitize(f));
+      }
+      for (std::int32_t j = 0; j < k; ++j) {
+        dwt[j][l] = routing ? d_weight(t, j) : 0.0;
+        alt[j][l] = routing && holds_row(p.dispatched.d_fate[t * k + j]) ? 1.0 : 0.0;
+        idt[j][l] = routing ? static_cast<double>(p.gated.d_ids[t * k + j]) : -1.0;
+      }
+    }
+    const loss_terms L = losses_of(t0);  // (aux and z are per call without sequences)
+    const auto& g = cfg.gating;
+    f64w x[n], ex[n], dw[n], alive[n], id[n];
+    i64w any = {};
+    for (std::int32_t e = 0; e < E; ++e) x[e] = block(xt[e]);
+    for (std::int32_t j = 0; j < k; ++j) {
+      dw[j] = block(dwt[j]);
+      alive[j] = block(alt[j]);
+      id[j] = block(idt[j]);
+      any |= dw[j] != 0.0;
+    }
+    // ---- the softmax: max, exps, their sum folded as the row path's 8 lanes, the aux dot
+    f64w cm = f64w{} - static_cast<double>(FLT_MAX);
+    for (std::int32_t e = 0; e < E; ++e) select_lanes(cm, x[e] > cm, x[e]);
+    f64w lane[8], dot[8];
+    for (std::int32_t e = 0; e < 8; ++e) {
+      lane[e] = f64w{};
+      dot[e] = f64w{};
+    }
+    for (std::int32_t e = 0; e < E; ++e) {
+      ex[e] = x[e] - cm;
+      math::exp_lanes(ex[e]);
+      lane[e] = f64w{} + ex[e];
+      if (L.aux) dot[e] = f64w{} + (L.c_aux * static_cast<double>(L.aux_count[e])) * ex[e];
+    }
+    const auto fold8 = [](const f64w(&v)[8], f64w& out) {
+      out = ((v[0] + v[4]) + (v[2] + v[6])) + ((v[1] + v[5]) + (v[3] + v[7]));
+    };
+    f64w sum, dot_aux;
+    fold8(lane, sum);
+    fold8(dot, dot_aux);
+    const f64w inv = 1.0 / sum;
+    dot_aux *= inv;
+    f64w lse;
+    for (std::int32_t l = 0; l < W; ++l) lse[l] = cm[l] + math::log(sum[l]);
+    const bool need_soft = L.zl || L.aux;
+    // ---- the routing term's scalars, per lane (used where `any`)
+    f64w dense = {}, chosen[n];
+    if (routing) {
+      f64w h[n], dgpre[n], dh[n];
+      for (std::int32_t j = 0; j < k; ++j) {  // x and ex at each lane's chosen expert
+        f64w xs = {}, es = {};
+        for (std::int32_t e = 0; e < E; ++e) {
+          const i64w at = id[j] == static_cast<double>(e);
+          select_lanes(xs, at, x[e]);
+          select_lanes(es, at, ex[e]);
+        }
+        h[j] = es;
+        dgpre[j] = xs;  // (held here until the softmax after top-k below reads it)
+      }
+      if (softmax_after) {
+        f64w gm = f64w{} - static_cast<double>(FLT_MAX), gsum = {};
+        for (std::int32_t j = 0; j < k; ++j) select_lanes(gm, dgpre[j] > gm, dgpre[j]);
+        const i64w reuse = need_soft ? i64w{} + (gm == cm) : i64w{};
+        for (std::int32_t j = 0; j < k; ++j) {
+          f64w own = dgpre[j] - gm;
+          math::exp_lanes(own);
+          select_lanes(own, reuse, h[j]);
+          h[j] = own;
+          gsum += h[j];
+        }
+        const f64w inv_gsum = 1.0 / gsum;
+        for (std::int32_t j = 0; j < k; ++j) h[j] = h[j] * inv_gsum;
+      } else {
+        for (std::int32_t j = 0; j < k; ++j) h[j] = h[j] * inv;
+      }
+      const auto choice_fold = [&](auto&& f, f64w& out) {
+        f64w acc[8];
+        for (std::int32_t j = 0; j < 8; ++j) acc[j] = f64w{};
+        for (std::int32_t j = 0; j < k; ++j) f(j, acc[j]);
+        fold8(acc, out);
+      };
+      const double sf = static_cast<double>(g.scaling_factor);
+      f64w denom = f64w{} + 1.0, inv_denom, inv_D = {}, dot_w_D2 = {};
+      if (before_drop) {
+        choice_fold([&](std::int32_t j, f64w& a) { a += h[j]; }, denom);
+        denom += static_cast<double>(g.renorm_epsilon);
+      }
+      inv_denom = 1.0 / denom;
+      select_lanes(inv_denom, denom <= 0.0, f64w{});
+      if (after_drop) {
+        f64w S, dot_w;
+        choice_fold([&](std::int32_t j, f64w& a) { a += alive[j] * h[j]; }, S);
+        choice_fold([&](std::int32_t j, f64w& a) { a += dw[j] * h[j]; }, dot_w);
+        f64w D = S;
+        select_lanes(D, S <= static_cast<double>(FLT_EPSILON),
+                     f64w{} + static_cast<double>(FLT_EPSILON));
+        inv_D = 1.0 / D;
+        dot_w_D2 = dot_w * inv_D * inv_D;
+        select_lanes(dot_w_D2, S < static_cast<double>(FLT_EPSILON), f64w{});
+      }
+      for (std::int32_t j = 0; j < k; ++j)
+        dgpre[j] = after_drop ? alive[j] * (sf * (dw[j] * inv_D - dot_w_D2)) : sf * dw[j];
+      f64w dgh, dot3 = {};
+      choice_fold([&](std::int32_t j, f64w& a) { a += dgpre[j] * h[j]; }, dgh);
+      const f64w dot2_d2 = (before_drop ? dgh : f64w{}) * inv_denom * inv_denom;
+      for (std::int32_t j = 0; j < k; ++j) {
+        dh[j] = dgpre[j];
+        if (before_drop) {
+          dh[j] = dgpre[j] * inv_denom - dot2_d2;
+          select_lanes(dh[j], denom <= 0.0, f64w{});
+        }
+      }
+      if (softmax_after) {
+        dot3 = dgh;
+      } else {
+        choice_fold([&](std::int32_t j, f64w& a) { a += dh[j] * h[j]; }, dot3);
+        dense = -dot3;
+      }
+      for (std::int32_t j = 0; j < k; ++j)
+        chosen[j] = softmax_after ? h[j] * (dgpre[j] - dot3) : h[j] * dh[j];
+    }
+    // ---- pass 3 per expert: each term rounded to float and added in the reference's order
+    const f64w gdense = inv * dense, czl = L.c_z * lse;
+    alignas(64) float vt[n][W];
+    for (std::int32_t e = 0; e < E; ++e) {
+      f32w v = {};
+      if (p.accumulate)
+        for (std::int32_t l = 0; l < W; ++l) v[l] = p.d_grad_logits[(t0 + l) * E + e];
+      if (routing) {
+        f64w ct = {};
+        for (std::int32_t j = 0; j < k; ++j)
+          ct += __builtin_bit_cast(f64w, __builtin_bit_cast(i64w, f64w{} + chosen[j]) &
+                                             (id[j] == static_cast<double>(e)));
+        const f32w with = v + __builtin_convertvector(ex[e] * gdense + ct, f32w);
+        const i32w keep = __builtin_convertvector(any, i32w);
+        v = keep != 0 ? with : v;
+      }
+      if (L.aux)
+        v += __builtin_convertvector(
+            ex[e] * inv * (L.c_aux * static_cast<double>(L.aux_count[e]) - dot_aux), f32w);
+      if (L.zl) v += __builtin_convertvector(czl * (ex[e] * inv), f32w);
+      block(vt[e]) = v;
+    }
+    for (std::int32_t l = 0; l < W; ++l)
+      for (std::int32_t e = 0; e < E; ++e) p.d_grad_logits[(t0 + l) * E + e] = vt[e][l];
+    return true;
   }
 
   /// max (from its start value) and sum of exp(x(e) - max) over the row, in e order, as the
@@ -706,7 +877,13 @@ template <class Element>
     task_range(p.tokens, tasks, i, begin, end);
     if (agent.row_path) {
       detail::gating_backward_row row;  // uninitialised: each row pass writes before reading
-      for (std::int64_t t = begin; t < end; ++t) agent.token(t, &row);
+      std::int64_t t = begin;
+      // rows of at most 8: W tokens at a time where the column path takes them (the same
+      // bits: which tokens share a group changes nothing)
+      for (; agent.column_path && t + detail::W <= end; t += detail::W)
+        if (!agent.column_group(t))
+          for (std::int64_t u = t; u < t + detail::W; ++u) agent.token(u, &row);
+      for (; t < end; ++t) agent.token(t, &row);
     } else {
       for (std::int64_t t = begin; t < end; ++t) agent.token(t, nullptr);
     }
