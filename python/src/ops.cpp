@@ -398,8 +398,15 @@ py::tuple route_host(routing_config cfg, py::object logits, py::object bias, py:
   for (int g = 0; g < 4; ++g)
     for (const spec& s : groups[g]) {
       if (g == 3) std::fill(at, at + bytes_of(s), std::byte{0});
-      std::vector<py::ssize_t> shape(s.shape.begin(), s.shape.end());
-      out[g][py::str(s.name)] = py::array(numpy_dtype(s.dtype), shape, {}, at, buffer);
+      // C-order strides from the element size: pybind11 before 2.12 reads a dtype's itemsize
+      // at numpy 1's offset and made 0 strides under numpy 2
+      std::vector<py::ssize_t> shape(s.shape.begin(), s.shape.end()), strides(shape.size());
+      auto stride = static_cast<py::ssize_t>(elem_bytes(s.dtype));
+      for (std::size_t d = shape.size(); d-- > 0;) {
+        strides[d] = stride;
+        stride *= shape[d];
+      }
+      out[g][py::str(s.name)] = py::array(numpy_dtype(s.dtype), shape, strides, at, buffer);
       a.preset(s.name, array_view{at, s.dtype, s.shape, {dl::cpu, 0}});
       at += aligned(bytes_of(s));
     }
