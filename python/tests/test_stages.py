@@ -402,6 +402,8 @@ def test_fused_host_route_equals_the_stages(name, cfg, case):
         for key in want:
             assert got[key].dtype == want[key].dtype and got[key].shape == want[key].shape, key
             # (C order, as numpy makes them: pybind11 < 2.12 made 0 strides under numpy 2)
-            assert got[key].flags["C_CONTIGUOUS"] and got[key].strides == want[key].strides, key
+            assert got[key].flags["C_CONTIGUOUS"], key
+            if want[key].size > 0:  # (an empty array's strides are numpy's choice)
+                assert got[key].strides == want[key].strides, key
             np.testing.assert_array_equal(got[key], want[key], err_msg=key)
     assert fused.laid.max_rows == lay.max_rows and fused.laid.kind == lay.kind
