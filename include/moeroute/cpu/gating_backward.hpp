@@ -4,6 +4,11 @@
 // cuda::gating_backward and the formulas of reference::gating_backward (docs/numerics.md,
 // "Gradients"). Per token, every intermediate in double, each term rounded to float and added
 // in the reference's order; tokens run in fixed blocks, so the bits do not depend on threads.
+// Three paths (numerics.md, "Losses, logit gradient"): the row path (rows of up to 512
+// experts: vectors of the ISA's width, moeroute's own exp / log, sums in 8 fixed lanes: the
+// same bits on every ISA), the column path (softmax rows of at most 8: W tokens side by side,
+// the row path's bits), and the element path for wider rows (libm, the reference's
+// per-element expressions).
 #pragma once
 
 #include <algorithm>
@@ -57,7 +62,7 @@ inline double score_deriv(score_function f, double x, double s) {
 inline constexpr std::int32_t gating_backward_row_max = 512;
 inline constexpr std::int32_t gating_backward_row_max_k = 64;
 
-/// One row's values, made once per token by the row path (36 KB on the stack, one per task).
+/// One row's values, made once per token by the row path (38 KB on the stack, one per task).
 /// Arrays are padded to whole blocks of 8 lanes; pad lanes hold values that add nothing.
 struct gating_backward_row {
   static constexpr std::int32_t n = gating_backward_row_max;
@@ -247,7 +252,8 @@ struct gating_backward_agent {
     return l;
   }
 
-  /// One token's row of d logits: zero for padding, else the row path or the element path.
+  /// One token's row of d logits: zero for padding, else the row path or the element path
+  /// (the column path takes whole groups of tokens: column_group).
   void token(std::int64_t t, gating_backward_row* row) const {
     float* out = p.d_grad_logits + t * E;
     const bool valid = p.d_valid == nullptr || p.d_valid[t] != 0;
@@ -262,8 +268,9 @@ struct gating_backward_agent {
     }
   }
 
-  /// The row path, in blocks of 8 lanes (GCC / Clang generic vectors, math::exp_lanes in
-  /// double): a pass loading the logits, one making the exps with their sums and the aux dot,
+  /// The row path, in vectors of W lanes over rows padded to blocks of 8 (GCC / Clang generic
+  /// vectors, math::exp_lanes in double): a pass loading the logits, one making the exps with
+  /// their sums and the aux dot,
   /// the k choices' scalars, and one pass adding every term, each rounded to float in the
   /// reference's order. The reference's formulas; its sums over experts are in 8 lanes here,
   /// a softmax is exp * (1 / sum), and its exp / log are math::exp_lanes / math::log (within
