@@ -231,9 +231,9 @@ struct gating_backward_agent {
     std::int64_t q = 0;  ///< the token's sequence
     double seq_base = 0.0, seq_L2 = 1.0, c_aux = 0.0, c_z = 0.0;
     /// d loss / d P(e) of the sequence aux term
-    [[nodiscard]] double gp_seq(const std::int64_t* seq_count, std::int32_t E,
+    [[nodiscard]] double gp_seq(const std::int64_t* seq_count, std::int32_t experts,
                                 std::int32_t e) const {
-      return seq_base * static_cast<double>(seq_count[q * E + e]) / seq_L2;
+      return seq_base * static_cast<double>(seq_count[q * experts + e]) / seq_L2;
     }
   };
   [[nodiscard]] loss_terms losses_of(std::int64_t t) const {
