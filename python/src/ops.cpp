@@ -11,6 +11,7 @@
 #include <moeroute/cpu.hpp>
 #include <moeroute/params/checks.hpp>
 #include <moeroute/status.hpp>
+#include <moeroute/workspace.hpp>
 
 #include <algorithm>
 #include <cstddef>
@@ -384,15 +385,16 @@ py::tuple route_host(routing_config cfg, py::object logits, py::object bias, py:
                                         {"z_loss", {1}, elem::f64}}};
   const std::size_t gating_ws = gating_workspace_bytes(cfg, T, on.cuda);
   const std::size_t dispatch_ws = dispatch_workspace_bytes(cfg, T, on.cuda);
-  const auto aligned = [](std::size_t n) { return (n + 63) / 64 * 64; };
-  std::size_t total = aligned(std::max(gating_ws, dispatch_ws));
+  const auto aligned = [](std::size_t n) { return align_up(n, 64); };
+  const std::size_t ws_bytes = aligned(std::max(gating_ws, dispatch_ws));
+  std::size_t total = ws_bytes;
   for (const auto& group : groups)
     for (const spec& s : group) total += aligned(bytes_of(s));
   py::array_t<std::uint8_t> buffer(static_cast<py::ssize_t>(total + 64));
   auto* base = reinterpret_cast<std::byte*>(buffer.mutable_data());
   base += (64 - reinterpret_cast<std::uintptr_t>(base) % 64) % 64;
   // an empty batch writes nothing, and the losses only what the config has: zero first
-  std::byte* at = base + aligned(std::max(gating_ws, dispatch_ws));
+  std::byte* at = base + ws_bytes;
   if (T == 0) std::fill(at, base + total, std::byte{0});
   py::dict out[4];
   for (int g = 0; g < 4; ++g)

@@ -270,12 +270,12 @@ struct gating_backward_agent {
 
   /// The row path, in vectors of W lanes over rows padded to blocks of 8 (GCC / Clang generic
   /// vectors, math::exp_lanes in double): a pass loading the logits, one making the exps with
-  /// their sums and the aux dot,
-  /// the k choices' scalars, and one pass adding every term, each rounded to float in the
-  /// reference's order. The reference's formulas; its sums over experts are in 8 lanes here,
-  /// a softmax is exp * (1 / sum), and its exp / log are math::exp_lanes / math::log (within
-  /// 1e-15 relative of libm's): the result agrees with it to ~1e-15 relative before the float
-  /// rounding. Fixed lanes, so the bits do not depend on the ISA or the thread count.
+  /// their sums and the aux dot, the k choices' scalars, and one pass adding every term, each
+  /// rounded to float in the reference's order. The reference's formulas; its sums over experts are
+  /// in 8 lanes here, a softmax is exp * (1 / sum), and its exp / log are math::exp_lanes /
+  /// math::log (within 1e-15 relative of libm's): the result agrees with it to ~1e-15 relative
+  /// before the float rounding. Fixed lanes, so the bits do not depend on the ISA or the thread
+  /// count.
   void row_token(std::int64_t t, gating_backward_row& s) const {
     constexpr std::int32_t max_k = gating_backward_row_max_k;
     const std::int32_t E8 = (E + 7) & ~7;

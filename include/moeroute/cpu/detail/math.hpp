@@ -170,18 +170,6 @@ MOEROUTE_PRECISE_FP_BEGIN
   return ed * ln2_hi + ((2.0 * s) * (z * p) + (ed * ln2_lo + 2.0 * s));
 }
 
-/// @brief x = exp(x) in double, in place, lane-wise for V = double or f64x8 (in place: a vector
-///        never passes a call by value, -Wpsabi), for any x that is not NaN:
-///        x clamped to [-746, 710], n = round(x / ln2) by adding 1.5 * 2^52 (n is then the low
-///        bits of the sum: no float-to-integer conversion, which AVX2 lacks for doubles),
-///        r = x - n ln2 in two parts (|r| <= 0.347), exp(r) by its Taylor series to r^13
-///        (truncation < 5e-18 relative), and the scaling by 2^n in two normal powers
-///        of two so that subnormal results come out and x > 709.79 gives +inf. Below -745.2 the
-///        result is 0, as is exp's.
-/// @note The same operations for both V, written uncontracted (MOEROUTE_PRECISE_FP): inlined
-///       into a caller that is too (the logit gradient's row path), the same bits on every
-///       ISA, scalar or vector. Within 2.5e-16 relative (about 1 ulp) of exp(x) for normal
-///       results (tests/cpu/math_test.cpp).
 using i64x4 = std::int64_t __attribute__((vector_size(32)));
 /// The 64-bit integer lanes matching double lanes V.
 template <class V>
@@ -202,34 +190,25 @@ struct int_lanes<f64x2> {
   using type = i64x2;
 };
 
-// (__builtin_bit_cast: std::bit_cast would return a vector by value)
+/// @brief x = exp(x) in double, in place, lane-wise for V = double, f64x2, f64x4 or f64x8 (in
+///        place: a vector never passes a call by value, -Wpsabi), for any x that is not NaN:
+///        x clamped to [-746, 710], n = round(x / ln2) by adding 1.5 * 2^52 (n is then the low
+///        bits of the sum: no float-to-integer conversion, which AVX2 lacks for doubles),
+///        r = x - n ln2 in two parts (|r| <= 0.347), exp(r) by its Taylor series to r^13
+///        (truncation < 5e-18 relative), and the scaling by 2^n in two normal powers
+///        of two so that subnormal results come out and x > 709.79 gives +inf. Below -745.2 the
+///        result is 0, as is exp's.
+/// @note The same operations for every V, written uncontracted (MOEROUTE_PRECISE_FP): inlined
+///       into a caller that is too (the logit gradient's row path), the same bits on every
+///       ISA, scalar or vector. Within 2.5e-16 relative (about 1 ulp) of exp(x) for normal
+///       results (tests/cpu/math_test.cpp). (__builtin_bit_cast below: std::bit_cast would
+///       return a vector by value.)
 template <class V>
 [[gnu::always_inline]] inline void exp_lanes(V& x) noexcept {
-#if !defined(__AVX512F__)
-  if constexpr (std::is_same_v<V, f64x8>) {
-    // two halves of 4 lanes, the same operations: 8 lanes of this exp's temporaries are
-    // twice the 16 registers of AVX2 (GCC spilled most of them)
-    f64x4 a = __builtin_shufflevector(x, x, 0, 1, 2, 3),
-          b = __builtin_shufflevector(x, x, 4, 5, 6, 7);
-    exp_lanes(a);
-    exp_lanes(b);
-    x = __builtin_shufflevector(a, b, 0, 1, 2, 3, 4, 5, 6, 7);
-    return;
-  }
-#endif
   using I = typename int_lanes<V>::type;
   const V lo = V{} - 746.0, hi = V{} + 710.0;
-  if constexpr (std::is_same_v<V, double>) {
-    x = x < lo ? lo : x;
-    x = x > hi ? hi : x;
-  } else {
-    // the clamps as bit selects: GCC lowers a ?: of 8 doubles to 128-bit blends without
-    // AVX-512 (and spills); and / or of the compare masks stay two 256-bit operations each
-    const I below = x<lo, above = x> hi;
-    I b = (__builtin_bit_cast(I, x) & ~below) | (__builtin_bit_cast(I, lo) & below);
-    b = (b & ~above) | (__builtin_bit_cast(I, hi) & above);
-    x = __builtin_bit_cast(V, b);
-  }
+  x = x < lo ? lo : x;
+  x = x > hi ? hi : x;
   constexpr double log2e = 1.4426950408889634074;
   constexpr double magic = 6755399441055744.0;  // 1.5 * 2^52: adding it rounds to an integer
   const V kd = x * log2e + magic;
