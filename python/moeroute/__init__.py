@@ -10,7 +10,10 @@ combine, the aux and z losses and their backward passes) from the C++ library's 
 
 moeroute.torch holds the autograd functions and a Router module; docs/python.md has more."""
 
-from ._core import Config, Error, presets
+from . import _extension
+
+_core = _extension.load()  # the extension built for this CPU's vector level, as moeroute._core
+from ._core import Config, Error, presets  # noqa: E402
 from .hf_config import from_hf as _from_hf
 from ._core import openmp as _openmp
 from .planning import plan, plan_frames
@@ -23,10 +26,12 @@ Config.from_hf = staticmethod(_from_hf)  # Config.from_hf(model.config): see hf_
 
 __version__ = "0.2.0"
 has_openmp = bool(_openmp)
+isa = _core.isa  # the vector level the loaded extension is built for: baseline, avx2, avx512
+Config.__module__ = Error.__module__ = "moeroute"  # pickles name moeroute.Config, any level
 
 __all__ = [
     "Config", "Error", "presets", "plan", "plan_frames", "Gated", "Dispatched", "Laid", "Routing",
     "gating", "dispatch", "layout", "permute", "combine", "losses", "gating_backward",
     "combine_backward", "permute_backward", "expert_bias_update", "route", "RoutingRecord",
-    "agreement",
+    "agreement", "isa",
 ]

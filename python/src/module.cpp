@@ -7,6 +7,7 @@
 
 #include <pybind11/stl.h>
 
+#include <moeroute/cpu/isa.hpp>
 #include <moeroute/status.hpp>
 
 #include "arrays.hpp"
@@ -80,6 +81,8 @@ void init_module(py::module_& m) {
 #else
   m.attr("openmp") = false;
 #endif
+  // the vector level this build's CPU code is compiled for (cpu/isa.hpp): _core_avx2 says avx2
+  m.attr("isa") = std::string(cpu::isa_name(cpu::compiled_isa()));
   m.attr("cuda") = has_cuda();
   m.attr("emulated") = host_arrays_on_device();
 }
