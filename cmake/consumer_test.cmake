@@ -32,6 +32,17 @@ if(MODE STREQUAL "find_package")
     endforeach()
     run(${WORK_DIR}/prefix/bin/moeroute-capacity --scenario zipf --tokens 64 --experts 8
         --factors 1.0,dropless --format csv --quiet)
+    # the installed tool hands over to its build for this CPU's level in libexec/moeroute
+    execute_process(COMMAND ${WORK_DIR}/prefix/bin/moeroute-capacity --version
+                    OUTPUT_VARIABLE version RESULT_VARIABLE rc)
+    if(NOT rc EQUAL 0 OR NOT version MATCHES "\\(([a-z0-9]+) build; this CPU runs ([a-z0-9]+)\\)")
+      message(FATAL_ERROR "moeroute-capacity --version: ${rc} ${version}")
+    endif()
+    if(EXISTS ${WORK_DIR}/prefix/libexec/moeroute/moeroute-capacity-${CMAKE_MATCH_2} AND
+       NOT CMAKE_MATCH_1 STREQUAL CMAKE_MATCH_2)
+      message(FATAL_ERROR "the installed tool ran its ${CMAKE_MATCH_1} build on a "
+                          "${CMAKE_MATCH_2} CPU: ${version}")
+    endif()
   else()
     message(FATAL_ERROR "the install has no bin/moeroute-capacity")
   endif()

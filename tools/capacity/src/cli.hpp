@@ -14,6 +14,7 @@
 
 #include <CLI/CLI.hpp>
 
+#include <moeroute/cpu/isa.hpp>
 #include <moeroute/names.hpp>
 #include <moeroute/planner/scenarios.hpp>
 #include <moeroute/planner/sweep.hpp>
@@ -117,8 +118,15 @@ struct tool_options {
   bool experts_given = false, top_k_given = false, planning = false;  ///< flags seen
 };
 
+/// What `--version` says of the vector level: this build's and the CPU's (isa_dispatch.hpp).
+inline std::string isa_description() {
+  return std::string(cpu::isa_name(cpu::compiled_isa())) + " build; this CPU runs " +
+         std::string(cpu::isa_name(cpu::host_isa()));
+}
+
 /// @brief Parses the command line into `o`.
-/// @return an exit code when the run ends here (--help: 0; a parse error: 2), else nullopt.
+/// @return an exit code when the run ends here (--help, --version: 0; a parse error: 2), else
+/// nullopt.
 inline std::optional<int> parse_command_line(int argc, char** argv, tool_options& o) {
   CLI::App app{
       "moeroute-capacity: compare capacity factors, priorities and drop policies on your "
@@ -211,6 +219,8 @@ inline std::optional<int> parse_command_line(int argc, char** argv, tool_options
       ->capture_default_str();
   app.add_option("--plot-script", o.plot_script, "the plotting script")->capture_default_str();
   app.add_flag("-q,--quiet", o.quiet, "no progress line on stderr");
+  app.set_version_flag("--version", std::string("moeroute-capacity ") + MOEROUTE_TOOL_VERSION +
+                                        " (" + isa_description() + ")");
   app.add_option("--ep", o.ep_ranks,
                  "cluster mode: split each batch over R expert-parallel ranks and report per-rank "
                  "rows and bytes, the hotspot factor, cross-rank share and drops per scope "
@@ -267,6 +277,8 @@ inline std::optional<int> parse_command_line(int argc, char** argv, tool_options
     return app.exit(e);
   } catch (const CLI::CallForAllHelp& e) {
     return app.exit(e);
+  } catch (const CLI::CallForVersion& e) {
+    return app.exit(e);  // the version on stdout, exit 0
   } catch (const CLI::ParseError& e) {
     std::cerr << "moeroute-capacity: " << e.what() << "\n(run with --help for usage)\n";
     return 2;

@@ -7,7 +7,8 @@
 // Four steps, one file each: parse (cli.hpp), check (setup.hpp), load (inputs.hpp), then one
 // mode plans and writes — the sweep (sweep_mode.hpp), --ep R (cluster_mode.hpp),
 // --batch-tokens (planning_mode.hpp) or --agree A B (agree_mode.hpp, which loads its own two
-// dumps). The planning itself is the moeroute::planner library
+// dumps). Before all that, the default build hands over to the build for the CPU's vector level
+// (isa_dispatch.hpp). The planning itself is the moeroute::planner library
 // (tools/capacity/include), which the Python package binds too.
 //
 // Exit codes: 0 success, 2 bad arguments or a malformed .npy file (also one truncated while it
@@ -21,6 +22,7 @@
 #include "cli.hpp"
 #include "cluster_mode.hpp"
 #include "inputs.hpp"
+#include "isa_dispatch.hpp"
 #include "planning_mode.hpp"
 #include "resources.hpp"
 #include "setup.hpp"
@@ -31,6 +33,7 @@ namespace {
 using namespace moeroute::planner::tool;
 
 int run(int argc, char** argv) {
+  run_best_isa_build(argv);  // the default build execs the one for this CPU's vector level
   tool_options o;
   if (const std::optional<int> done = parse_command_line(argc, argv, o)) return *done;
   tool_setup s = check_options(o);

@@ -3,7 +3,7 @@
 """ctest driver for moeroute-capacity: test_capacity_tool.py CASE TOOL WORKDIR.
 
 Cases: synthetic, npy, npy_layers_f16, malformed, bad_args, plot, ep, backends, plan, plan_bad,
-plan_plot, agree, scale (tools/capacity/CMakeLists.txt registers each). Each asserts exact values
+plan_plot, agree, scale, isa (tools/capacity/CMakeLists.txt registers each). Each asserts exact values
 (counts the routing rules determine) and exits non-zero with a message on the first failure.
 """
 import csv
@@ -734,10 +734,69 @@ def case_scale():
             os.remove(path)
 
 
+LEVELS = ("baseline", "avx2", "avx512")
+
+
+def case_isa():
+    """One tool for every x86-64 CPU (src/isa_dispatch.hpp): the default build hands over to
+    the highest level the CPU runs and the build has; MOEROUTE_ISA pins a level (and refuses
+    unknown, missing and unrunnable ones, exit 2); every level plans the same drops and counts."""
+    def with_isa(level, *args):
+        env = dict(os.environ)
+        env.pop("MOEROUTE_ISA", None)
+        if level is not None:
+            env["MOEROUTE_ISA"] = level
+        p = subprocess.run([TOOL, *args], capture_output=True, text=True, timeout=600, env=env)
+        return p.returncode, p.stdout, p.stderr
+
+    rc, out, err = with_isa(None, "--version")
+    check(rc == 0 and out.startswith("moeroute-capacity "), f"--version: exit {rc}: {out} {err}")
+    m = out.strip().rsplit("(", 1)[-1].rstrip(")").split("; this CPU runs ")
+    if len(m) != 2:
+        check(False, f"--version names the build and the CPU: {out!r}")
+        return
+    auto, host = m[0].removesuffix(" build"), m[1]
+    check(host in LEVELS and auto in LEVELS, f"levels {auto}, {host}")
+    built = [lv for lv in LEVELS if lv == "baseline" or
+             os.path.exists(os.path.join(os.path.dirname(TOOL), f"moeroute-capacity-{lv}"))]
+    runnable = [lv for lv in built if LEVELS.index(lv) <= LEVELS.index(host)]
+    check(auto == runnable[-1], f"the default runs {auto}; expected {runnable[-1]} of {built}")
+    sweep = ["--scenario", "uniform,zipf", "--tokens", "777", "--experts", "64", "--top-k", "8",
+             "--preset", "olmoe", "--factors", "0.5,1.0,1.25", "--priorities", "all",
+             "--policies", "zero_weight,next_choice", "--format", "csv", "--threads", "1", "-q"]
+    results = {}
+    for level in runnable:
+        rc, out, err = with_isa(level, "--version")
+        check(rc == 0 and f"({level} build;" in out, f"MOEROUTE_ISA={level}: {out} {err}")
+        rc, out, err = with_isa(level, *sweep)
+        check(rc == 0, f"MOEROUTE_ISA={level} sweep: exit {rc}: {err[-300:]}")
+        results[level] = csv_rows(out)
+    skip = {"cpu_us", "gpu_us", "gating_us", "check", "aux_loss", "z_loss"}
+    base = results.get("baseline", [])
+    check(len(base) >= 12, f"{len(base)} rows")
+    for level, rows in results.items():
+        check(len(rows) == len(base), f"{level}: {len(rows)} rows vs {len(base)}")
+        for a, b in zip(base, rows):
+            for key in a:
+                if key in skip:
+                    continue
+                check(a[key] == b[key], f"{level} {a['scenario']} {a['factor']} {a['priority']} "
+                                        f"{a['policy']}: {key} {b[key]} vs baseline {a[key]}")
+            for key in ("aux_loss", "z_loss"):  # sums of float gates: the exp's last bits
+                check(abs(float(a[key]) - float(b[key])) <= 1e-5 * abs(float(a[key])) + 1e-12,
+                      f"{level} {key} {b[key]} vs baseline {a[key]}")
+    rc, out, err = with_isa("sse9", "--version")
+    check(rc == 2 and "MOEROUTE_ISA='sse9': expected one of baseline, avx2, avx512" in err,
+          f"an unknown level: exit {rc}: {err}")
+    for level in LEVELS[LEVELS.index(host) + 1:]:
+        rc, out, err = with_isa(level, "--version")
+        check(rc == 2 and f"this CPU runs at most {host}" in err, f"{level} on {host}: {err}")
+
+
 {"synthetic": case_synthetic, "npy": case_npy, "npy_layers_f16": case_npy_layers_f16,
  "malformed": case_malformed, "bad_args": case_bad_args, "plot": case_plot, "ep": case_ep,
  "backends": case_backends, "plan": case_plan, "plan_bad": case_plan_bad,
- "plan_plot": case_plan_plot, "agree": case_agree, "scale": case_scale}[CASE]()
+ "plan_plot": case_plan_plot, "agree": case_agree, "scale": case_scale, "isa": case_isa}[CASE]()
 if failures:
     print(f"{len(failures)} check(s) failed in case {CASE}", file=sys.stderr)
     sys.exit(1)
