@@ -453,7 +453,7 @@ struct gating_agent {
   // top_n takes that path (the rows' chains of dependent steps overlap), else row by row; the
   // same ids either way
   void select_tile(const gating_task_space* s, token_state* st, std::int32_t count) const {
-#if defined(MOEROUTE_CPU_SELECT_AVX512)
+#if defined(MOEROUTE_CPU_SELECT_ROWS)
     constexpr std::int32_t rows = 4;
     const std::int32_t n = k + R, size = size_of(st[0]);
     if (count == rows && n >= 3 && n <= select_small_max && size >= 32) {

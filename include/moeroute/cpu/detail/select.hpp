@@ -10,8 +10,9 @@
 //
 // Where a vector compare yields a bit mask (AVX2, AVX-512), n of 3 to 16 first take a
 // threshold: the n-th largest of 16 lane maxima bounds the n-th best from below, so only the
-// entries at or above it (about 10 of 64 .. 256 for n = 8) are ranked — by counting, in
-// registers, with AVX-512 (equal values by index). Rows with more than 16 such entries fall
+// entries at or above it (about 10 of 64 .. 256 for n = 8) are packed (AVX-512's compress,
+// AVX2's permute by a table) and ranked by counting, in registers (equal values by index),
+// four rows side by side in the gating. Rows with more than 16 such entries fall
 // back to the keys: every path returns the same ids (tests/cpu/math_test.cpp, built for
 // the default ISA, AVX2 and the machine's).
 #pragma once
@@ -181,29 +182,6 @@ inline void top2_of_values(const float* v, std::int32_t size, std::int32_t* ids)
   ids[1] = index_of(best[1]);
 }
 
-/// @brief The n best of keys[0, count) (count <= 16, keys distinct, keys[count, 16) writable)
-///        as indices, best first.
-///        Each key's rank is the number of larger keys, counted in two 8-lane vectors against
-///        every key: no serial chain of reductions, unlike n passes.
-[[gnu::always_inline]] inline void order_by_rank(std::int64_t* keys, std::int32_t count,
-                                                 std::int32_t n, std::int32_t* ids) noexcept {
-  for (std::int32_t i = count; i < 16; ++i) keys[i] = no_key;
-  key_x8 a, b, ra = {}, rb = {};
-  std::memcpy(&a, keys, sizeof a);
-  std::memcpy(&b, keys + 8, sizeof b);
-  // all 16 lanes, whatever count is, so that no branch depends on it: padding keys rank
-  // count (below every real key, equal to each other) and add nothing to the real ranks
-  for (std::int32_t j = 0; j < 16; ++j) {
-    const key_x8 kj = key_x8{} + keys[j];
-    ra -= a < kj;  // a true lane is -1
-    rb -= b < kj;
-  }
-  std::int32_t slot[17];  // real keys rank 0 .. count-1, the padding count
-  for (std::int32_t i = 0; i < 8; ++i) slot[ra[i]] = index_of(a[i]);
-  for (std::int32_t i = 0; i < 8; ++i) slot[rb[i]] = index_of(b[i]);
-  for (std::int32_t j = 0; j < n; ++j) ids[j] = slot[j];
-}
-
 #if defined(__AVX512F__) || defined(__AVX2__)
 // Selection by a threshold, where a vector compare yields a bit mask (AVX2, AVX-512).
 
@@ -286,6 +264,7 @@ inline void top2_of_values(const float* v, std::int32_t size, std::int32_t* ids)
 
 #if defined(__AVX512F__) && defined(__AVX512BW__) && defined(__AVX512VL__)
 #define MOEROUTE_CPU_SELECT_AVX512 1
+#define MOEROUTE_CPU_SELECT_ROWS 1  // top_n_rows_by_threshold (AVX-512 or AVX2)
 /// The lanes of v as ordered int32: a larger value is a larger int (-0 folded onto +0,
 /// sign-magnitude made two's complement), so ranks are counted by integer compares.
 [[gnu::always_inline]] inline __m512i ordered_int32(__m512 v) noexcept {
@@ -396,29 +375,134 @@ inline void top_n_rows_by_threshold(const float* const* v, const std::uint8_t* c
   top_n_rows_by_threshold<1>(&v, &allowed, size, n, &ids, &ok);
   return ok;
 }
-#endif
+#elif defined(__AVX2__)
+#define MOEROUTE_CPU_SELECT_ROWS 1
+/// The lanes of v as ordered int32, as the AVX-512 ordered_int32.
+[[gnu::always_inline]] inline __m256i ordered_int32(__m256 v) noexcept {
+  const __m256i b = _mm256_castps_si256(_mm256_add_ps(v, _mm256_setzero_ps()));  // -0 onto +0
+  return _mm256_xor_si256(
+      b, _mm256_and_si256(_mm256_srai_epi32(b, 31), _mm256_set1_epi32(0x7fffffff)));
+}
 
-/// @brief The keys of the allowed entries of v at or above `bound`, in index order, into
-///        keys[0, count); returns count. Writes stay within keys[0, size).
-inline std::int32_t keys_at_least(const float* v, std::int32_t size, const std::uint8_t* allowed,
-                                  float bound, std::int64_t* keys) noexcept {
-  std::int32_t c = 0, i = 0;
-  const __m256 t = _mm256_set1_ps(bound);
-  for (; i + 8 <= size; i += 8) {
-    auto m = static_cast<std::uint32_t>(
-        _mm256_movemask_ps(_mm256_cmp_ps(_mm256_loadu_ps(v + i), t, _CMP_GE_OQ)));
-    if (allowed != nullptr)
-      for (std::int32_t l = 0; l < 8; ++l) m &= ~(allowed[i + l] == 0 ? 1u << l : 0u);
-    for (; m != 0; m &= m - 1) {
-      const std::int32_t j = i + std::countr_zero(m);
-      keys[c++] = key_of(v[j], j);
+/// For each 8-bit mask, the positions of its set bits in order, a nibble each (AVX2 has no
+/// compress: a vpermps by these moves the set lanes to the front).
+inline constexpr auto left_pack_nibbles = [] {
+  struct table {
+    std::uint32_t v[256];
+  } t{};
+  for (std::uint32_t m = 0; m < 256; ++m) {
+    std::uint32_t packed = 0, at = 0;
+    for (std::uint32_t l = 0; l < 8; ++l)
+      if (m >> l & 1u) packed |= l << (4 * at++);
+    t.v[m] = packed;
+  }
+  return t;
+}();
+
+/// The vpermps indices that move the set lanes of `mask` to the front, in lane order.
+[[gnu::always_inline]] inline __m256i left_pack_indices(std::uint32_t mask) noexcept {
+  const __m256i packed = _mm256_set1_epi32(static_cast<std::int32_t>(left_pack_nibbles.v[mask]));
+  return _mm256_and_si256(_mm256_srlv_epi32(packed, _mm256_setr_epi32(0, 4, 8, 12, 16, 20, 24, 28)),
+                          _mm256_set1_epi32(15));
+}
+
+/// @brief The AVX-512 top_n_rows_by_threshold on AVX2: the same threshold, the passing entries
+///        packed 8 lanes at a time (a movemask, a table of vpermps indices, two stores at the
+///        running count), ranked by the same count of better candidates in two 8-lane halves
+///        (h_i < h_j + (i > j), one compare), the rows side by side. Same ids, same fallback:
+///        ok[r] false, ids[r] unwritten, where more than 16 entries of row r pass.
+template <std::int32_t R>
+inline void top_n_rows_by_threshold(const float* const* v, const std::uint8_t* const* allowed,
+                                    std::int32_t size, std::int32_t n, std::int32_t* const* ids,
+                                    bool* ok) noexcept {
+  __m256 t[R];
+  for (std::int32_t r = 0; r < R; ++r)
+    t[r] = _mm256_set1_ps(threshold_of(v[r], size, allowed[r], n));
+  alignas(32) float cand[R][32];
+  alignas(32) std::int32_t where[R][32];
+  std::int32_t c[R] = {};
+  const __m256i lanes = _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7);
+  for (std::int32_t i = 0; i < size; i += 8) {
+    const std::int32_t live = std::min<std::int32_t>(size - i, 8);
+    const auto live_bits = static_cast<std::uint32_t>((1u << live) - 1u);
+    const __m256i at_i = _mm256_add_epi32(lanes, _mm256_set1_epi32(i));
+    for (std::int32_t r = 0; r < R; ++r) {
+      __m256 x;
+      if (live == 8) {
+        x = _mm256_loadu_ps(v[r] + i);
+      } else {  // the row's tail: the lanes past it are never packed
+        alignas(32) float tail[8] = {};
+        std::memcpy(tail, v[r] + i, sizeof(float) * static_cast<std::size_t>(live));
+        x = _mm256_load_ps(tail);
+      }
+      auto k = static_cast<std::uint32_t>(_mm256_movemask_ps(_mm256_cmp_ps(x, t[r], _CMP_GE_OQ))) &
+               live_bits;
+      if (allowed[r] != nullptr) {
+        std::uint64_t bytes = 0;
+        std::memcpy(&bytes, allowed[r] + i, static_cast<std::size_t>(live));
+        const __m256i a = _mm256_cvtepu8_epi32(_mm_cvtsi64_si128(static_cast<std::int64_t>(bytes)));
+        k &= ~static_cast<std::uint32_t>(
+            _mm256_movemask_ps(_mm256_castsi256_ps(_mm256_cmpeq_epi32(a, _mm256_setzero_si256()))));
+      }
+      const std::int32_t at = std::min(c[r], 16);
+      const __m256i to_front = left_pack_indices(k);
+      _mm256_storeu_ps(cand[r] + at, _mm256_permutevar8x32_ps(x, to_front));
+      _mm256_storeu_si256(reinterpret_cast<__m256i*>(where[r] + at),
+                          _mm256_permutevar8x32_epi32(at_i, to_front));
+      c[r] += std::popcount(k);
     }
   }
-  for (; i < size; ++i)
-    if (v[i] >= bound && (allowed == nullptr || allowed[i] != 0)) keys[c++] = key_of(v[i], i);
-  return c;
+  // ranks: lane i of half q (candidate 8q + i) is beaten by candidate j when h_i < h_j + (8q + i
+  // > j); the lanes from c on are INT32_MIN, below every real value, and rank c .. 15
+  __m256i h[R][2], rank[R][2];
+  alignas(32) std::int32_t hs[R][16];
+  for (std::int32_t r = 0; r < R; ++r) {
+    for (std::int32_t q = 0; q < 2; ++q) {
+      const __m256i real = _mm256_cmpgt_epi32(_mm256_set1_epi32(c[r]),
+                                              _mm256_add_epi32(lanes, _mm256_set1_epi32(8 * q)));
+      h[r][q] = _mm256_blendv_epi8(_mm256_set1_epi32(std::numeric_limits<std::int32_t>::min()),
+                                   ordered_int32(_mm256_load_ps(cand[r] + 8 * q)), real);
+      _mm256_store_si256(reinterpret_cast<__m256i*>(hs[r] + 8 * q), h[r][q]);
+      rank[r][q] = _mm256_setzero_si256();
+    }
+  }
+  for (std::int32_t j = 0; j < 16; ++j) {
+    // (8q + i > j) as -1 lanes: subtracting it adds 1
+    const __m256i after0 = _mm256_cmpgt_epi32(lanes, _mm256_set1_epi32(j));
+    const __m256i after1 =
+        _mm256_cmpgt_epi32(_mm256_add_epi32(lanes, _mm256_set1_epi32(8)), _mm256_set1_epi32(j));
+    for (std::int32_t r = 0; r < R; ++r) {
+      const __m256i b = _mm256_set1_epi32(hs[r][j]);
+      rank[r][0] =
+          _mm256_sub_epi32(rank[r][0], _mm256_cmpgt_epi32(_mm256_sub_epi32(b, after0), h[r][0]));
+      rank[r][1] =
+          _mm256_sub_epi32(rank[r][1], _mm256_cmpgt_epi32(_mm256_sub_epi32(b, after1), h[r][1]));
+    }
+  }
+  // the j-th best: the index in the lane ranked j (ranks 0 .. 15, one lane each)
+  for (std::int32_t r = 0; r < R; ++r) {
+    ok[r] = c[r] <= 16;
+    if (!ok[r]) continue;
+    alignas(32) std::int32_t ranks[16];
+    _mm256_store_si256(reinterpret_cast<__m256i*>(ranks), rank[r][0]);
+    _mm256_store_si256(reinterpret_cast<__m256i*>(ranks + 8), rank[r][1]);
+    std::int32_t slot[16];
+    for (std::int32_t l = 0; l < 16; ++l) slot[ranks[l]] = where[r][l];
+    for (std::int32_t j = 0; j < n; ++j) ids[r][j] = slot[j];
+  }
 }
-#endif
+
+/// @brief top_n_rows_by_threshold for one row; false (nothing written) where more than 16
+///        entries pass.
+[[nodiscard]] inline bool top_n_by_threshold(const float* v, std::int32_t size,
+                                             const std::uint8_t* allowed, std::int32_t n,
+                                             std::int32_t* ids) noexcept {
+  bool ok = false;
+  top_n_rows_by_threshold<1>(&v, &allowed, size, n, &ids, &ok);
+  return ok;
+}
+#endif  // AVX-512 BW + VL, or AVX2
+#endif  // AVX-512 or AVX2
 
 /// @brief The n best of keys[0, size) (distinct, keys[size, key_capacity(size)) writable),
 ///        best first, as indices.
@@ -454,22 +538,8 @@ inline void top_n(const float* v, std::int32_t size, const std::uint8_t* allowed
       for (std::int32_t j = 0; j < 2; ++j) vals[j] = v[ids[j]];
     return;
   }
-#if defined(MOEROUTE_CPU_SELECT_AVX512)
+#if defined(MOEROUTE_CPU_SELECT_ROWS)
   if (n >= 3 && n <= 16 && size >= 32 && top_n_by_threshold(v, size, allowed, n, ids)) {
-    if (vals != nullptr)
-      for (std::int32_t j = 0; j < n; ++j) vals[j] = v[ids[j]];
-    return;
-  }
-#elif defined(__AVX2__)
-  // n of 3 .. 16 from 32 or more: the entries at or above a cheap lower bound of the n-th
-  // best (usually under 2n of them), ranked by counting; many ties leave more, taken below
-  if (n >= 3 && n <= 16 && size >= 32) {
-    const std::int32_t c = keys_at_least(v, size, allowed, threshold_of(v, size, allowed, n), keys);
-    if (c <= 16) {
-      order_by_rank(keys, c, n, ids);
-    } else {
-      select_keys(keys, c, n, ids);
-    }
     if (vals != nullptr)
       for (std::int32_t j = 0; j < n; ++j) vals[j] = v[ids[j]];
     return;
