@@ -5,7 +5,9 @@ The package ships the extension once per x86 vector level (include/moeroute/cpu/
 _core (the compiler's default target, SSE2 on x86-64), _core_avx2 (x86-64-v3) and
 _core_avx512 (x86-64-v4). The CPU backend's vector paths are fixed when it is compiled, so the
 level is chosen per process, here: the highest one that both the CPU runs (moeroute._cpu) and
-the package has. Every level gives the same bits, so the choice changes speed, never results.
+the package has. Ids, slots, counts, layouts and the logit gradient are the same bits on every
+level; gates and loss sums may differ in the last bit or two (the float exp with or without
+FMA: docs/numerics.md, "Across ISA builds").
 
 MOEROUTE_ISA=baseline|avx2|avx512 in the environment asks for a level instead (to compare
 levels, or to pin one); a level the CPU cannot run or the package lacks is an error, never a

@@ -183,7 +183,7 @@ TEST_CASE("cpu math::sigmoid_row is within 3 ulp of the sigmoid and monotonic", 
   }
 }
 
-#if defined(__AVX512F__)
+#if defined(MOEROUTE_CPU_FUSED_SIGMOID)
 // sigmoid_row_fused, the one pass of DeepSeek-V3's scores, against the passes it replaces:
 // load_row, sigmoid_row of the sanitised row, + bias, sum_row_f32 — the same bits — on clean
 // rows and on rows with NaN / Inf / FLT_MAX (counted, sanitised).
@@ -216,6 +216,35 @@ TEST_CASE("cpu math::sigmoid_row_fused equals its separate passes", "[cpu][math]
   }
 }
 #endif
+
+// sum_row's order, written out: element i in lane i % 8 of chain i / 8 % 4 (whole groups of
+// 8 only), the chains added (0 + 1) + (2 + 3), the lanes folded (j + j+4), (j + j+2), (0 + 1),
+// then the tail one by one — the same bits on every ISA build (this file runs on the default
+// ISA, AVX2 and the machine's), and exp_row's sum is sum_row of the exps it wrote.
+TEST_CASE("cpu math::sum_row adds in its documented order; exp_row's sum is sum_row's",
+          "[cpu][math]") {
+  std::mt19937 rng(5);
+  std::normal_distribution<float> normal(0.0f, 3.0f);
+  for (std::int32_t n = 1; n <= 300; n += (n < 40 ? 1 : 7)) {
+    std::vector<float> v(static_cast<std::size_t>(n)), ex(v.size());
+    for (auto& x : v) x = normal(rng) * (rng() % 3 == 0 ? 1e4f : 1.0f);
+    double lane[4][8] = {};
+    const std::int32_t whole = n / 8 * 8;
+    for (std::int32_t i = 0; i < whole; ++i) lane[i / 8 % 4][i % 8] += static_cast<double>(v[i]);
+    double c[8], f[4];
+    for (int j = 0; j < 8; ++j) c[j] = (lane[0][j] + lane[1][j]) + (lane[2][j] + lane[3][j]);
+    for (int j = 0; j < 4; ++j) f[j] = c[j] + c[j + 4];
+    double want = (f[0] + f[2]) + (f[1] + f[3]);
+    for (std::int32_t i = whole; i < n; ++i) want += static_cast<double>(v[i]);
+    INFO("n = " << n);
+    REQUIRE(std::bit_cast<std::uint64_t>(math::sum_row(v.data(), n)) ==
+            std::bit_cast<std::uint64_t>(want));
+    const float m = *std::max_element(v.begin(), v.end());
+    const double sum = math::exp_row(v.data(), n, m, ex.data());
+    REQUIRE(std::bit_cast<std::uint64_t>(sum) ==
+            std::bit_cast<std::uint64_t>(math::sum_row(ex.data(), n)));
+  }
+}
 
 // exp's bits are the same scalar or in lanes where the caller keeps every rounding
 // (MOEROUTE_PRECISE_FP, as the logit gradient's row path does): inlined into code compiled

@@ -260,7 +260,7 @@ struct gating_agent {
     random_second = g.second_expert.policy == second_expert_policy::random;
     sampling = g.second_expert.policy == second_expert_policy::sampling;
     wants_lse = p.out.d_logsumexp != nullptr || p.out.sums.d_z_sum_squares != nullptr;
-#if defined(__AVX512F__)
+#if defined(MOEROUTE_CPU_FUSED_SIGMOID)
     fused_sigmoid = g.score == score_function::sigmoid && !noise &&
                     g.select == select_from::scores && !sampling && E % 16 == 0;
 #else
@@ -323,7 +323,7 @@ struct gating_agent {
       const auto* ahead = reinterpret_cast<const char*>(p.d_logits + (st.t + ahead_rows) * E);
       for (std::size_t b = 0; b < row_bytes; b += 64) __builtin_prefetch(ahead + b);
     }
-#if defined(__AVX512F__)
+#if defined(MOEROUTE_CPU_FUSED_SIGMOID)
     if (fused_sigmoid) {
       st.m = math::sigmoid_row_fused(p.d_logits + st.t * E, E,
                                      cfg.gating.expert_bias ? p.d_bias : nullptr, s.x,

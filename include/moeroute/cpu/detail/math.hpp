@@ -289,13 +289,18 @@ template <class Element>
 // stay in registers and the lanes are folded by halves (16 -> 8 -> 4 -> 2 -> 1), a fixed order,
 // so the rounding of a sum is the same for every ISA the vectors are lowered to.
 
-/// The sum of 16 float lanes: (l + l+8), then (+4), (+2), (+1).
-[[nodiscard]] inline float fold_sum(const f32x16& v) noexcept {
-  const f32x8 c = __builtin_shufflevector(v, v, 0, 1, 2, 3, 4, 5, 6, 7) +
-                  __builtin_shufflevector(v, v, 8, 9, 10, 11, 12, 13, 14, 15);
+/// The sum of 16 float lanes held as lanes 0-7 and 8-15: (l + l+8), then (+4), (+2), (+1).
+[[nodiscard]] inline float fold_sum(const f32x8& lo, const f32x8& hi) noexcept {
+  const f32x8 c = lo + hi;
   const f32x4 f =
       __builtin_shufflevector(c, c, 0, 1, 2, 3) + __builtin_shufflevector(c, c, 4, 5, 6, 7);
   return (f[0] + f[2]) + (f[1] + f[3]);
+}
+
+/// The sum of 16 float lanes, in the same order.
+[[nodiscard]] inline float fold_sum(const f32x16& v) noexcept {
+  return fold_sum(__builtin_shufflevector(v, v, 0, 1, 2, 3, 4, 5, 6, 7),
+                  __builtin_shufflevector(v, v, 8, 9, 10, 11, 12, 13, 14, 15));
 }
 
 /// The sum of 8 double lanes: (l + l+4), then (+2), (+1).
@@ -367,14 +372,17 @@ using i32n = std::int32_t __attribute__((vector_size(4 * native_lanes)));
 /// @brief The sum of v[0, n) in float: 16 lanes folded by halves, then the tail (the reference
 ///        adds sequentially; this differs by float rounding only).
 [[nodiscard]] inline float sum_row_f32(const float* __restrict v, std::int32_t n) noexcept {
-  f32x16 lane = {};
+  // (16 lanes as two halves: a 16-float generic vector has no register below AVX-512)
+  f32x8 lo = {}, hi = {};
   std::int32_t i = 0;
   for (; i + 16 <= n; i += 16) {
-    f32x16 x;
-    std::memcpy(&x, v + i, sizeof x);
-    lane += x;
+    f32x8 xl, xh;
+    std::memcpy(&xl, v + i, sizeof xl);
+    std::memcpy(&xh, v + i + 8, sizeof xh);
+    lo += xl;
+    hi += xh;
   }
-  float s = fold_sum(lane);
+  float s = fold_sum(lo, hi);
   for (; i < n; ++i) s += v[i];
   return s;
 }
@@ -476,20 +484,38 @@ template <class Element>
 ///        so that the adds' latency overlaps), the chains added (0 + 1) + (2 + 3), the lanes
 ///        folded by halves, then the tail — one order for every ISA.
 [[nodiscard]] inline double sum_row(const float* __restrict v, std::int32_t n) noexcept {
-  f64x8 lane[4] = {};
-  std::int32_t i = 0;
-  for (; i + 4 * sum_lanes <= n; i += 4 * sum_lanes)
-    for (std::int32_t c = 0; c < 4; ++c) {
-      f32x8 x;
-      std::memcpy(&x, v + i + c * sum_lanes, sizeof x);
-      lane[c] += __builtin_convertvector(x, f64x8);
-    }
-  for (std::int32_t c = 0; i + sum_lanes <= n; i += sum_lanes, ++c) {
+  // each chain's 8 lanes as two halves of 4 (an 8-double generic vector has no register below
+  // AVX-512, where GCC kept the chains in memory; AVX-512's exp_row has its own chains)
+  f64x4 lo[4] = {}, hi[4] = {};
+  const auto add = [&lo, &hi, v](std::int32_t c, std::int32_t at) {
     f32x8 x;
-    std::memcpy(&x, v + i, sizeof x);
-    lane[c] += __builtin_convertvector(x, f64x8);
+    std::memcpy(&x, v + at, sizeof x);
+    lo[c] += __builtin_convertvector(__builtin_shufflevector(x, x, 0, 1, 2, 3), f64x4);
+    hi[c] += __builtin_convertvector(__builtin_shufflevector(x, x, 4, 5, 6, 7), f64x4);
+  };
+  std::int32_t i = 0;
+  for (; i + 4 * sum_lanes <= n; i += 4 * sum_lanes) {
+    add(0, i);
+    add(1, i + sum_lanes);
+    add(2, i + 2 * sum_lanes);
+    add(3, i + 3 * sum_lanes);
   }
-  double s = fold_sum((lane[0] + lane[1]) + (lane[2] + lane[3]));
+  // up to three whole groups of 8 left, into chains 0, 1, 2 (constant indices: registers)
+  if (i + sum_lanes <= n) {
+    add(0, i);
+    i += sum_lanes;
+    if (i + sum_lanes <= n) {
+      add(1, i);
+      i += sum_lanes;
+      if (i + sum_lanes <= n) {
+        add(2, i);
+        i += sum_lanes;
+      }
+    }
+  }
+  // fold_sum of (0 + 1) + (2 + 3): lane j + lane j + 4, then (j + 2), then (+1)
+  const f64x4 c = ((lo[0] + lo[1]) + (lo[2] + lo[3])) + ((hi[0] + hi[1]) + (hi[2] + hi[3]));
+  double s = (c[0] + c[2]) + (c[1] + c[3]);
   for (; i < n; ++i) s += static_cast<double>(v[i]);
   return s;
 }
@@ -695,6 +721,7 @@ inline void sigmoid_row(const float* __restrict x, std::int32_t n, float* __rest
 }
 
 #if defined(__AVX512F__)
+#define MOEROUTE_CPU_FUSED_SIGMOID 1
 /// @brief A per-expert sigmoid row in one pass (DeepSeek-V3's scores): x[i] = sanitize(row[i])
 ///        (the non-finite inputs added to `bad`), scores[i] = sigmoid(x[i]) as sigmoid_row
 ///        computes it, and with a bias sel[i] = scores[i] + bias[i]; returns the max of x and
@@ -726,6 +753,41 @@ template <class Element>
   sum = fold_sum((f32x16)total);
   if (_mm512_cmpeq_epi32_mask(exponents, exponent) != 0) return sanitize_row(row, n, x, bad);
   return max_of_lanes((f32x16)top);
+}
+#elif defined(__AVX2__) && defined(__FMA__)
+#define MOEROUTE_CPU_FUSED_SIGMOID 1
+/// @brief The same pass on AVX2: sigmoid_row's AVX2 sigmoid (exp8 of the clamped negation),
+///        the sum in sum_row_f32's 16 lanes as two halves; the same bits as load_row,
+///        sigmoid_row, the bias add and sum_row_f32 on AVX2. n % 16 == 0.
+template <class Element>
+[[nodiscard]] inline float sigmoid_row_fused(const Element* __restrict row, std::int32_t n,
+                                             const float* __restrict bias, float* __restrict x,
+                                             float* __restrict scores, float* __restrict sel,
+                                             std::int64_t& bad, float& sum) noexcept {
+  const __m256i exponent = _mm256_set1_epi32(0x7F800000);
+  const __m256 one = _mm256_set1_ps(1.0f);
+  __m256 top = _mm256_set1_ps(-FLT_MAX), total[2] = {_mm256_setzero_ps(), _mm256_setzero_ps()};
+  __m256i exponents = _mm256_setzero_si256();  // per lane, the largest exponent field seen
+  for (std::int32_t i = 0; i < n; i += 16) {
+    for (std::int32_t h = 0; h < 2; ++h) {
+      const std::int32_t at = i + 8 * h;
+      const auto v = (__m256)load_lanes(row + at);
+      exponents = _mm256_max_epi32(exponents, _mm256_and_si256(_mm256_castps_si256(v), exponent));
+      _mm256_storeu_ps(x + at, v);
+      top = _mm256_max_ps(top, v);
+      const auto c = (__m256)clamp((f32x8)v, -FLT_MAX, FLT_MAX);  // a NaN to -FLT_MAX
+      const __m256 sv =
+          _mm256_div_ps(one, _mm256_add_ps(one, exp8(_mm256_sub_ps(_mm256_setzero_ps(), c))));
+      _mm256_storeu_ps(scores + at, sv);
+      total[h] = _mm256_add_ps(total[h], sv);
+      if (bias != nullptr)
+        _mm256_storeu_ps(sel + at, _mm256_add_ps(sv, _mm256_loadu_ps(bias + at)));
+    }
+  }
+  sum = fold_sum((f32x8)total[0], (f32x8)total[1]);
+  if (_mm256_movemask_epi8(_mm256_cmpeq_epi32(exponents, exponent)) != 0)
+    return sanitize_row(row, n, x, bad);
+  return max_of_lanes((f32x8)top);
 }
 #endif
 

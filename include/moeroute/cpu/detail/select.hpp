@@ -226,12 +226,12 @@ inline void top2_of_values(const float* v, std::int32_t size, std::int32_t* ids)
 #endif
   for (std::int32_t l = 0; i + l < size; ++l)
     if (allowed == nullptr || allowed[i + l] != 0) m[l] = std::max(m[l], v[i + l]);
+#if defined(__AVX512F__)
   // each lane's count of larger maxima, one broadcast per lane; the n-th largest is the
   // least maximum with fewer than n above it
   using i32x16 = std::int32_t __attribute__((vector_size(64)));
   math::f32x16 lane16;
   std::memcpy(&lane16, m, sizeof lane16);
-#if defined(__AVX512F__)
   // (intrinsics: the generic form below costs five instructions a lane, this two and a
   // broadcast load; two counts so that the adds do not form one chain)
   const __m512 mv = _mm512_load_ps(m);
@@ -244,8 +244,9 @@ inline void top2_of_values(const float* v, std::int32_t size, std::int32_t* ids)
         above1, _mm512_cmp_ps_mask(mv, _mm512_set1_ps(m[l + 1]), _CMP_LT_OQ), above1, one);
   }
   const auto above = (i32x16)_mm512_add_epi32(above0, above1);
+  return math::min_of_lanes(above < n ? lane16 : math::f32x16{} + inf);
 #else
-  // (AVX2: a broadcast, two compares and two subtracts a lane, in two chains)
+  // the same count on AVX2: a broadcast, two compares and two subtracts a lane, in two chains
   const __m256 lo = _mm256_load_ps(m), hi = _mm256_load_ps(m + 8);
   __m256i above_lo = _mm256_setzero_si256(), above_hi = above_lo;
   for (std::int32_t l = 0; l < 16; ++l) {
@@ -253,13 +254,15 @@ inline void top2_of_values(const float* v, std::int32_t size, std::int32_t* ids)
     above_lo = _mm256_sub_epi32(above_lo, _mm256_castps_si256(_mm256_cmp_ps(lo, b, _CMP_LT_OQ)));
     above_hi = _mm256_sub_epi32(above_hi, _mm256_castps_si256(_mm256_cmp_ps(hi, b, _CMP_LT_OQ)));
   }
-  alignas(64) std::int32_t counts[16];
-  _mm256_store_si256(reinterpret_cast<__m256i*>(counts), above_lo);
-  _mm256_store_si256(reinterpret_cast<__m256i*>(counts + 8), above_hi);
-  i32x16 above;
-  std::memcpy(&above, counts, sizeof above);
+  // (in the halves' registers: a 16-lane generic vector has none on AVX2)
+  const __m256i nv = _mm256_set1_epi32(n);
+  const __m256 none = _mm256_set1_ps(inf);
+  const __m256 ml =
+      _mm256_blendv_ps(none, lo, _mm256_castsi256_ps(_mm256_cmpgt_epi32(nv, above_lo)));
+  const __m256 mh =
+      _mm256_blendv_ps(none, hi, _mm256_castsi256_ps(_mm256_cmpgt_epi32(nv, above_hi)));
+  return math::min_of_lanes((math::f32x8)_mm256_min_ps(ml, mh));
 #endif
-  return math::min_of_lanes(above < n ? lane16 : math::f32x16{} + inf);
 }
 
 #if defined(__AVX512F__) && defined(__AVX512BW__) && defined(__AVX512VL__)
@@ -479,15 +482,15 @@ inline void top_n_rows_by_threshold(const float* const* v, const std::uint8_t* c
           _mm256_sub_epi32(rank[r][1], _mm256_cmpgt_epi32(_mm256_sub_epi32(b, after1), h[r][1]));
     }
   }
-  // the j-th best: the index in the lane ranked j (ranks 0 .. 15, one lane each)
+  // the j-th best: the index in the lane ranked j
   for (std::int32_t r = 0; r < R; ++r) {
     ok[r] = c[r] <= 16;
     if (!ok[r]) continue;
     alignas(32) std::int32_t ranks[16];
     _mm256_store_si256(reinterpret_cast<__m256i*>(ranks), rank[r][0]);
     _mm256_store_si256(reinterpret_cast<__m256i*>(ranks + 8), rank[r][1]);
-    std::int32_t slot[16];
-    for (std::int32_t l = 0; l < 16; ++l) slot[ranks[l]] = where[r][l];
+    std::int32_t slot[16];  // the real lanes rank 0 .. c - 1, one each; the padding is never read
+    for (std::int32_t l = 0; l < c[r]; ++l) slot[ranks[l]] = where[r][l];
     for (std::int32_t j = 0; j < n; ++j) ids[r][j] = slot[j];
   }
 }
@@ -675,7 +678,7 @@ inline std::int32_t group_kept_top2(const routing_config& cfg, const float* sel,
     return kept_groups(score, G, keep, kept);
   }
 #endif
-  using math::f32x16, math::f32x4, math::f32x8;
+  using math::f32x4, math::f32x8;
   // lane-wise: the largest and second largest of the pairs (a1, a2) and (b1, b2) (each its
   // largest first) (results by reference: vectors by value would change the ABI per ISA)
   const auto fold_top2 = [](const auto& a1, const auto& b1, const auto& a2, const auto& b2,
@@ -686,22 +689,26 @@ inline std::int32_t group_kept_top2(const routing_config& cfg, const float* sel,
   };
   for (std::int32_t grp = 0; grp < G; ++grp) {
     const float* v = sel + grp * per_group;
-    f32x16 v1, v2 = f32x16{} - std::numeric_limits<float>::infinity();
-    std::memcpy(&v1, v, sizeof v1);
+    // each of 16 lanes' largest and second largest (lane l: the entries i % 16 == l), held as
+    // two 8-lane halves: a 16-float generic vector has no register on AVX2, where GCC kept it
+    // in memory and took it a lane at a time (a third of DeepSeek-V3's gating there)
+    f32x8 lo1, hi1, lo2 = f32x8{} - std::numeric_limits<float>::infinity(), hi2 = lo2;
+    std::memcpy(&lo1, v, sizeof lo1);
+    std::memcpy(&hi1, v + 8, sizeof hi1);
     for (std::int32_t i = 16; i < per_group; i += 16) {
-      f32x16 x;
-      std::memcpy(&x, v + i, sizeof x);
-      const f32x16 lo = v1 < x ? v1 : x;
-      v1 = v1 > x ? v1 : x;
-      v2 = v2 > lo ? v2 : lo;
+      f32x8 xl, xh;
+      std::memcpy(&xl, v + i, sizeof xl);
+      std::memcpy(&xh, v + i + 8, sizeof xh);
+      const f32x8 ml = lo1 < xl ? lo1 : xl, mh = hi1 < xh ? hi1 : xh;
+      lo1 = lo1 > xl ? lo1 : xl;
+      hi1 = hi1 > xh ? hi1 : xh;
+      lo2 = lo2 > ml ? lo2 : ml;
+      hi2 = hi2 > mh ? hi2 : mh;
     }
     // fold the lanes by halves: the two largest of two (largest, second) pairs, lane-wise
     f32x8 b1, b2;
     f32x4 c1, c2;
-    fold_top2(__builtin_shufflevector(v1, v1, 0, 1, 2, 3, 4, 5, 6, 7),
-              __builtin_shufflevector(v1, v1, 8, 9, 10, 11, 12, 13, 14, 15),
-              __builtin_shufflevector(v2, v2, 0, 1, 2, 3, 4, 5, 6, 7),
-              __builtin_shufflevector(v2, v2, 8, 9, 10, 11, 12, 13, 14, 15), b1, b2);
+    fold_top2(lo1, hi1, lo2, hi2, b1, b2);
     fold_top2(__builtin_shufflevector(b1, b1, 0, 1, 2, 3),
               __builtin_shufflevector(b1, b1, 4, 5, 6, 7),
               __builtin_shufflevector(b2, b2, 0, 1, 2, 3),
