@@ -695,6 +695,16 @@ alignas(64) inline constexpr float exp2_sixteenths_lo[16] = {0.0f,
 }
 #endif
 
+#if defined(__AVX2__) && defined(__FMA__) && !defined(__AVX512F__)
+/// The AVX2 sigmoid of 8 lanes, sigmoid(sanitize(v)) for any v: clamped (a NaN to its low
+/// bound), negated, exp8, 1 / (1 + e).
+[[gnu::always_inline]] inline __m256 sigmoid8(__m256 v) noexcept {
+  const auto c = (__m256)clamp((f32x8)v, -FLT_MAX, FLT_MAX);
+  const __m256 one = _mm256_set1_ps(1.0f);
+  return _mm256_div_ps(one, _mm256_add_ps(one, exp8(_mm256_sub_ps(_mm256_setzero_ps(), c))));
+}
+#endif
+
 /// @brief out[i] = sigmoid(sanitize(x[i])) = 1 / (1 + exp(-x)) for i < n: sigmoid16 on
 ///        AVX-512, else with exp() (both within 3 ulp of the sigmoid, docs/numerics.md).
 inline void sigmoid_row(const float* __restrict x, std::int32_t n, float* __restrict out) noexcept {
@@ -708,13 +718,7 @@ inline void sigmoid_row(const float* __restrict x, std::int32_t n, float* __rest
 #else
   std::int32_t i = 0;
 #if defined(__AVX2__) && defined(__FMA__)
-  const __m256 one = _mm256_set1_ps(1.0f);
-  for (; i + 8 <= n; i += 8) {
-    // sanitize (clamp takes a NaN to its low bound), negate, exp8
-    const auto v = (__m256)clamp((f32x8)_mm256_loadu_ps(x + i), -FLT_MAX, FLT_MAX);
-    const __m256 e = exp8(_mm256_sub_ps(_mm256_setzero_ps(), v));
-    _mm256_storeu_ps(out + i, _mm256_div_ps(one, _mm256_add_ps(one, e)));
-  }
+  for (; i + 8 <= n; i += 8) _mm256_storeu_ps(out + i, sigmoid8(_mm256_loadu_ps(x + i)));
 #endif
   for (; i < n; ++i) out[i] = 1.0f / (1.0f + exp(-sanitize(x[i])));
 #endif
@@ -756,7 +760,7 @@ template <class Element>
 }
 #elif defined(__AVX2__) && defined(__FMA__)
 #define MOEROUTE_CPU_FUSED_SIGMOID 1
-/// @brief The same pass on AVX2: sigmoid_row's AVX2 sigmoid (exp8 of the clamped negation),
+/// @brief The same pass on AVX2: sigmoid_row's AVX2 sigmoid (sigmoid8),
 ///        the sum in sum_row_f32's 16 lanes as two halves; the same bits as load_row,
 ///        sigmoid_row, the bias add and sum_row_f32 on AVX2. n % 16 == 0.
 template <class Element>
@@ -765,7 +769,6 @@ template <class Element>
                                              float* __restrict scores, float* __restrict sel,
                                              std::int64_t& bad, float& sum) noexcept {
   const __m256i exponent = _mm256_set1_epi32(0x7F800000);
-  const __m256 one = _mm256_set1_ps(1.0f);
   __m256 top = _mm256_set1_ps(-FLT_MAX), total[2] = {_mm256_setzero_ps(), _mm256_setzero_ps()};
   __m256i exponents = _mm256_setzero_si256();  // per lane, the largest exponent field seen
   for (std::int32_t i = 0; i < n; i += 16) {
@@ -775,9 +778,7 @@ template <class Element>
       exponents = _mm256_max_epi32(exponents, _mm256_and_si256(_mm256_castps_si256(v), exponent));
       _mm256_storeu_ps(x + at, v);
       top = _mm256_max_ps(top, v);
-      const auto c = (__m256)clamp((f32x8)v, -FLT_MAX, FLT_MAX);  // a NaN to -FLT_MAX
-      const __m256 sv =
-          _mm256_div_ps(one, _mm256_add_ps(one, exp8(_mm256_sub_ps(_mm256_setzero_ps(), c))));
+      const __m256 sv = sigmoid8(v);
       _mm256_storeu_ps(scores + at, sv);
       total[h] = _mm256_add_ps(total[h], sv);
       if (bias != nullptr)
