@@ -2,8 +2,9 @@
 """The extension's vector-level builds (moeroute/_extension.py): the package loads the highest
 level that the CPU runs and the package has; MOEROUTE_ISA pins a level and refuses ones that are
 unknown, missing or beyond the CPU; and every level routes as the baseline build does — ids,
-slots, counts and the logit gradient bit for bit, gates within the exp's bound — on batches that reach the vector paths (rows of 8 to 256 experts, groups,
-sigmoid, padding, a NaN row, batch sizes off the 16-token blocks)."""
+slots, counts and the logit gradient bit for bit, gates within the exp's bound — on batches
+that reach the vector paths (rows of 8 to 256 experts, groups, sigmoid, padding, a NaN row,
+batch sizes off the 16-token blocks)."""
 
 import os
 import subprocess
