@@ -369,15 +369,6 @@ inline void top_n_rows_by_threshold(const float* const* v, const std::uint8_t* c
   order_candidates<R>(cand, where, c, n, ids);
 }
 
-/// @brief top_n_rows_by_threshold for one row; false (nothing written) where more than 16
-///        entries pass.
-[[nodiscard]] inline bool top_n_by_threshold(const float* v, std::int32_t size,
-                                             const std::uint8_t* allowed, std::int32_t n,
-                                             std::int32_t* ids) noexcept {
-  bool ok = false;
-  top_n_rows_by_threshold<1>(&v, &allowed, size, n, &ids, &ok);
-  return ok;
-}
 #elif defined(__AVX2__)
 #define MOEROUTE_CPU_SELECT_ROWS 1
 /// The lanes of v as ordered int32, as the AVX-512 ordered_int32.
@@ -495,6 +486,9 @@ inline void top_n_rows_by_threshold(const float* const* v, const std::uint8_t* c
   }
 }
 
+#endif  // AVX-512 BW + VL, or AVX2
+
+#if defined(MOEROUTE_CPU_SELECT_ROWS)
 /// @brief top_n_rows_by_threshold for one row; false (nothing written) where more than 16
 ///        entries pass.
 [[nodiscard]] inline bool top_n_by_threshold(const float* v, std::int32_t size,
@@ -504,7 +498,7 @@ inline void top_n_rows_by_threshold(const float* const* v, const std::uint8_t* c
   top_n_rows_by_threshold<1>(&v, &allowed, size, n, &ids, &ok);
   return ok;
 }
-#endif  // AVX-512 BW + VL, or AVX2
+#endif
 #endif  // AVX-512 or AVX2
 
 /// @brief The n best of keys[0, size) (distinct, keys[size, key_capacity(size)) writable),
