@@ -113,10 +113,9 @@ __global__ void __launch_bounds__(Warps * 32)
     }
     if (counts_here) {
       agent.for_slots([&](int s) {
-        const int e = agent.expert(s);
-        if (e >= E) return;
+        if (!agent.in_row(s)) return;
         if constexpr (Generic) {
-          g_acc[e] += static_cast<double>(agent.sel[s]);
+          g_acc[agent.expert(s)] += static_cast<double>(agent.sel[s]);
         } else {
           s_acc[grp * Row + gating_acc_position<Lanes>(s, agent.lane)] +=
               static_cast<double>(agent.sel[s]);

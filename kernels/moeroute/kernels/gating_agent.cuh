@@ -60,6 +60,9 @@ struct gating_agent {
   const int lane;
   const int ns;  // slots in use
   const int E;
+  // E - (this lane's first expert): slot s is in the row iff index(0, s) < limit, a compare
+  // with a constant (see expert() for why not expert(s) < E)
+  const int limit;
 
   float x[Slots];     // clean, sanitised logits
   float sel[Slots];   // selection values; after the top-k: the aux P
@@ -73,9 +76,22 @@ struct gating_agent {
         sem(args.sem),
         lane(lane_),
         ns(Generic ? args.slots : Slots),
-        E(args.sem.experts) {}
+        E(args.sem.experts),
+        limit(args.sem.experts - row_layout::index(lane_, 0)) {}
 
-  __device__ __forceinline__ int expert(int s) const { return row_layout::index(lane, s); }
+  /// Expert id of slot s. The lane's first id goes through an empty asm each time: otherwise
+  /// nvcc hoists every slot's id out of the token loop into a register of its own, and at E = 256
+  /// (128 registers) spills them; an add in the loop costs less than a local-memory reload.
+  __device__ __forceinline__ int expert(int s) const {
+    int first = E - limit;
+#ifdef __CUDA_ARCH__
+    asm volatile("" : "+r"(first));
+#endif
+    return row_layout::index(0, s) + first;
+  }
+
+  /// Slot s holds an expert (< E), not row padding.
+  __device__ __forceinline__ bool in_row(int s) const { return row_layout::index(0, s) < limit; }
 
   /// f(s) for every slot in use, unrolled when the row lives in registers.
   template <class F>
@@ -98,15 +114,16 @@ struct gating_agent {
       if (Generic && s0 >= ns) break;
       const int e0 = expert(s0);
       float raw[Vec];
-      if (Vec > 1 && a.vector_loads && e0 + Vec <= E) {
+      if (Vec > 1 && a.vector_loads && in_row(s0 + Vec - 1)) {
         load_elements<Element, Vec>(row + e0, raw);
       } else {
 #pragma unroll
-        for (int i = 0; i < Vec; ++i) raw[i] = e0 + i < E ? load_element(row + e0 + i) : -FLT_MAX;
+        for (int i = 0; i < Vec; ++i)
+          raw[i] = in_row(s0 + i) ? load_element(row + e0 + i) : -FLT_MAX;
       }
 #pragma unroll
       for (int i = 0; i < Vec; ++i) {
-        if (e0 + i < E && !isfinite(raw[i])) ++nonfinite;
+        if (in_row(s0 + i) && !isfinite(raw[i])) ++nonfinite;
         x[s0 + i] = gating_math::sanitize(raw[i]);
       }
     }
@@ -120,7 +137,7 @@ struct gating_agent {
     m = warp::group_max<Lanes>(m);
     double se = 0.0;
     for_slots([&](int s) {
-      if (expert(s) < E) se += exp(static_cast<double>(x[s]) - static_cast<double>(m));
+      if (in_row(s)) se += exp(static_cast<double>(x[s]) - static_cast<double>(m));
     });
     se = warp::group_sum<Lanes>(se);
     return static_cast<float>(static_cast<double>(m) + log(se));
@@ -130,12 +147,12 @@ struct gating_agent {
   __device__ __forceinline__ void softmax(float (&v)[Slots]) const {
     float m = -FLT_MAX;
     for_slots([&](int s) {
-      if (expert(s) < E) m = fmaxf(m, v[s]);
+      if (in_row(s)) m = fmaxf(m, v[s]);
     });
     m = warp::group_max<Lanes>(m);
     double sum = 0.0;
     for_slots([&](int s) {
-      if (expert(s) < E) {
+      if (in_row(s)) {
         v[s] = gating_math::exp_f(__fsub_rn(v[s], m));
         sum += static_cast<double>(v[s]);
       } else {
@@ -160,9 +177,9 @@ struct gating_agent {
   __device__ __forceinline__ void noise_and_scores(std::int64_t t) {
     for_slots([&](int s) {
       sel[s] = x[s];
-      const int e = expert(s);
-      if (sem.noise && e < E) {
-        const float z = rng::gating_noise(sem.noise_seed, sem.noise_offset, sem.gaussian, t, E, e);
+      if (sem.noise && in_row(s)) {
+        const float z =
+            rng::gating_noise(sem.noise_seed, sem.noise_offset, sem.gaussian, t, E, expert(s));
         sel[s] = gating_math::sanitize(__fadd_rn(x[s], __fmul_rn(sem.noise_scale, z)));
       }
       gsrc[s] = sem.noisy_gates ? sel[s] : x[s];
@@ -177,9 +194,9 @@ struct gating_agent {
     }
     allowed.clear();
     for_slots([&](int s) {
-      const int e = expert(s);
-      if (e < E) {
-        if (a.bias != nullptr) sel[s] = gating_math::sanitize(__fadd_rn(sel[s], __ldg(a.bias + e)));
+      if (in_row(s)) {
+        if (a.bias != nullptr)
+          sel[s] = gating_math::sanitize(__fadd_rn(sel[s], __ldg(a.bias + expert(s))));
         if (sem.groups <= 1) allowed.set(s);
       }
     });
@@ -196,10 +213,7 @@ struct gating_agent {
     }
     // (a range test instead of the division, or a per-slot group array, costs the register
     // kernels 15 registers: E = 128 drops from 3 blocks an SM to 2)
-    const auto in_group = [&](int s, int g) {
-      const int e = expert(s);
-      return e < E && e / sem.per_group == g;
-    };
+    const auto in_group = [&](int s, int g) { return in_row(s) && expert(s) / sem.per_group == g; };
     for (int g = 0; g < sem.groups; ++g) {
       double gsum = 0.0;
       warp::topk<row_layout, Lanes, Slots, Generic>(
@@ -293,14 +307,13 @@ struct gating_agent {
         sel, ns, 1, [&](int s) { return allowed.test(s); },
         [&](int, float, int best) { first = best; });
     for_slots([&](int s) {
-      const int e = expert(s);
-      if (e >= E) return;
-      if (e == first) {
+      if (!in_row(s)) return;
+      if (expert(s) == first) {
         sel[s] = FLT_MAX;
         return;
       }
-      sel[s] = gating_math::sanitize(
-          __fadd_rn(x[s], rng::second_expert_gumbel(sem.second_seed, sem.second_offset, t, E, e)));
+      sel[s] = gating_math::sanitize(__fadd_rn(
+          x[s], rng::second_expert_gumbel(sem.second_seed, sem.second_offset, t, E, expert(s))));
     });
   }
 
@@ -468,7 +481,7 @@ struct gating_agent {
     float ssum = 0.0f;
     for_slots([&](int s) {
       if (!gsrc_is_clean_scores) sel[s] = gating_math::score_one(sem.score, sel[s]);
-      if (expert(s) < E) ssum = __fadd_rn(ssum, sel[s]);
+      if (in_row(s)) ssum = __fadd_rn(ssum, sel[s]);
     });
     const float denom = __fadd_rn(warp::group_sum<Lanes>(ssum), 1e-20f);
     for_slots([&](int s) { sel[s] = __fdiv_rn(sel[s], denom); });
@@ -480,7 +493,7 @@ struct gating_agent {
     float v = -FLT_MAX;
     if (sem.score == score_function::softmax) {
       for_slots([&](int s) {
-        if (expert(s) < E) v = fmaxf(v, sel[s]);
+        if (in_row(s)) v = fmaxf(v, sel[s]);
       });
       v = warp::group_max<Lanes>(v);
     } else {
@@ -496,7 +509,7 @@ struct gating_agent {
   __device__ __forceinline__ void aux_counts(bool counts_here, Count&& count) const {
     if (sem.fresh_counts) {
       warp::topk<row_layout, Lanes, Slots, Generic>(
-          sel, ns, sem.counted, [&](int s) { return expert(s) < E; },
+          sel, ns, sem.counted, [&](int s) { return in_row(s); },
           [&](int j, float, int best) {
             if (counts_here && lane == 0) count(j, best);
           });
@@ -513,7 +526,7 @@ struct gating_agent {
   __device__ __forceinline__ void write_uncounted(std::int64_t t) const {
     if (a.out.d_aux_scores != nullptr)
       for_slots([&](int s) {
-        if (expert(s) < E) a.out.d_aux_scores[t * E + expert(s)] = 0.0f;
+        if (in_row(s)) a.out.d_aux_scores[t * E + expert(s)] = 0.0f;
       });
     if (a.out.d_aux_count_ids != nullptr)
       for (int j = lane; j < sem.counted; j += Lanes)
@@ -524,7 +537,7 @@ struct gating_agent {
   __device__ __forceinline__ void write_aux_scores(std::int64_t t) const {
     if (a.out.d_aux_scores != nullptr)
       for_slots([&](int s) {
-        if (expert(s) < E) a.out.d_aux_scores[t * E + expert(s)] = sel[s];
+        if (in_row(s)) a.out.d_aux_scores[t * E + expert(s)] = sel[s];
       });
   }
 };

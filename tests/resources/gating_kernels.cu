@@ -1,0 +1,21 @@
+// SPDX-License-Identifier: Apache-2.0
+// Every gating and gating-backward kernel the launchers can pick, for each element type: the
+// translation unit cmake/kernel_resources.cmake compiles to a cubin with ptxas' resource report,
+// which bench/kernel_resources.py reads (the kernel_resources ctest: no stack frame, no spill).
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+
+#include <moeroute/cuda/gating.cuh>
+#include <moeroute/cuda/gating_backward.cuh>
+
+#define MOEROUTE_INSTANTIATE(Element)                                                    \
+  template moeroute::status moeroute::cuda::gating<Element>(                             \
+      const moeroute::routing_config&, const moeroute::gating_params<Element>&, void*,   \
+      std::size_t, cudaStream_t);                                                        \
+  template moeroute::status moeroute::cuda::gating_backward<Element>(                    \
+      const moeroute::routing_config&, const moeroute::gating_backward_params<Element>&, \
+      cudaStream_t);
+
+MOEROUTE_INSTANTIATE(float)
+MOEROUTE_INSTANTIATE(__half)
+MOEROUTE_INSTANTIATE(__nv_bfloat16)
