@@ -7,6 +7,8 @@
 #   ./build.sh examples      build and run the examples
 #   ./build.sh gpu-check DIR on a GPU machine: GPU tests, compute-sanitizer, GPU benchmarks
 #                            (add --prebuilt BUNDLE to run binaries built elsewhere, no installs)
+#   ./build.sh gpu-bench DIR [--prebuilt BUNDLE]  the short GPU loop (< 4 minutes): gating and
+#                            gating-backward tests and benchmarks beside torch, kernel resources
 #   ./build.sh gpu-bundle [DIR]  build the GPU check's binaries here and pack them for such a
 #                            machine (default build/gpu-bundle)
 #   ./build.sh python        `pip install .` into build/python-venv, then the Python tests on it
@@ -135,7 +137,7 @@ cmd_gpu_bundle() {
   log "build the GPU check's binaries ($JOBS jobs)"
   cmake --build "$build" -j "$JOBS" --target cuda_tests bench_kernels_cuda bench_ep_cuda \
     ep_nccl_tests example_cuda_gating example_cuda_dispatch example_switch_top1 \
-    example_mixtral_dropless example_deepseek_v3 example_ep_nccl
+    example_mixtral_dropless example_deepseek_v3 example_ep_nccl gating_kernel_resources
   tests/gpu_bundle.sh "$build" "$dir"
 }
 
@@ -158,7 +160,8 @@ case "${1:-test}" in
   bench) cmd_bench ;;
   examples) cmd_examples ;;
   gpu-check) shift; cmd_gpu_check "$@" ;;
+  gpu-bench) shift; GPU_CHECK_MODE=bench cmd_gpu_check "$@" ;;
   gpu-bundle) shift; cmd_gpu_bundle "$@" ;;
   python) cmd_python ;;
-  *) echo "usage: $0 test|bench|examples|python|gpu-check DIR [--prebuilt BUNDLE]|gpu-bundle [DIR]" >&2; exit 2 ;;
+  *) echo "usage: $0 test|bench|examples|python|gpu-check DIR [--prebuilt BUNDLE]|gpu-bench DIR [--prebuilt BUNDLE]|gpu-bundle [DIR]" >&2; exit 2 ;;
 esac

@@ -7,8 +7,12 @@ hidden states, over the same model shapes and token counts (bench/shapes.hpp).
 
 Each stage is timed with CUDA events around one call, after warm-up, median of --repeat calls;
 `route_graph` replays gating + aux / z losses + capacity captured in one CUDA graph (the decode
-path). Writes one JSON object per line to --out; with --ours (bench_kernels_cuda's JSON) it also
-writes a markdown table of both, with the ratio, to --table.
+path). The router itself is also timed under graph replay (`gating_graph`) and, with --compile,
+as torch.compile made it (`gating_compiled`, `gating_compiled_graph`; one compile per model with
+dynamic shapes): the table sets moeroute against the faster of eager and compiled. Writes one
+JSON object per line to --out; with --ours (bench_kernels_cuda's JSON) it also writes a markdown
+table of both, with the ratio, to --table. --stages and --tokens narrow the run (the short
+`./build.sh gpu-bench`: gating and gating_backward).
 
   python3 bench/torch_gpu_baseline.py --out torch.jsonl --ours bench_kernels_cuda.json \
       --table ratios.md
@@ -35,6 +39,8 @@ MODELS = {
     "olmoe": (64, 8, 2048, "softmax_topk"),
 }
 TOKENS = [1, 16, 128, 1024, 4096, 16384]
+ALL_STAGES = ["gating", "losses", "dispatch", "layout", "permute", "combine", "permute_backward",
+              "route_graph", "gating_backward"]
 FACTOR = 1.25
 
 
@@ -134,12 +140,21 @@ def time_graph_us(fn, replays):
     return time_us(g.replay, replays)
 
 
-def run_model(name, spec, repeat, out):
+def compiled_router(out, name):
+    """torch.compile of the router (dynamic shapes: one compile for every T), or None."""
+    if not hasattr(torch, "compile"):
+        out.append({"stage": "gating_compiled", "model": name, "error": "no torch.compile"})
+        return None
+    return torch.compile(gate, dynamic=True)
+
+
+def run_model(name, spec, repeat, out, stages_wanted, tokens, compile_router):
     E, k, d, family = spec
     dev = torch.device("cuda")
     gen = torch.Generator(device=dev).manual_seed(1)
     bias = torch.zeros(E, device=dev)
-    for T in TOKENS:
+    compiled = compiled_router(out, name) if compile_router else None
+    for T in tokens:
         logits = torch.randn(T, E, generator=gen, device=dev).to(torch.bfloat16)
         x = torch.randn(T, d, generator=gen, device=dev).to(torch.bfloat16)
         C = math.ceil(FACTOR * T * k / E)
@@ -159,8 +174,21 @@ def run_model(name, spec, repeat, out):
                 .index_add_(0, tok, xe),
             }
             for stage, fn in stages.items():
+                if stage not in stages_wanted:
+                    continue
                 med, best = time_us(fn, repeat)
                 out.append({"stage": stage, "model": name, "T": T, "us": med, "us_min": best})
+            routers = {"gating_graph": lambda: gate(logits, k, family, bias)}
+            if compiled is not None:
+                routers["gating_compiled"] = lambda: compiled(logits, k, family, bias)
+                routers["gating_compiled_graph"] = routers["gating_compiled"]
+            for stage, fn in routers.items() if "gating" in stages_wanted else ():
+                try:
+                    timer = time_graph_us if stage.endswith("_graph") else time_us
+                    med, best = timer(fn, repeat)
+                    out.append({"stage": stage, "model": name, "T": T, "us": med, "us_min": best})
+                except Exception as e:  # a compile or capture torch refuses: recorded
+                    out.append({"stage": stage, "model": name, "T": T, "error": str(e)[:300]})
 
             def route():
                 w_, ids_, lse_ = gate(logits, k, family, bias)
@@ -168,11 +196,18 @@ def run_model(name, spec, repeat, out):
                 dispatch(ids_, w_, E, C)
 
             try:
+                if "route_graph" not in stages_wanted:
+                    raise LookupError
                 med, best = time_graph_us(route, repeat)
                 out.append({"stage": "route_graph", "model": name, "T": T, "us": med,
                             "us_min": best})
+            except LookupError:  # not asked for
+                pass
             except RuntimeError as e:  # a capture torch refuses: recorded, not fatal
                 out.append({"stage": "route_graph", "model": name, "T": T, "error": str(e)})
+        if "gating_backward" not in stages_wanted:
+            print(f"torch_gpu_baseline: {name} T={T} done", file=sys.stderr, flush=True)
+            continue
         # backward of the router (gates + aux + z) w.r.t. the logits, by autograd
         lg = logits.detach().clone().requires_grad_(True)
         w_, ids_, lse_ = gate(lg, k, family, bias)
@@ -188,6 +223,7 @@ def run_model(name, spec, repeat, out):
 # bench_kernels_cuda's case names per baseline stage
 OURS = {
     "gating": "cuda_gating_bf16",
+    "gating_graph": "cuda_gating_graph",
     "losses": "cuda_losses",
     "dispatch": "cuda_dispatch_cf1.25",
     "layout": "cuda_layout_compact_b16",
@@ -197,6 +233,26 @@ OURS = {
     "permute_backward": "cuda_backward_permute_bf16",
     "route_graph": "cuda_route_graph",
 }
+
+
+# torch's stages the table sets against one of ours: the faster of eager and compiled
+FASTEST_OF = {"gating": ("gating", "gating_compiled"),
+              "gating_graph": ("gating_graph", "gating_compiled_graph")}
+
+
+def fastest_torch(rows):
+    """Rows with each FASTEST_OF stage's time the fastest of its variants (which one: 'via')."""
+    best = {}
+    for r in rows:
+        if "us" not in r:
+            continue
+        for stage, variants in FASTEST_OF.items():
+            if r["stage"] in variants:
+                key = (stage, r["model"], r["T"])
+                if key not in best or r["us"] < best[key]["us"]:
+                    best[key] = dict(r, stage=stage, via=r["stage"])
+    merged = [r for r in rows if "us" in r and r["stage"] in OURS and r["stage"] not in FASTEST_OF]
+    return merged + list(best.values())
 
 
 def table(rows, ours_json):
@@ -209,9 +265,7 @@ def table(rows, ours_json):
         ours[b["name"].split("/manual_time")[0]] = b
     lines = ["| stage | model | T | moeroute us | % of 4.8 TB/s | torch us | torch / moeroute |",
              "| --- | --- | ---: | ---: | ---: | ---: | ---: |"]
-    for r in rows:
-        if "us" not in r:
-            continue
+    for r in fastest_torch(rows):
         key = f"{OURS[r['stage']]}/{r['model']}/T={r['T']}"
         b = ours.get(key)
         if b is None:
@@ -219,8 +273,9 @@ def table(rows, ours_json):
         us = b["real_time"] if b.get("time_unit") == "us" else b["real_time"] / 1e3
         pct = b.get("pct_of_peak")
         pct_s = f"{pct:.1f}" if pct is not None else ""
+        via = " (compiled)" if "compiled" in r.get("via", "") else ""
         lines.append(f"| {r['stage']} | {r['model']} | {r['T']} | {us:.2f} | {pct_s} | "
-                     f"{r['us']:.2f} | {r['us'] / us:.1f}x |")
+                     f"{r['us']:.2f}{via} | {r['us'] / us:.1f}x |")
     return "\n".join(lines) + "\n"
 
 
@@ -231,13 +286,24 @@ def main():
     ap.add_argument("--table", help="markdown table of both, with the ratio")
     ap.add_argument("--repeat", type=int, default=20)
     ap.add_argument("--models", default=",".join(MODELS))
+    ap.add_argument("--stages", default="all",
+                    help="comma-separated stages (gating, losses, dispatch, layout, permute, "
+                         "combine, permute_backward, route_graph, gating_backward) or all")
+    ap.add_argument("--tokens", default=",".join(map(str, TOKENS)), help="token counts")
+    ap.add_argument("--compile", action="store_true",
+                    help="also time torch.compile of each router (eager and under graph replay)")
     a = ap.parse_args()
+    stages = set(ALL_STAGES) if a.stages == "all" else set(a.stages.split(","))
+    unknown = stages - set(ALL_STAGES)
+    if unknown:
+        ap.error(f"unknown --stages {sorted(unknown)}")
     if not torch.cuda.is_available():
         print("torch_gpu_baseline.py: no CUDA device", file=sys.stderr)
         sys.exit(77)
     rows = []
     for name in a.models.split(","):
-        run_model(name, MODELS[name], a.repeat, rows)
+        run_model(name, MODELS[name], a.repeat, rows, stages,
+                  [int(t) for t in a.tokens.split(",")], a.compile)
     with open(a.out, "w") as f:
         meta = {"tool": "torch_gpu_baseline", "torch": torch.__version__,
                 "gpu": torch.cuda.get_device_name(0)}

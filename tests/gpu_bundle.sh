@@ -6,6 +6,7 @@
 #   DIR/lib  every shared library they load that is not part of the C runtime or the driver
 #            (Google Benchmark, fmt, libstdc++, libgcc_s), plus this machine's C runtime and
 #            loader in DIR/lib/libc, used only where the GPU machine's own is older (gpu_check.sh)
+#   DIR/resources  the gating kernels' cubin and ptxas report (bench/kernel_resources.py)
 #   DIR/MANIFEST  commit, date, compiler, architectures, and each file's sha256
 # NCCL and cuBLAS (one example's) are not packed (200 and 600 MB): gpu_check.sh finds the GPU
 # machine's own (its CUDA toolkit or its Python packages).
@@ -29,6 +30,9 @@ for b in "${BINS[@]}"; do
     echo "gpu_bundle: $BUILD/$b not built (skipped)" >&2
   fi
 done
+mkdir -p "$DIR/resources"
+cp "$BUILD"/tests/resources/gating_kernels.* "$DIR/resources/" 2>/dev/null ||
+  echo "gpu_bundle: no kernel resource report in $BUILD/tests/resources (skipped)" >&2
 
 # The C runtime (libc, libm, the loader...) and the driver (libcuda, libnccl) come from the GPU
 # machine; everything else is copied beside the binaries.
@@ -57,6 +61,6 @@ done
   echo "nvcc $(nvcc --version 2>/dev/null | tail -n 1)"
   echo "cuda_architectures $(grep -E '^CMAKE_CUDA_ARCHITECTURES:' "$BUILD/CMakeCache.txt" | cut -d= -f2)"
   echo "glibc $(ldd --version | head -n 1 | awk '{print $NF}')"
-  (cd "$DIR" && find bin lib -type f | sort | xargs sha256sum)
+  (cd "$DIR" && find bin lib resources -type f | sort | xargs sha256sum)
 } >"$DIR/MANIFEST"
 echo "gpu_bundle: $(du -sh "$DIR" | cut -f1) in $DIR"

@@ -22,8 +22,14 @@
 # compute-sanitizer refuses the device on some virtual machines ("Device not supported"): that
 # step is then recorded as skipped, with the reason, not as a failure.
 #
-# Environment: GPU_CHECK_BUDGET (seconds, default 470) caps the whole run; each step gets
-# min(its own timeout, what is left). GPU_CHECK_DRY_RUN=1 (for a machine without a GPU)
+# GPU_CHECK_MODE=bench (`./build.sh gpu-bench`) runs the short loop of a GPU stay instead, under
+# 4 minutes, so one lent machine can measure, change and measure again: the gating and
+# gating-backward GPU tests ("[gating],[backward],[invariance]"), bench_kernels_cuda's gating
+# cases, torch's routers beside them (eager, compiled, under graph replay) with the table, and
+# the kernels' resource table (bench/kernel_resources.py, with nvdisasm's instruction classes).
+#
+# Environment: GPU_CHECK_BUDGET (seconds, default 470; 230 for bench) caps the whole run; each
+# step gets min(its own timeout, what is left). GPU_CHECK_DRY_RUN=1 (for a machine without a GPU)
 # configures only, or with --prebuilt checks that every binary loads; other steps are skipped.
 set -uo pipefail
 
@@ -40,7 +46,12 @@ mkdir -p "$OUT"
 OUT=$(cd "$OUT" && pwd)
 BUILD="$ROOT/build/gpu-check"
 JOBS=$(nproc 2>/dev/null || echo 4)
-BUDGET=${GPU_CHECK_BUDGET:-470}
+MODE=${GPU_CHECK_MODE:-full}
+case "$MODE" in
+  full) BUDGET=${GPU_CHECK_BUDGET:-470} ;;
+  bench) BUDGET=${GPU_CHECK_BUDGET:-230} ;;
+  *) echo "GPU_CHECK_MODE must be full or bench, not '$MODE'" >&2; exit 2 ;;
+esac
 DRY=${GPU_CHECK_DRY_RUN:-0}
 START=$(date +%s)
 export PATH="/usr/local/cuda/bin:$PATH"
@@ -112,17 +123,19 @@ RUN=()  # prefix for every binary: empty, or the bundle's own loader (see below)
 if [ -z "$PREBUILT" ]; then
   # 1. configure and build
   BIN_TESTS="$BUILD/tests" BIN_BENCH="$BUILD/bench" BIN_EXAMPLES="$BUILD/examples"
+  RESOURCES="$BUILD/tests/resources"
   run_step configure 120 cmake -S "$ROOT" -B "$BUILD" -DCMAKE_BUILD_TYPE=Release \
     -DCMAKE_CUDA_ARCHITECTURES=90 -DMOEROUTE_ENABLE_CUDA=ON -DMOEROUTE_BUILD_TESTS=ON \
     -DMOEROUTE_BUILD_BENCHMARKS=ON -DMOEROUTE_BUILD_EXAMPLES=ON -DMOEROUTE_BUILD_PYTHON=OFF \
     -DMOEROUTE_ENABLE_MPI=OFF
   CONFIGURED=$?
   TARGETS=(cuda_tests "${EXAMPLES[@]}")
+  [ "$MODE" = bench ] && TARGETS=(cuda_tests gating_kernel_resources)
   HELP=""
   ((CONFIGURED == 0)) && HELP=$(cmake --build "$BUILD" --target help 2>/dev/null)
   # targets that exist only with their dependency (Google Benchmark, NCCL)
   grep -q "bench_kernels_cuda" <<<"$HELP" && TARGETS+=(bench_kernels_cuda bench_ep_cuda)
-  grep -q "ep_nccl_tests" <<<"$HELP" && TARGETS+=(ep_nccl_tests example_ep_nccl)
+  [ "$MODE" = full ] && grep -q "ep_nccl_tests" <<<"$HELP" && TARGETS+=(ep_nccl_tests example_ep_nccl)
   if [ "$DRY" = 1 ]; then
     skip_step build "dry run (targets: ${TARGETS[*]})"
   elif ((CONFIGURED == 0)); then
@@ -133,6 +146,7 @@ if [ -z "$PREBUILT" ]; then
 else
   # 1'. a prebuilt bundle: its own shared libraries first; NCCL and the driver from this machine
   BIN_TESTS="$PREBUILT/bin" BIN_BENCH="$PREBUILT/bin" BIN_EXAMPLES="$PREBUILT/bin"
+  RESOURCES="$PREBUILT/resources"
   LIBS="$PREBUILT/lib"
   # libraries the bundle leaves to this machine, where its loader does not find them already
   for lib in libnccl.so.2 libcublas.so.13; do
@@ -177,7 +191,37 @@ else
   record bundle_loads "$rc" $(($(date +%s) - t0)) "$st" "$OUT/bundle_loads.log" \
     "$(tail -n 1 "$OUT/bundle_loads.log")"
 fi
-if [ "$DRY" = 1 ]; then
+if [ "$DRY" = 1 ] && [ "$MODE" = bench ]; then
+  for s in gating_tests bench_gating torch_gating kernel_resources; do skip_step "$s" "dry run"; done
+elif [ "$MODE" = bench ]; then
+  TESTS="$BIN_TESTS/cuda_tests" BENCH="$BIN_BENCH/bench_kernels_cuda"
+  if [ -x "$TESTS" ]; then
+    run_step gating_tests 90 "${RUN[@]}" "$TESTS" "[gating],[backward],[invariance]" --durations yes
+  else
+    skip_step gating_tests "not built"
+  fi
+  if [ -x "$BENCH" ]; then
+    run_step bench_gating 60 "${RUN[@]}" "$BENCH" --benchmark_filter='^cuda_gating' \
+      --benchmark_min_time="${GPU_CHECK_BENCH_MIN_TIME:-0.02}" \
+      --benchmark_out="$OUT/bench_kernels_cuda.json" --benchmark_out_format=json
+  else
+    skip_step bench_gating "no bench_kernels_cuda binary"
+  fi
+  if python3 -c 'import torch, sys; sys.exit(0 if torch.cuda.is_available() else 1)' 2>/dev/null; then
+    run_step torch_gating 120 env PYTHONUNBUFFERED=1 python3 "$ROOT/bench/torch_gpu_baseline.py" \
+      --stages gating,gating_backward --tokens 1,16,128,16384 --compile --repeat 10 \
+      --out "$OUT/torch_gpu_baseline.jsonl" --ours "$OUT/bench_kernels_cuda.json" \
+      --table "$OUT/gpu_vs_torch.md"
+  else
+    skip_step torch_gating "no torch with CUDA"
+  fi
+  if [ -f "$RESOURCES/gating_kernels.log" ]; then
+    run_step kernel_resources 30 python3 "$ROOT/bench/kernel_resources.py" \
+      "$RESOURCES/gating_kernels.log" "$RESOURCES/gating_kernels.cubin"
+  else
+    skip_step kernel_resources "no resource report (gating_kernel_resources not built)"
+  fi
+elif [ "$DRY" = 1 ]; then
   for s in cuda_tests examples ep_nccl_tests bench_kernels_cuda torch_baseline bench_ep_cuda \
     memcheck racecheck initcheck synccheck scale soak; do skip_step "$s" "dry run"; done
 else

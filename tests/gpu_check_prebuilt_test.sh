@@ -42,6 +42,18 @@ grep -q '"all_passed":true' "$s" || fail "a dry run with loading binaries must p
 tar tzf "$out.tgz" >"$work/listing" 2>&1 || fail "no readable $out.tgz"
 grep -q summary.json "$work/listing" || fail "$out.tgz holds no summary.json"
 
+# 1b. the short loop (GPU_CHECK_MODE=bench, `./build.sh gpu-bench`) in a dry run: its own steps
+GPU_CHECK_MODE=bench GPU_CHECK_DRY_RUN=1 tests/gpu_check.sh "$work/outb" --prebuilt "$bundle" \
+  >"$work/log" 2>&1 || fail "bench dry run exited $? (log: $(cat "$work/log"))"
+s="$work/outb/summary.json"
+for step in gating_tests bench_gating torch_gating kernel_resources; do
+  grep -q "\"name\":\"$step\",\"rc\":-1,\"seconds\":0,\"status\":\"skipped\"" "$s" ||
+    fail "bench mode lacks the skipped step $step: $(cat "$s")"
+done
+grep -q '"name":"memcheck"' "$s" && fail "bench mode ran a full-check step: $(cat "$s")"
+GPU_CHECK_MODE=fast tests/gpu_check.sh "$work/outc" --prebuilt "$bundle" >/dev/null 2>&1
+[ $? -eq 2 ] || fail "an unknown GPU_CHECK_MODE must exit 2"
+
 # 2. a test binary that cannot start (as with a missing library: exit 127) fails the load
 # check and the run
 printf '#!/bin/sh\nexit 127\n' >"$bundle/bin/cuda_tests"
