@@ -189,6 +189,17 @@ void register_all() {
         time_launch(
             st, f.stream, [&] { return f.p->gate(f.stream); }, t * (E * 2 + k * 8 + 4), T);
       });
+      // the inference path (no sums, no logsumexp): the bytes are the logits and ids / gates
+      reg("cuda_gating_infer_bf16", [m, T, E, k, t](benchmark::State& st) {
+        auto& f = get_fixture(m, T);
+        time_launch(
+            st, f.stream, [&] { return f.p->gate_inference(f.stream); }, t * (E * 2 + k * 8), T);
+      });
+      reg("cuda_gating_infer_graph", [m, T](benchmark::State& st) {
+        auto& f = get_fixture(m, T);
+        time_graph(
+            st, f.stream, [&] { return f.p->gate_inference(f.stream); }, T);
+      });
       // gating alone and gating + losses + dispatch (the routing decision), each captured in
       // a CUDA graph and replayed: the decode-time cost per call
       reg("cuda_gating_graph", [m, T](benchmark::State& st) {

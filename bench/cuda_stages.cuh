@@ -46,6 +46,7 @@ struct cuda_stages {
   cuda::device_buffer<bf16> ye;          ///< [max_rows, d] the experts' outputs
   cuda::device_buffer<float> bias;       ///< [E] (a zero expert bias where the config has one)
   std::int64_t tokens;
+  routing_config inference;  ///< the config with training = false (gate_inference)
 
   cuda_stages(const routing_config& cfg, std::int64_t T, std::int64_t d, const router_options& opt)
       : b(cfg, T, d, sizeof(bf16), opt,
@@ -57,7 +58,9 @@ struct cuda_stages {
         logits(static_cast<std::size_t>(T * cfg.num_experts)),
         x(static_cast<std::size_t>(T * d)),
         ye(static_cast<std::size_t>(b.max_rows() * d)),
-        tokens(T) {
+        tokens(T),
+        inference(cfg) {
+    inference.training = false;
     b.attach(block.get());
     if (cfg.gating.expert_bias)
       bias = cuda::device_buffer<float>(std::vector<float>(cfg.num_experts, 0.0f));
@@ -71,6 +74,23 @@ struct cuda_stages {
     p.out = b.gating_out();
     const auto ws = b.get<std::byte>("workspace");
     return cuda::gating(b.config(), p, ws.data(), ws.size(), s);
+  }
+  /// The inference path of the same gating: training = false, ids and gates (and what the
+  /// config cannot do without: reroute ids, priorities, the random policy's draw), no sum, no
+  /// logsumexp: one kernel, selection and gates only.
+  status gate_inference(cudaStream_t s) {
+    gating_params<bf16> p;
+    p.d_logits = logits.get();
+    p.tokens = tokens;
+    p.d_bias = bias.get();
+    const gating_result full = b.gating_out();
+    p.out.d_ids = full.d_ids;
+    p.out.d_gates = full.d_gates;
+    p.out.d_reroute_ids = full.d_reroute_ids;
+    p.out.d_token_priority = full.d_token_priority;
+    p.out.d_second_skipped = full.d_second_skipped;
+    const auto ws = b.get<std::byte>("workspace");
+    return cuda::gating(inference, p, ws.data(), ws.size(), s);
   }
   status losses(cudaStream_t s) {
     loss_params p;

@@ -8,6 +8,7 @@
 
 #include <cmath>
 #include <cstdint>
+#include <cstring>
 #include <limits>
 #include <string>
 #include <vector>
@@ -87,4 +88,49 @@ TEST_CASE("cpu gating: errors name the argument, and T = 0 writes nothing", "[cp
   zero.d_logits = nullptr;
   REQUIRE(cpu::gating_workspace_bytes(c, 0) == 0);
   REQUIRE(cpu::gating(c, zero, nullptr, 0).ok());
+}
+
+TEST_CASE("cpu gating: the inference path (training = false, no sums) routes as the training path",
+          "[cpu][gating]") {
+  const auto same = [](const auto& x, const auto& y) {
+    return x.size() == y.size() &&
+           (x.empty() || std::memcmp(x.data(), y.data(), x.size() * sizeof(x[0])) == 0);
+  };
+  for (const std::int32_t E : {60, 256}) {
+    routing_config c = E == 256 ? presets::deepseek_v3() : variant(E, 4, 5);
+    c.loss.sequence_length = 100;
+    c.loss.z_coefficient = 0.001f;
+    const std::int64_t T = 300;
+    INFO(describe(c, T));
+    const auto logits = grid_logits(T, E, 43);
+    const std::vector<float> bias = c.gating.expert_bias ? grid_bias(E) : std::vector<float>{};
+    test::cpu_gating_buffers<float> b(c, logits, T, bias, some_padding(T), 0);
+    const auto trained = b.run(c, cpu::executor::serial());
+    REQUIRE(trained.st.ok());
+
+    routing_config infer = c;
+    infer.training = false;
+    test::cpu_gating_buffers<float> n(c, logits, T, bias, some_padding(T), 0);
+    n.p.out.sums = {};
+    n.p.out.d_aux_scores = nullptr;
+    n.p.out.d_aux_count_ids = nullptr;
+    const auto inferred = n.run(infer, cpu::executor::serial());
+    REQUIRE(inferred.st.ok());
+    REQUIRE(same(trained.ids, inferred.ids));
+    REQUIRE(same(trained.gates, inferred.gates));
+    REQUIRE(same(trained.reroute_ids, inferred.reroute_ids));
+    REQUIRE(same(trained.logsumexp, inferred.logsumexp));
+    REQUIRE(inferred.aux_score_sum[0] == -7.0);  // not written (the harness's fill)
+
+    n.p.out.sums.d_valid_tokens = &n.g.valid_tokens;
+    const auto scalars = n.run(infer, cpu::executor::serial());
+    REQUIRE(scalars.st.ok());
+    REQUIRE(scalars.valid_tokens == trained.valid_tokens);
+
+    n.p.out.sums = {};
+    auto st = cpu::gating(c, n.p, n.workspace.data(), n.workspace.size());
+    REQUIRE(st.code == status_code::invalid_argument);
+    REQUIRE(st.message.find("out.sums.d_aux_score_sum") != std::string::npos);
+    REQUIRE(st.message.find("training = true") != std::string::npos);
+  }
 }

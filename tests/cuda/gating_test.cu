@@ -195,3 +195,58 @@ TEST_CASE("gating: the logsumexp is optional, and so is the z sum without a z-lo
     }
   }
 }
+
+TEST_CASE("gating: the inference path (training = false, no sums) routes as the training path",
+          "[cuda][gating][quick]") {
+  // E = 60 (4-slot rows), 256 (DeepSeek-V3: bias and groups), 600 (the generic kernel); with
+  // sequences and padding. The inference call leaves every sum and per-token aux output null:
+  // one kernel, no P row, no counts. Its ids, gates, reroute ids and logsumexp are the training
+  // call's bits; a call with only the scalar sums gives the training call's scalars.
+  for (std::int32_t E : {60, 256, 600}) {
+    bits_case c(E, 300, 43);
+    c.cfg.loss.sequence_length = 100;
+    c.cfg.loss.z_coefficient = 0.001f;
+    INFO(describe(c.cfg, c.tokens));
+    auto b = c.buffers();
+    const auto trained = b.download(b.run(c.cfg));
+    REQUIRE(trained.st.ok());
+
+    routing_config infer = c.cfg;
+    infer.training = false;
+    auto sums = b.p.out.sums;
+    b.p.out.sums = {};
+    b.p.out.d_aux_scores = nullptr;
+    b.p.out.d_aux_count_ids = nullptr;
+    b.ids.fill_bytes(0);
+    b.gates.fill_bytes(0);
+    b.lse.fill_bytes(0);
+    const auto inferred = b.download(b.run(infer));
+    REQUIRE(inferred.st.ok());
+    REQUIRE(same_bytes(trained.ids, inferred.ids));
+    REQUIRE(same_bytes(trained.gates, inferred.gates));
+    REQUIRE(same_bytes(trained.reroute_ids, inferred.reroute_ids));
+    REQUIRE(same_bytes(trained.logsumexp, inferred.logsumexp));
+
+    // the scalars alone: valid tokens, z sum and non-finite count as the training call's
+    b.p.out.sums.d_valid_tokens = sums.d_valid_tokens;
+    b.p.out.sums.d_z_sum_squares = sums.d_z_sum_squares;
+    b.p.out.sums.d_nonfinite = sums.d_nonfinite;
+    b.valid_tokens.fill_bytes(0);
+    b.z.fill_bytes(0);
+    const auto scalars = b.download(b.run(infer));
+    REQUIRE(scalars.st.ok());
+    REQUIRE(scalars.valid_tokens == trained.valid_tokens);
+    REQUIRE(std::memcmp(&scalars.z_sum_squares, &trained.z_sum_squares, sizeof(double)) == 0);
+    REQUIRE(same_bytes(trained.ids, scalars.ids));
+
+    // training = true still names a missing sum; so does a partial set of sequence sums
+    b.p.out.sums = {};
+    auto st = b.run(c.cfg);
+    REQUIRE(st.code == status_code::invalid_argument);
+    REQUIRE(st.message.find("out.sums.d_aux_score_sum") != std::string::npos);
+    b.p.out.sums.d_seq_count = sums.d_seq_count;
+    st = b.run(infer);
+    REQUIRE(st.code == status_code::invalid_argument);
+    REQUIRE(st.message.find("out.sums.d_seq_score_sum") != std::string::npos);
+  }
+}

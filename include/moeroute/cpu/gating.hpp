@@ -719,7 +719,9 @@ template <class Element>
   workspace_carver carver(workspace, workspace_bytes);
   const detail::gating_space space = detail::carve_gating_space(carver, plan, cfg);
   const detail::gating_agent<Element> agent(cfg, p);
-  const std::int64_t S = cfg.loss.sequence_length > 0 ? plan.segments : 0;
+  // (the inference path may leave the sequence sums null: then no sequence is summed)
+  const std::int64_t S =
+      cfg.loss.sequence_length > 0 && p.out.sums.d_seq_score_sum != nullptr ? plan.segments : 0;
   double* seq_scores = S > 0 ? p.out.sums.d_seq_score_sum : nullptr;
   std::int64_t* seq_counts = S > 0 ? p.out.sums.d_seq_count : nullptr;
   parallel_for(ex, plan.tasks, [&](std::int64_t i) {
@@ -802,19 +804,22 @@ template <class Element>
   });
 
   // Fixed-order reduction of the task partials.
+  // (each sum written iff given: the inference path may leave any of them null)
   gating_sums sums = p.out.sums;
-  std::fill(sums.d_aux_score_sum, sums.d_aux_score_sum + E, 0.0);
-  std::fill(sums.d_aux_count, sums.d_aux_count + E, std::int64_t{0});
+  double* const aux_sum = sums.d_aux_score_sum;
+  std::int64_t* const aux_count = sums.d_aux_count;
+  if (aux_sum != nullptr) std::fill(aux_sum, aux_sum + E, 0.0);
+  if (aux_count != nullptr) std::fill(aux_count, aux_count + E, std::int64_t{0});
   double z = 0.0;
   std::int64_t valid = 0, bad = 0, replaced = 0;
   for (std::int64_t i = 0; i < plan.tasks; ++i) {
     const detail::gating_task_space part = space.task(i, 0);
     const double* ps = part.scores;
     const std::int64_t* pc = part.counts;
-    for (std::int32_t e = 0; e < E; ++e) {
-      sums.d_aux_score_sum[e] += ps[e];
-      sums.d_aux_count[e] += pc[e];
-    }
+    if (aux_sum != nullptr)
+      for (std::int32_t e = 0; e < E; ++e) aux_sum[e] += ps[e];
+    if (aux_count != nullptr)
+      for (std::int32_t e = 0; e < E; ++e) aux_count[e] += pc[e];
     z += *part.z;
     valid += *part.valid;
     bad += *part.bad;
@@ -833,7 +838,7 @@ template <class Element>
       sums.d_seq_tokens[q] += *part.valid;
     }
   }
-  *sums.d_valid_tokens = valid;
+  if (sums.d_valid_tokens != nullptr) *sums.d_valid_tokens = valid;
   if (sums.d_z_sum_squares != nullptr) *sums.d_z_sum_squares = z;
   if (sums.d_nonfinite != nullptr) *sums.d_nonfinite = bad;
   if (p.replay.d_replaced != nullptr) *p.replay.d_replaced = replaced;

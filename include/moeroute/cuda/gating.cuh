@@ -91,8 +91,10 @@ template <class Element>
 /// @return success; invalid_config / invalid_shape / invalid_argument (the message names the
 ///         field); workspace_too_small; cuda_error for a failed launch.
 /// @note Asynchronous: no synchronisation, no allocation; capturable in a CUDA graph. Two
-///       kernels (gating, then a fixed-order reduction of per-chunk partials); no float
-///       atomics, so the same inputs give the same bits on every run.
+///       kernels (gating, then a fixed-order reduction of per-chunk partials; the inference
+///       path without any sum, one); no float atomics, so the same inputs give the same bits
+///       on every run. Null sums (cfg.training = false only, see gating_params) are not
+///       computed; with no sum, d_aux_scores or d_aux_count_ids the kernel makes no P row.
 ///       Ties go to the lower expert index (groups: the lower group index). NaN logits count
 ///       as -FLT_MAX, +-Inf as +-FLT_MAX. Padding tokens (d_valid[t] = 0) are routed (their ids
 ///       and gates are defined) but count in no sum. T = 0: success, nothing is written.
@@ -130,6 +132,16 @@ template <class Element>
   a.plan = plan;
   a.replay = p.replay;
   a.replay_log_ratio = replay_log_ratio(p.replay.min_score_ratio);
+  gating_sums sums = p.out.sums;
+  if (cfg.loss.sequence_length == 0) {  // the reduce kernel writes sequence sums iff non-null
+    sums.d_seq_score_sum = nullptr;
+    sums.d_seq_count = nullptr;
+    sums.d_seq_tokens = nullptr;
+  }
+  // the inference path (no aux-loss output asked for): selection and gates only
+  a.aux = sums.d_aux_score_sum != nullptr || sums.d_aux_count != nullptr ||
+          sums.d_seq_score_sum != nullptr || p.out.d_aux_scores != nullptr ||
+          p.out.d_aux_count_ids != nullptr;
   std::int64_t* const counts[] = {p.replay.d_replaced, p.replay.d_invalid};  // the kernel adds
   for (std::int64_t* count : counts)
     if (count != nullptr)
@@ -139,12 +151,9 @@ template <class Element>
         return s;
   if (auto s = detail::launch_gating(a, stream); !s) return s;
 
-  gating_sums sums = p.out.sums;
-  if (cfg.loss.sequence_length == 0) {  // the reduce kernel writes sequence sums iff non-null
-    sums.d_seq_score_sum = nullptr;
-    sums.d_seq_count = nullptr;
-    sums.d_seq_tokens = nullptr;
-  }
+  if (!a.aux && sums.d_valid_tokens == nullptr && sums.d_z_sum_squares == nullptr &&
+      sums.d_nonfinite == nullptr)
+    return status::success();  // no sum to reduce: one kernel
   constexpr int threads = 256;
   return launch("gating_reduce_kernel", kernels::gating_reduce_kernel<threads>,
                 {kernels::gating_reduce_blocks<threads>(cfg.num_experts), threads, 0}, stream,

@@ -33,6 +33,10 @@ struct gating_params {
   /// iff loss.sequence_length > 0);
   /// d_token_priority [T] (needed iff dispatch.prio = batch_prioritized); d_second_skipped [T]
   /// (needed iff gating.second_expert.policy = random).
+  /// The inference path: with cfg.training = false every sum is optional (the three d_seq_*
+  /// all or none) and a null one is neither written nor computed; with no sum, no d_aux_scores
+  /// and no d_aux_count_ids the call does the selection and the gates only (no aux-loss inputs:
+  /// on the GPU no P row, no counts and no reduction kernel).
   gating_result out{};
   /// Routing replay (moeroute/replay.hpp, docs/replay.md): the selection forced per slot, the
   /// gates recomputed from d_logits. Default: none.
@@ -55,16 +59,21 @@ template <class Element>
         !s)
       return s;
   const gating_result& o = p.out;
-  if (auto s = param_checks::require_pointers(
-          "with tokens > 0", param_checks::required(p.d_logits, "d_logits"),
-          param_checks::required(o.d_ids, "out.d_ids"),
-          param_checks::required(o.d_gates, "out.d_gates"),
-          param_checks::required(o.sums.d_aux_score_sum, "out.sums.d_aux_score_sum"),
-          param_checks::required(o.sums.d_aux_count, "out.sums.d_aux_count"),
-          param_checks::required(o.sums.d_valid_tokens, "out.sums.d_valid_tokens"));
+  if (auto s = param_checks::require_pointers("with tokens > 0",
+                                              param_checks::required(p.d_logits, "d_logits"),
+                                              param_checks::required(o.d_ids, "out.d_ids"),
+                                              param_checks::required(o.d_gates, "out.d_gates"));
       !s)
     return s;
-  if (cfg.loss.z_coefficient != 0.0f)
+  if (cfg.training)
+    if (auto s = param_checks::require_pointers(
+            "with training = true (the inference path, training = false, may leave them null)",
+            param_checks::required(o.sums.d_aux_score_sum, "out.sums.d_aux_score_sum"),
+            param_checks::required(o.sums.d_aux_count, "out.sums.d_aux_count"),
+            param_checks::required(o.sums.d_valid_tokens, "out.sums.d_valid_tokens"));
+        !s)
+      return s;
+  if (cfg.training && cfg.loss.z_coefficient != 0.0f)
     if (auto s = param_checks::require_pointers(
             "with loss.z_coefficient != 0",
             param_checks::required(o.sums.d_z_sum_squares, "out.sums.d_z_sum_squares"));
@@ -89,6 +98,9 @@ template <class Element>
         !s)
       return s;
   if (cfg.loss.sequence_length == 0) return status::success();
+  if (!cfg.training && o.sums.d_seq_score_sum == nullptr && o.sums.d_seq_count == nullptr &&
+      o.sums.d_seq_tokens == nullptr)
+    return status::success();  // the inference path without sequence sums
   return param_checks::require_pointers(
       "with loss.sequence_length > 0",
       param_checks::required(o.sums.d_seq_score_sum, "out.sums.d_seq_score_sum"),

@@ -106,21 +106,22 @@ __global__ void __launch_bounds__(Warps * 32)
     }
     if (active) agent.write(t, lse);
 
-    agent.aux_scores();
+    if (a.aux || a.sem.token_priority) agent.aux_scores();  // (block-uniform)
     if (a.sem.token_priority) {
       const float pr = agent.priority();
       if (active && agent.lane == 0) a.out.d_token_priority[t] = pr;
     }
     if (counts_here) {
-      agent.for_slots([&](int s) {
-        if (!agent.in_row(s)) return;
-        if constexpr (Generic) {
-          g_acc[agent.expert(s)] += static_cast<double>(agent.sel[s]);
-        } else {
-          s_acc[grp * Row + gating_acc_position<Lanes>(s, agent.lane)] +=
-              static_cast<double>(agent.sel[s]);
-        }
-      });
+      if (a.aux)
+        agent.for_slots([&](int s) {
+          if (!agent.in_row(s)) return;
+          if constexpr (Generic) {
+            g_acc[agent.expert(s)] += static_cast<double>(agent.sel[s]);
+          } else {
+            s_acc[grp * Row + gating_acc_position<Lanes>(s, agent.lane)] +=
+                static_cast<double>(agent.sel[s]);
+          }
+        });
       if (agent.lane == 0) {
         z_acc += static_cast<double>(lse) * static_cast<double>(lse);
         atomicAdd(&s_valid, 1ull);
@@ -128,6 +129,7 @@ __global__ void __launch_bounds__(Warps * 32)
     }
     if (active && agent.lane == 0 && nonfinite)
       atomicAdd(&s_nonfinite, static_cast<unsigned long long>(nonfinite));
+    if (!a.aux) continue;
     if (counts_here) agent.write_aux_scores(t);
     if (active && !counts_here) agent.write_uncounted(t);
     std::int32_t* count_ids =

@@ -37,6 +37,9 @@ struct gating_kernel_args {
   std::int32_t slots = 0;     ///< slots a lane uses (the generic kernel; <= its Slots)
   bool vector_loads = false;  ///< rows are 16-byte aligned: read them 16 bytes at a time
   gating_replay replay{};     ///< routing replay (d_replaced / d_invalid zeroed by the launcher)
+  /// The aux-loss inputs are wanted (P sums, counts, per-token P or count ids): false on the
+  /// inference path, which then makes no P row and counts nothing
+  bool aux = true;
   double replay_log_ratio = 0.0;  ///< replay_log_ratio(replay.min_score_ratio)
 };
 

@@ -21,8 +21,7 @@ MOEROUTE_HOST_DEVICE constexpr unsigned gating_reduce_blocks(std::int32_t expert
 }
 
 /// @brief Grid: gating_reduce_blocks<Threads>(E) blocks of Threads (a multiple of 32). Writes
-///        every sum of `out` (the sequence sums only when they are non-null; d_nonfinite only
-///        when non-null); never adds to them.
+///        every non-null sum of `out` (the sequence sums all or none); never adds to them.
 ///
 /// Parallel over chunks, so its time does not grow with the chunk count (one thread adding
 /// 1024 chunks one after another cost ~0.25 us per chunk on an H200). The order of every sum
@@ -43,6 +42,7 @@ __global__ void __launch_bounds__(Threads)
   if (blockIdx.x != scalar_block) {
     const int e = static_cast<int>(blockIdx.x) * Warps + warp;
     if (e >= E) return;  // whole warps
+    if (!seq && out.d_aux_score_sum == nullptr && out.d_aux_count == nullptr) return;
     double total = 0.0;
     std::int64_t count = 0;
     if (wide) {
@@ -83,8 +83,8 @@ __global__ void __launch_bounds__(Threads)
       count = warp::group_sum<32>(count);
     }
     if (lane == 0) {
-      out.d_aux_score_sum[e] = total;
-      out.d_aux_count[e] = count;
+      if (out.d_aux_score_sum != nullptr) out.d_aux_score_sum[e] = total;
+      if (out.d_aux_count != nullptr) out.d_aux_count[e] = count;
     }
     return;
   }
@@ -133,7 +133,7 @@ __global__ void __launch_bounds__(Threads)
       bt += s_bad[w];
     }
     if (out.d_z_sum_squares != nullptr) *out.d_z_sum_squares = zt;
-    *out.d_valid_tokens = vt;
+    if (out.d_valid_tokens != nullptr) *out.d_valid_tokens = vt;
     if (out.d_nonfinite != nullptr) *out.d_nonfinite = bt;
   }
 }
