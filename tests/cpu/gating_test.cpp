@@ -123,9 +123,11 @@ TEST_CASE("cpu gating: the inference path (training = false, no sums) routes as 
     REQUIRE(inferred.aux_score_sum[0] == -7.0);  // not written (the harness's fill)
 
     n.p.out.sums.d_valid_tokens = &n.g.valid_tokens;
+    n.p.out.sums.d_z_sum_squares = &n.g.z_sum_squares;
     const auto scalars = n.run(infer, cpu::executor::serial());
     REQUIRE(scalars.st.ok());
     REQUIRE(scalars.valid_tokens == trained.valid_tokens);
+    REQUIRE(std::memcmp(&scalars.z_sum_squares, &trained.z_sum_squares, sizeof(double)) == 0);
 
     n.p.out.sums = {};
     auto st = cpu::gating(c, n.p, n.workspace.data(), n.workspace.size());

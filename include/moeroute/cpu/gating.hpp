@@ -238,6 +238,7 @@ struct gating_agent {
   bool softmax_score, softmax_after, noise, noisy_gates, wants_priority, random_second;
   bool sampling;       // NLLB's second expert by Gumbel sampling (a writable selection row)
   bool wants_lse;      // the logsumexp is written or summed (per-expert scores skip its exp pass)
+  bool aux;            // an aux-loss output is asked for (false: the inference path, no P pass)
   bool fused_sigmoid;  // load makes x, the sigmoid scores, sel (+ bias) and their sum in one pass
   bool defer_p;        // P is made in the aux pass: nothing reads it, or overwrites s.ex, before
   bool gathers;        // the group limit's kept groups are copied side by side and selected from
@@ -260,6 +261,10 @@ struct gating_agent {
     random_second = g.second_expert.policy == second_expert_policy::random;
     sampling = g.second_expert.policy == second_expert_policy::sampling;
     wants_lse = p.out.d_logsumexp != nullptr || p.out.sums.d_z_sum_squares != nullptr;
+    const gating_sums& sums = p.out.sums;
+    aux = sums.d_aux_score_sum != nullptr || sums.d_aux_count != nullptr ||
+          (cfg.loss.sequence_length > 0 && sums.d_seq_score_sum != nullptr) ||
+          p.out.d_aux_scores != nullptr || p.out.d_aux_count_ids != nullptr;
 #if defined(MOEROUTE_CPU_FUSED_SIGMOID)
     fused_sigmoid = g.score == score_function::sigmoid && !noise &&
                     g.select == select_from::scores && !sampling && E % 16 == 0;
@@ -606,6 +611,8 @@ struct gating_agent {
         std::fill(o.d_aux_count_ids + t * counted, o.d_aux_count_ids + (t + 1) * counted, -1);
       return;
     }
+    *s.z += st.lse * st.lse;  // (0 unless asked for; the sum is then written)
+    if (!aux) return;         // the inference path: no P row, nothing counted
     std::int32_t fresh[select_small_max];
     const std::int32_t* count_ids = o.d_ids + t * k;
     // a fresh top-k of P is usually the routed ids (top-k on logits, softmax after): when the
@@ -670,8 +677,6 @@ struct gating_agent {
           return s.p[a] > s.p[b] || (s.p[a] == s.p[b] && a < b);
         });
     }
-    const double lse = st.lse;
-    *s.z += lse * lse;  // (0 unless asked for; the sum is then written)
   }
 };
 
