@@ -15,8 +15,10 @@ the per-token instruction count, which only a device run measures (ncu: `smsp__i
   kernel_resources.py LOG CUBIN --nvdisasm P   ... with static counts of a few instruction
                                                classes from nvdisasm (found on PATH otherwise;
                                                the GPU machine's toolkit has it, Debian's build
-                                               here may not): shuffles, WARPSYNC (a collective
-                                               in possibly divergent code), calls, fp64, LDL/STL
+                                               here may not): shuffles, WARPSYNC (mostly the
+                                               out-of-line fallback of a shuffle the compiler
+                                               cannot prove converged: code size, run only when
+                                               a warp is diverged), calls, fp64, LDL/STL
 
 The generic gating kernel (E > 512, gating_kernel<..., Generic = true>) keeps its row in local
 memory by design and is listed but not checked.
