@@ -172,7 +172,38 @@ fixture& get_fixture(const model_shape& m, std::int64_t T) {
   return *cache.back().second;
 }
 
+/// The gating cases alone for the wide rows (E = 384, 512): training, inference, graph replay.
+void register_wide_gating() {
+  for (const model_shape& m : moeroute::bench::wide_gating_shapes) {
+    for (std::int64_t T : moeroute::bench::wide_gating_token_counts) {
+      const std::string sfx = "/" + std::string(m.name) + "/T=" + std::to_string(T);
+      const double E = m.experts, k = m.top_k, t = static_cast<double>(T);
+      auto reg = [&](const std::string& name, auto body) {
+        benchmark::RegisterBenchmark((name + sfx).c_str(), body)
+            ->UseManualTime()
+            ->Unit(benchmark::kMicrosecond);
+      };
+      reg("cuda_gating_bf16", [m, T, E, k, t](benchmark::State& st) {
+        auto& f = get_fixture(m, T);
+        time_launch(
+            st, f.stream, [&] { return f.p->gate(f.stream); }, t * (E * 2 + k * 8 + 4), T);
+      });
+      reg("cuda_gating_infer_bf16", [m, T, E, k, t](benchmark::State& st) {
+        auto& f = get_fixture(m, T);
+        time_launch(
+            st, f.stream, [&] { return f.p->gate_inference(f.stream); }, t * (E * 2 + k * 8), T);
+      });
+      reg("cuda_gating_graph", [m, T](benchmark::State& st) {
+        auto& f = get_fixture(m, T);
+        time_graph(
+            st, f.stream, [&] { return f.p->gate(f.stream); }, T);
+      });
+    }
+  }
+}
+
 void register_all() {
+  register_wide_gating();
   for (const model_shape& m : model_shapes) {
     for (std::int64_t T : token_counts) {
       const std::string sfx = "/" + std::string(m.name) + "/T=" + std::to_string(T);

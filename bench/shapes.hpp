@@ -45,6 +45,17 @@ inline constexpr model_shape model_shapes[] = {
     shape_of("olmoe", "olmoe"),
 };
 
+/// Wide rows, for the GPU gating benchmarks only (cuda_gating_*; the other stages and the CPU
+/// benchmarks keep the five models above): E = 384 with DeepSeek-V3's routing (Kimi-K2's expert
+/// count and width) and E = 512, k = 10 with Qwen3's (Qwen3-Next-80B-A3B's shape). Shapes, not
+/// those models' exact routers (Kimi-K2 has one group; the preset here keeps eight).
+inline constexpr model_shape wide_gating_shapes[] = {
+    {"deepseek_v3_e384", "deepseek_v3", 384, 8, 7168},
+    {"qwen3_e512_k10", "qwen_moe", 512, 10, 2048},
+};
+/// Their token counts: decode, a mid batch, prefill.
+inline constexpr std::int64_t wide_gating_token_counts[] = {1, 128, 16384};
+
 /// Tokens per batch: 1 (decode) to 16384 (prefill). GPU benchmarks use all of them.
 inline constexpr std::int64_t token_counts[] = {1, 16, 128, 1024, 4096, 16384};
 /// The CPU reference is a plain loop nest: a trimmed set keeps the CPU run near a minute.

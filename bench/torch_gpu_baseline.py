@@ -38,6 +38,11 @@ MODELS = {
     "qwen3_moe": (128, 8, 2048, "softmax_topk_norm"),
     "olmoe": (64, 8, 2048, "softmax_topk"),
 }
+# bench/shapes.hpp's wide_gating_shapes: only when --models names them (gpu-bench does)
+WIDE = {
+    "deepseek_v3_e384": (384, 8, 7168, "deepseek"),
+    "qwen3_e512_k10": (512, 10, 2048, "softmax_topk_norm"),
+}
 TOKENS = [1, 16, 128, 1024, 4096, 16384]
 ALL_STAGES = ["gating", "losses", "dispatch", "layout", "permute", "combine", "permute_backward",
               "route_graph", "gating_backward"]
@@ -302,7 +307,7 @@ def main():
         sys.exit(77)
     rows = []
     for name in a.models.split(","):
-        run_model(name, MODELS[name], a.repeat, rows, stages,
+        run_model(name, {**MODELS, **WIDE}[name], a.repeat, rows, stages,
                   [int(t) for t in a.tokens.split(",")], a.compile)
     with open(a.out, "w") as f:
         meta = {"tool": "torch_gpu_baseline", "torch": torch.__version__,

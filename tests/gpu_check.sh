@@ -210,6 +210,7 @@ elif [ "$MODE" = bench ]; then
   if python3 -c 'import torch, sys; sys.exit(0 if torch.cuda.is_available() else 1)' 2>/dev/null; then
     run_step torch_gating 120 env PYTHONUNBUFFERED=1 python3 "$ROOT/bench/torch_gpu_baseline.py" \
       --stages gating,gating_backward --tokens 1,16,128,16384 --compile --repeat 10 \
+      --models switch_base,mixtral_8x7b,deepseek_v3,qwen3_moe,olmoe,deepseek_v3_e384,qwen3_e512_k10 \
       --out "$OUT/torch_gpu_baseline.jsonl" --ours "$OUT/bench_kernels_cuda.json" \
       --table "$OUT/gpu_vs_torch.md"
   else
