@@ -172,72 +172,52 @@ fixture& get_fixture(const model_shape& m, std::int64_t T) {
   return *cache.back().second;
 }
 
-/// The gating cases alone for the wide rows (E = 384, 512): training, inference, graph replay.
-void register_wide_gating() {
-  for (const model_shape& m : moeroute::bench::wide_gating_shapes) {
-    for (std::int64_t T : moeroute::bench::wide_gating_token_counts) {
-      const std::string sfx = "/" + std::string(m.name) + "/T=" + std::to_string(T);
-      const double E = m.experts, k = m.top_k, t = static_cast<double>(T);
-      auto reg = [&](const std::string& name, auto body) {
-        benchmark::RegisterBenchmark((name + sfx).c_str(), body)
-            ->UseManualTime()
-            ->Unit(benchmark::kMicrosecond);
-      };
-      reg("cuda_gating_bf16", [m, T, E, k, t](benchmark::State& st) {
-        auto& f = get_fixture(m, T);
-        time_launch(
-            st, f.stream, [&] { return f.p->gate(f.stream); }, t * (E * 2 + k * 8 + 4), T);
-      });
-      reg("cuda_gating_infer_bf16", [m, T, E, k, t](benchmark::State& st) {
-        auto& f = get_fixture(m, T);
-        time_launch(
-            st, f.stream, [&] { return f.p->gate_inference(f.stream); }, t * (E * 2 + k * 8), T);
-      });
-      reg("cuda_gating_graph", [m, T](benchmark::State& st) {
-        auto& f = get_fixture(m, T);
-        time_graph(
-            st, f.stream, [&] { return f.p->gate(f.stream); }, T);
-      });
-    }
-  }
+/// Registers body under name/<model>/T=<T>, timed by the case itself (CUDA events).
+template <class Body>
+void register_case(const std::string& name, const model_shape& m, std::int64_t T, Body body) {
+  const std::string full = name + "/" + std::string(m.name) + "/T=" + std::to_string(T);
+  benchmark::RegisterBenchmark(full.c_str(), body)->UseManualTime()->Unit(benchmark::kMicrosecond);
+}
+
+/// The gating cases of one shape: bf16 logits in; ids + gates + logsumexp out (+ per-chunk
+/// partial sums); the inference path (no sums, no logsumexp: the bytes are the logits and the
+/// ids / gates), alone and under graph replay; gating under graph replay (the decode cost).
+void register_gating(const model_shape& m, std::int64_t T) {
+  const double E = m.experts, k = m.top_k, t = static_cast<double>(T);
+  register_case("cuda_gating_bf16", m, T, [m, T, E, k, t](benchmark::State& st) {
+    auto& f = get_fixture(m, T);
+    time_launch(
+        st, f.stream, [&] { return f.p->gate(f.stream); }, t * (E * 2 + k * 8 + 4), T);
+  });
+  register_case("cuda_gating_infer_bf16", m, T, [m, T, E, k, t](benchmark::State& st) {
+    auto& f = get_fixture(m, T);
+    time_launch(
+        st, f.stream, [&] { return f.p->gate_inference(f.stream); }, t * (E * 2 + k * 8), T);
+  });
+  register_case("cuda_gating_infer_graph", m, T, [m, T](benchmark::State& st) {
+    auto& f = get_fixture(m, T);
+    time_graph(
+        st, f.stream, [&] { return f.p->gate_inference(f.stream); }, T);
+  });
+  register_case("cuda_gating_graph", m, T, [m, T](benchmark::State& st) {
+    auto& f = get_fixture(m, T);
+    time_graph(
+        st, f.stream, [&] { return f.p->gate(f.stream); }, T);
+  });
 }
 
 void register_all() {
-  register_wide_gating();
+  // the wide rows (E = 384, 512): the gating cases alone
+  for (const model_shape& m : moeroute::bench::wide_gating_shapes)
+    for (std::int64_t T : moeroute::bench::wide_gating_token_counts) register_gating(m, T);
   for (const model_shape& m : model_shapes) {
     for (std::int64_t T : token_counts) {
-      const std::string sfx = "/" + std::string(m.name) + "/T=" + std::to_string(T);
       const double E = m.experts, k = m.top_k, d = static_cast<double>(m.hidden),
                    t = static_cast<double>(T);
-      auto reg = [&](const std::string& name, auto body) {
-        benchmark::RegisterBenchmark((name + sfx).c_str(), body)
-            ->UseManualTime()
-            ->Unit(benchmark::kMicrosecond);
-      };
-      // gating: bf16 logits in; ids + gates + logsumexp out (+ per-chunk partial sums)
-      reg("cuda_gating_bf16", [m, T, E, k, t](benchmark::State& st) {
-        auto& f = get_fixture(m, T);
-        time_launch(
-            st, f.stream, [&] { return f.p->gate(f.stream); }, t * (E * 2 + k * 8 + 4), T);
-      });
-      // the inference path (no sums, no logsumexp): the bytes are the logits and ids / gates
-      reg("cuda_gating_infer_bf16", [m, T, E, k, t](benchmark::State& st) {
-        auto& f = get_fixture(m, T);
-        time_launch(
-            st, f.stream, [&] { return f.p->gate_inference(f.stream); }, t * (E * 2 + k * 8), T);
-      });
-      reg("cuda_gating_infer_graph", [m, T](benchmark::State& st) {
-        auto& f = get_fixture(m, T);
-        time_graph(
-            st, f.stream, [&] { return f.p->gate_inference(f.stream); }, T);
-      });
-      // gating alone and gating + losses + dispatch (the routing decision), each captured in
-      // a CUDA graph and replayed: the decode-time cost per call
-      reg("cuda_gating_graph", [m, T](benchmark::State& st) {
-        auto& f = get_fixture(m, T);
-        time_graph(
-            st, f.stream, [&] { return f.p->gate(f.stream); }, T);
-      });
+      auto reg = [&](const std::string& name, auto body) { register_case(name, m, T, body); };
+      register_gating(m, T);
+      // gating + losses + dispatch (the routing decision) captured in a CUDA graph and
+      // replayed: the decode-time cost per call
       reg("cuda_route_graph", [m, T](benchmark::State& st) {
         auto& f = get_fixture(m, T);
         time_graph(

@@ -191,31 +191,44 @@ else
   record bundle_loads "$rc" $(($(date +%s) - t0)) "$st" "$OUT/bundle_loads.log" \
     "$(tail -n 1 "$OUT/bundle_loads.log")"
 fi
+BENCH="$BIN_BENCH/bench_kernels_cuda"
+# run_bench NAME TIMEOUT ARGS...: bench_kernels_cuda, JSON into DIR/bench_kernels_cuda.json
+run_bench() {
+  local name=$1 limit=$2
+  shift 2
+  if [ -x "$BENCH" ]; then
+    run_step "$name" "$limit" "${RUN[@]}" "$BENCH" "$@" \
+      --benchmark_min_time="${GPU_CHECK_BENCH_MIN_TIME:-0.02}" \
+      --benchmark_out="$OUT/bench_kernels_cuda.json" --benchmark_out_format=json
+  else
+    skip_step "$name" "no bench_kernels_cuda binary"
+  fi
+}
+# run_torch NAME TIMEOUT ARGS...: bench/torch_gpu_baseline.py in the same run, with the table
+run_torch() {
+  local name=$1 limit=$2
+  shift 2
+  if python3 -c 'import torch, sys; sys.exit(0 if torch.cuda.is_available() else 1)' 2>/dev/null; then
+    run_step "$name" "$limit" env PYTHONUNBUFFERED=1 python3 "$ROOT/bench/torch_gpu_baseline.py" \
+      "$@" --out "$OUT/torch_gpu_baseline.jsonl" --ours "$OUT/bench_kernels_cuda.json" \
+      --table "$OUT/gpu_vs_torch.md"
+  else
+    skip_step "$name" "no torch with CUDA"
+  fi
+}
 if [ "$DRY" = 1 ] && [ "$MODE" = bench ]; then
   for s in gating_tests bench_gating torch_gating kernel_resources; do skip_step "$s" "dry run"; done
 elif [ "$MODE" = bench ]; then
-  TESTS="$BIN_TESTS/cuda_tests" BENCH="$BIN_BENCH/bench_kernels_cuda"
+  TESTS="$BIN_TESTS/cuda_tests"
   if [ -x "$TESTS" ]; then
     run_step gating_tests 90 "${RUN[@]}" "$TESTS" "[gating],[backward],[invariance]" --durations yes
   else
     skip_step gating_tests "not built"
   fi
-  if [ -x "$BENCH" ]; then
-    run_step bench_gating 60 "${RUN[@]}" "$BENCH" --benchmark_filter='^cuda_gating' \
-      --benchmark_min_time="${GPU_CHECK_BENCH_MIN_TIME:-0.02}" \
-      --benchmark_out="$OUT/bench_kernels_cuda.json" --benchmark_out_format=json
-  else
-    skip_step bench_gating "no bench_kernels_cuda binary"
-  fi
-  if python3 -c 'import torch, sys; sys.exit(0 if torch.cuda.is_available() else 1)' 2>/dev/null; then
-    run_step torch_gating 120 env PYTHONUNBUFFERED=1 python3 "$ROOT/bench/torch_gpu_baseline.py" \
-      --stages gating,gating_backward --tokens 1,16,128,16384 --compile --repeat 10 \
-      --models switch_base,mixtral_8x7b,deepseek_v3,qwen3_moe,olmoe,deepseek_v3_e384,qwen3_e512_k10 \
-      --out "$OUT/torch_gpu_baseline.jsonl" --ours "$OUT/bench_kernels_cuda.json" \
-      --table "$OUT/gpu_vs_torch.md"
-  else
-    skip_step torch_gating "no torch with CUDA"
-  fi
+  run_bench bench_gating 60 --benchmark_filter='^cuda_gating'
+  run_torch torch_gating 120 --stages gating,gating_backward --tokens 1,16,128,16384 --compile \
+    --repeat 10 \
+    --models switch_base,mixtral_8x7b,deepseek_v3,qwen3_moe,olmoe,deepseek_v3_e384,qwen3_e512_k10
   if [ -f "$RESOURCES/gating_kernels.log" ]; then
     run_step kernel_resources 30 python3 "$ROOT/bench/kernel_resources.py" \
       "$RESOURCES/gating_kernels.log" "$RESOURCES/gating_kernels.cubin"
@@ -249,21 +262,8 @@ else
     skip_step ep_nccl_tests "not built (no NCCL)"
   fi
   # 4. GPU benchmarks and the PyTorch baseline of the same stages, in the same run
-  BENCH="$BIN_BENCH/bench_kernels_cuda"
-  if have "$BENCH"; then
-    run_step bench_kernels_cuda 150 "${RUN[@]}" "$BENCH" \
-      --benchmark_min_time="${GPU_CHECK_BENCH_MIN_TIME:-0.02}" \
-      --benchmark_out="$OUT/bench_kernels_cuda.json" --benchmark_out_format=json
-  else
-    skip_step bench_kernels_cuda "no bench_kernels_cuda binary"
-  fi
-  if python3 -c 'import torch, sys; sys.exit(0 if torch.cuda.is_available() else 1)' 2>/dev/null; then
-    run_step torch_baseline 150 env PYTHONUNBUFFERED=1 python3 "$ROOT/bench/torch_gpu_baseline.py" \
-      --out "$OUT/torch_gpu_baseline.jsonl" --ours "$OUT/bench_kernels_cuda.json" \
-      --table "$OUT/gpu_vs_torch.md"
-  else
-    skip_step torch_baseline "no torch with CUDA"
-  fi
+  run_bench bench_kernels_cuda 150
+  run_torch torch_baseline 150
   if have "$BIN_BENCH/bench_ep_cuda"; then
     run_step bench_ep_cuda 60 "${RUN[@]}" "$BIN_BENCH/bench_ep_cuda" \
       --benchmark_min_time="${GPU_CHECK_BENCH_MIN_TIME:-0.02}" \
