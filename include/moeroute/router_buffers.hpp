@@ -31,6 +31,11 @@ struct router_options {
   std::optional<layout_kind> layout{};
   std::int64_t block_size = 1;  ///< compact: segments rounded up to this many rows
   bool logsumexp = false;       ///< keep the logsumexp [T] (always kept with a z-loss)
+  /// Compute the aux / sequence-aux / z losses and the gating sums under them. false is the
+  /// inference path (a serving engine's): gating makes the ids and gates only (no P row, no
+  /// counts, one kernel on the GPU), losses() reads 0 and gating_backward is refused; it needs
+  /// routing_config::training = false.
+  bool losses = true;
 };
 
 /// The losses of one routed batch.
@@ -54,6 +59,10 @@ class router_buffers {
       : cfg_(cfg), max_tokens_(max_tokens), hidden_(hidden), options_(options) {
     throw_if_error(validate(cfg_));
     throw_if_error(validate_tokens(cfg_, max_tokens_));
+    if (!options_.losses && cfg_.training)
+      throw_if_error(status::make(status_code::invalid_argument,
+                                  "router: options.losses = false (the inference path) needs "
+                                  "routing_config::training = false"));
     const std::size_t workspace = workspace_bytes(cfg_, max_tokens_);
     if (hidden_ < 0)
       throw_if_error(
@@ -136,6 +145,7 @@ class router_buffers {
   [[nodiscard]] const routing_config& config() const noexcept { return cfg_; }
   [[nodiscard]] std::int64_t max_tokens() const noexcept { return max_tokens_; }
   [[nodiscard]] std::int64_t hidden() const noexcept { return hidden_; }
+  [[nodiscard]] const router_options& options() const noexcept { return options_; }
   [[nodiscard]] std::int64_t max_rows() const noexcept { return max_rows_; }
   [[nodiscard]] layout_kind kind() const noexcept { return kind_; }
   /// Rows of the expert buffer for a batch of T tokens (the layout's bound for T).
@@ -181,6 +191,10 @@ class router_buffers {
               ptr<std::int64_t>("seq_tokens")};
     o.d_token_priority = ptr<float>("token_priority");
     o.d_second_skipped = ptr<std::uint8_t>("second_skipped");
+    if (!options_.losses) {  // the inference path: no sum, the logsumexp only if asked for
+      o.sums = {};
+      if (!options_.logsumexp) o.d_logsumexp = nullptr;
+    }
     return o;
   }
   [[nodiscard]] dispatch_result make_dispatch_out() const noexcept {
@@ -269,6 +283,14 @@ class router_core {
   }
   [[nodiscard]] status check_routed(const char* op) const {
     return router_buffers::check_routed(op, routed_);
+  }
+  /// op needs the loss sums, which a router built with options.losses = false does not keep.
+  [[nodiscard]] status check_losses_kept(const char* op) const {
+    if (b_.options().losses) return status::success();
+    return status::make(status_code::invalid_argument,
+                        std::string("router::") + op +
+                            ": the router was built with options.losses = false (the inference "
+                            "path keeps no loss sums)");
   }
 
   router_buffers b_;

@@ -6,6 +6,7 @@
 // allocator parameter; and the errors of a misuse, each naming what is wrong.
 #include <catch2/catch.hpp>
 
+#include <algorithm>
 #include <cmath>
 #include <cstddef>
 #include <cstdint>
@@ -252,6 +253,39 @@ TEST_CASE("cpu::router: a dropless config gets the compact layout, with bf16 row
       REQUIRE(close(to_float(y[static_cast<std::size_t>(t * 16 + c)]),
                     w * to_float(x[static_cast<std::size_t>(t * 16 + c)]), 1e-2, 1e-2));
   }
+}
+
+TEST_CASE("cpu::router: options.losses = false routes as the loss-keeping router, with no sums",
+          "[router]") {
+  routing_config cfg = presets::deepseek_v3(64, 4, 8, 2);  // bias, groups, an aux loss
+  cfg.training = false;
+  cfg.capacity.mode = capacity_mode::factor;
+  cfg.loss.z_coefficient = 0.001f;
+  const auto logits = values(96 * 64, 21, -3.0f, 3.0f);
+  const std::vector<float> bias(64, 0.0f);
+  cpu::router<float> kept(cfg, 128, 8);
+  cpu::router_options inference;
+  inference.losses = false;
+  cpu::router<float> serving(cfg, 128, 8, inference);
+  REQUIRE(kept.route(logits, bias).ok());
+  REQUIRE(serving.route(logits, bias).ok());
+  const auto same = [](const auto* a, const auto* b, std::size_t n) {
+    return std::equal(a, a + n, b);
+  };
+  const std::size_t n = 96 * 4;
+  REQUIRE(same(kept.gated().d_ids, serving.gated().d_ids, n));
+  REQUIRE(same(kept.gated().d_gates, serving.gated().d_gates, n));
+  REQUIRE(same(kept.dispatched().d_weight, serving.dispatched().d_weight, n));
+  REQUIRE(same(kept.layout().d_assignment_row, serving.layout().d_assignment_row, n));
+  REQUIRE(kept.losses().aux > 0.0);
+  REQUIRE(serving.losses().aux == 0.0);
+  REQUIRE(serving.losses().z == 0.0);
+  REQUIRE(serving.gated().sums.d_aux_count == nullptr);
+  std::span<float> grad;
+  REQUIRE_THAT(serving.gating_backward(logits, grad).message, Catch::Contains("options.losses"));
+  cfg.training = true;
+  REQUIRE_THROWS_WITH(cpu::router<float>(cfg, 16, 8, inference),
+                      Catch::Contains("options.losses = false"));
 }
 
 }  // namespace

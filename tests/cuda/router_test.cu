@@ -156,4 +156,42 @@ TEST_CASE("cuda::router: one device allocation; misuse named", "[cuda][router][q
   REQUIRE_THROWS_WITH(cuda::router<float>(bad, 16, 8), Catch::Contains("top_k"));
 }
 
+TEST_CASE("cuda::router: options.losses = false routes as the loss-keeping router, with no sums",
+          "[cuda][router][quick]") {
+  routing_config cfg = presets::deepseek_v3(64, 4, 8, 2);  // bias, groups, an aux loss
+  cfg.training = false;
+  cfg.capacity.mode = capacity_mode::factor;
+  cfg.loss.z_coefficient = 0.001f;
+  const std::int64_t T = 96;
+  const auto logits = random_host<float>(static_cast<std::size_t>(T * 64), 21, -3.0f, 3.0f);
+  device_buffer<float> d_logits(logits), d_bias(std::vector<float>(64, 0.0f));
+  cuda::router<float> kept(cfg, 128, 8);
+  cuda::router_options inference;
+  inference.losses = false;
+  cuda::router<float> serving(cfg, 128, 8, inference);
+  REQUIRE(kept.route(d_logits.get(), T, d_bias.get()).ok());
+  REQUIRE(serving.route(d_logits.get(), T, d_bias.get()).ok());
+  const std::size_t n = static_cast<std::size_t>(T * 4);
+  REQUIRE(download_bits<std::int32_t>(kept.gated().d_ids, n) ==
+          download_bits<std::int32_t>(serving.gated().d_ids, n));
+  REQUIRE(download_bits<float>(kept.gated().d_gates, n) ==
+          download_bits<float>(serving.gated().d_gates, n));
+  REQUIRE(download_bits<float>(kept.dispatched().d_weight, n) ==
+          download_bits<float>(serving.dispatched().d_weight, n));
+  REQUIRE(download_bits<std::int64_t>(kept.layout().d_assignment_row, n) ==
+          download_bits<std::int64_t>(serving.layout().d_assignment_row, n));
+  cuda::router_summary with, without;
+  REQUIRE(kept.summary(with).ok());
+  REQUIRE(serving.summary(without).ok());
+  REQUIRE(with.losses.aux > 0.0);
+  REQUIRE(without.losses.aux == 0.0);
+  REQUIRE(without.losses.z == 0.0);
+  REQUIRE(without.offsets == with.offsets);
+  REQUIRE(serving.gated().sums.d_aux_count == nullptr);
+  REQUIRE_THAT(serving.gating_backward(d_logits.get()).message, Catch::Contains("options.losses"));
+  cfg.training = true;
+  REQUIRE_THROWS_WITH(cuda::router<float>(cfg, 16, 8, inference),
+                      Catch::Contains("options.losses = false"));
+}
+
 }  // namespace moeroute::test

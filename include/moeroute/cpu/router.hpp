@@ -10,6 +10,7 @@
 // message of a failed status).
 #pragma once
 
+#include <algorithm>
 #include <cstddef>
 #include <cstdint>
 #include <memory>
@@ -57,6 +58,7 @@ class router : public router_core {
       : router_core(cfg, max_tokens, hidden, sizeof(Element), options, workspace_bytes),
         block_(b_.bytes(), alloc) {
     b_.attach(block_.get());
+    std::fill_n(b_.ptr<double>("losses"), 3, 0.0);  // read as 0 where losses are not computed
   }
 
   /// @brief Gating, dispatch, layout and losses of `logits` [T, E] (T <= max_tokens).
@@ -109,14 +111,16 @@ class router : public router_core {
     d.out = b_.dispatch_out();
     if (auto s = cpu::dispatch(cfg, d, ws.data(), ws.size(), ex); !s) return s;
     if (auto s = cpu::layout(cfg, b_.layout_params_for(T, d.out), ex); !s) return s;
-    loss_params lp;
-    lp.tokens = T;
-    lp.sums = g.out.sums;
-    double* losses = b_.ptr<double>("losses");
-    lp.d_aux_loss = &losses[0];
-    lp.d_sequence_aux_loss = cfg.loss.sequence_length > 0 ? &losses[1] : nullptr;
-    lp.d_z_loss = &losses[2];
-    if (auto s = cpu::losses(cfg, lp, ex); !s) return s;
+    if (b_.options().losses) {  // (the inference path computes none)
+      loss_params lp;
+      lp.tokens = T;
+      lp.sums = g.out.sums;
+      double* losses = b_.ptr<double>("losses");
+      lp.d_aux_loss = &losses[0];
+      lp.d_sequence_aux_loss = cfg.loss.sequence_length > 0 ? &losses[1] : nullptr;
+      lp.d_z_loss = &losses[2];
+      if (auto s = cpu::losses(cfg, lp, ex); !s) return s;
+    }
     routed_ = true;
     return status::success();
   }
@@ -211,6 +215,7 @@ class router : public router_core {
     const std::span<const Logit> logits(std::ranges::data(logits_range),
                                         std::ranges::size(logits_range));
     const std::int64_t E = b_.config().num_experts;
+    if (auto s = check_losses_kept("gating_backward"); !s) return s;
     if (auto s = check_rows("gating_backward", "logits", logits.size(), tokens_, E); !s) return s;
     gating_backward_params<Logit> p;
     p.d_logits = logits.data();

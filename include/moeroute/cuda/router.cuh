@@ -70,6 +70,9 @@ class router : public router_core {
       : router_core(cfg, max_tokens, hidden, sizeof(Element), options, workspace_bytes),
         block_(b_.bytes(), alloc) {
     b_.attach(block_.get());
+    // read as 0 where losses are not computed (options.losses = false)
+    throw_if_cuda_error(cudaMemset(b_.ptr<double>("losses"), 0, 3 * sizeof(double)),
+                        "router: cudaMemset(losses)");
   }
 
   /// @brief Gating, dispatch, layout and losses of `d_logits` [T, E] (T <= max_tokens), on
@@ -110,14 +113,16 @@ class router : public router_core {
     d.out = b_.dispatch_out();
     if (auto s = cuda::dispatch(cfg, d, ws.data(), ws.size(), stream); !s) return s;
     if (auto s = cuda::layout(cfg, b_.layout_params_for(tokens, d.out), stream); !s) return s;
-    loss_params lp;
-    lp.tokens = tokens;
-    lp.sums = g.out.sums;
-    double* losses = b_.ptr<double>("losses");
-    lp.d_aux_loss = losses;
-    lp.d_sequence_aux_loss = cfg.loss.sequence_length > 0 ? losses + 1 : nullptr;
-    lp.d_z_loss = losses + 2;
-    if (auto s = cuda::losses(cfg, lp, stream); !s) return s;
+    if (b_.options().losses) {  // (the inference path computes none)
+      loss_params lp;
+      lp.tokens = tokens;
+      lp.sums = g.out.sums;
+      double* losses = b_.ptr<double>("losses");
+      lp.d_aux_loss = losses;
+      lp.d_sequence_aux_loss = cfg.loss.sequence_length > 0 ? losses + 1 : nullptr;
+      lp.d_z_loss = losses + 2;
+      if (auto s = cuda::losses(cfg, lp, stream); !s) return s;
+    }
     routed_ = true;
     return status::success();
   }
@@ -189,6 +194,7 @@ class router : public router_core {
                                        const gating_backward_weights& weights = {},
                                        cudaStream_t stream = nullptr) {
     if (auto s = check_routed("gating_backward"); !s) return s;
+    if (auto s = check_losses_kept("gating_backward"); !s) return s;
     gating_backward_params<Logit> p;
     p.d_logits = d_logits;
     p.tokens = tokens_;
