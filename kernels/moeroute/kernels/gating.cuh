@@ -88,7 +88,7 @@ __global__ void __launch_bounds__(Warps * 32)
   for (std::int64_t base = begin; base < end; base += Groups) {  // block-uniform trip count
     const std::int64_t v = base + grp;
     const bool active = v < end;
-    const std::int64_t t = a.plan.token(active ? v : begin);  // idle groups recompute a real row
+    const std::int64_t t = a.plan.token(active ? v : base);  // idle groups recompute a real row
 
     const int nonfinite = agent.load_row(t);
     const float lse = wants_lse ? agent.logsumexp() : 0.0f;

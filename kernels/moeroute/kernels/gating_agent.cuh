@@ -323,14 +323,17 @@ struct gating_agent {
   // --- 5 and 6. top-(k + R) and the gates ------------------------------------------------------
 
   /// Ranks k + R experts; rank j < k goes to (ri, rv) of lane j % Lanes (the expert and its gate
-  /// source value), ranks >= k to the reroute candidates of token t. Then the gates.
+  /// source value), ranks >= k to the reroute candidates of token t. Then the gates. Consumes
+  /// sel (nothing reads it again before aux_scores writes P there).
   __device__ __forceinline__ void select_and_gate(std::int64_t t, bool active) {
     float gate_sum = 0.0f;  // in rank order, as the reference
     float chosen_max = -FLT_MAX;
     float second_score = 0.0f;  // p2 of NLLB's "random" policy: the rank-1 gate source
-    warp::topk<row_layout, Lanes, Slots, Generic>(
-        sel, ns, sem.k + sem.reroute, [&](int s) { return allowed.test(s); },
-        [&](int j, float, int best) {
+    for_slots([&](int s) {
+      if (!allowed.test(s)) sel[s] = -INFINITY;  // (selection values are >= -FLT_MAX)
+    });
+    warp::topk_take<row_layout, Lanes, Slots, Generic>(
+        sel, ns, sem.k + sem.reroute, [&](int j, float, int best) {
           const float gv = row_value(gsrc, best);
           if (j < sem.k) {
             if (j % Lanes == lane) {
@@ -508,14 +511,18 @@ struct gating_agent {
 
   /// count(j, e) for each expert e the token counts for in the aux loss, j its rank: its routed
   /// top-1 or top-k, or a fresh top-`counted` of P over every expert (no bias, no group limit).
+  /// The last reader of P: a fresh top-k consumes it.
   template <class Count>
-  __device__ __forceinline__ void aux_counts(bool counts_here, Count&& count) const {
+  __device__ __forceinline__ void aux_counts(bool counts_here, Count&& count) {
     if (sem.fresh_counts) {
-      warp::topk<row_layout, Lanes, Slots, Generic>(
-          sel, ns, sem.counted, [&](int s) { return in_row(s); },
-          [&](int j, float, int best) {
-            if (counts_here && lane == 0) count(j, best);
-          });
+      for_slots([&](int s) {
+        if (!in_row(s)) sel[s] = -INFINITY;  // (P is in [0, 1])
+      });
+      warp::topk_take<row_layout, Lanes, Slots, Generic>(sel, ns, sem.counted,
+                                                         [&](int j, float, int best) {
+                                                           if (counts_here && lane == 0)
+                                                             count(j, best);
+                                                         });
     } else if (counts_here) {
       for_slots([&](int s) {
         const int j = s * Lanes + lane;

@@ -174,4 +174,43 @@ __device__ __forceinline__ void topk(const float (&v)[Slots], int ns, int n, Eli
   }
 }
 
+/// @brief topk() for a row it may consume: the candidates are the slots s < ns whose value is
+///        not -inf (the caller writes -inf over the others first), and each round's winner is
+///        overwritten with -inf on the lane that holds it. Same picks, same order, same visits as
+///        topk() with eligible(s) = (v[s] != -inf) — valid only where no candidate can be -inf
+///        (the sanitised selection values and P: every value in [-FLT_MAX, FLT_MAX]). Cheaper
+///        per round: a lane's best is a compare and two selects per slot, with no mask to test.
+template <class Row, int Lanes, int Slots, bool Indexed, class Visit>
+__device__ __forceinline__ void topk_take(float (&v)[Slots], int ns, int n, Visit&& visit) {
+  [[maybe_unused]] constexpr int Unroll = Indexed ? 1 : Slots;  // read by #pragma unroll
+  const int lane = static_cast<int>(threadIdx.x) % Lanes;
+  float lane_value;
+  int lane_slot;
+  // slots ascend in index and the compare is strict: the lower index wins among equal values
+  const auto lane_best = [&] {
+    lane_value = -INFINITY;
+    lane_slot = -1;
+#pragma unroll Unroll
+    for (int s = 0; s < Slots; ++s) {
+      if (Indexed && s >= ns) break;
+      if (v[s] > lane_value) {
+        lane_value = v[s];
+        lane_slot = s;
+      }
+    }
+  };
+  lane_best();
+  for (int j = 0; j < n; ++j) {
+    const std::int32_t lane_index = lane_slot >= 0 ? Row::index(lane, lane_slot) : no_index;
+    float best_value = lane_value;
+    std::int32_t best_index = lane_index;
+    group_argmax<Lanes>(best_value, best_index);
+    if (best_index != no_index && best_index == lane_index) {  // this lane held the winner
+      slot_set<Slots, Indexed>(v, lane_slot, -INFINITY);
+      lane_best();
+    }
+    visit(j, best_value, best_index);
+  }
+}
+
 }  // namespace moeroute::kernels::warp
