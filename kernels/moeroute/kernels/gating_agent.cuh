@@ -336,7 +336,12 @@ struct gating_agent {
         sel, ns, sem.k + sem.reroute, [&](int j, float, int best) {
           const float gv = row_value(gsrc, best);
           if (j < sem.k) {
-            if (j % Lanes == lane) {
+            if (j < Lanes) {  // slot 0: no select chain over the slots (k <= Lanes: always)
+              if (j == lane) {
+                ri[0] = best;
+                rv[0] = gv;
+              }
+            } else if (j % Lanes == lane) {
               warp::slot_set<Slots, Generic>(ri, j / Lanes, best);
               warp::slot_set<Slots, Generic>(rv, j / Lanes, gv);
             }
