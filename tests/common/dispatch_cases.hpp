@@ -11,6 +11,7 @@
 #include <vector>
 
 #include <moeroute/config.hpp>
+#include <moeroute/presets.hpp>
 #include <moeroute/reference/gating.hpp>
 
 namespace moeroute::test {
@@ -29,6 +30,16 @@ struct lcg {
 };
 
 /// Router logits [T, E] with a few "hot" experts, so capacity actually drops assignments.
+/// The owning routers' serving case (router_options::losses = false): DeepSeek-V3's routing at
+/// E = 64, k = 4 (bias, groups, an aux loss), a capacity, a z-loss, training = false.
+inline routing_config serving_router_config() {
+  routing_config cfg = presets::deepseek_v3(64, 4, 8, 2);
+  cfg.training = false;
+  cfg.capacity.mode = capacity_mode::factor;
+  cfg.loss.z_coefficient = 0.001f;
+  return cfg;
+}
+
 inline std::vector<float> make_logits(std::int64_t T, std::int32_t E, std::uint64_t seed) {
   lcg r(seed);
   std::vector<float> x(static_cast<std::size_t>(T * E));

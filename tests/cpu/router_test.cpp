@@ -257,10 +257,7 @@ TEST_CASE("cpu::router: a dropless config gets the compact layout, with bf16 row
 
 TEST_CASE("cpu::router: options.losses = false routes as the loss-keeping router, with no sums",
           "[router]") {
-  routing_config cfg = presets::deepseek_v3(64, 4, 8, 2);  // bias, groups, an aux loss
-  cfg.training = false;
-  cfg.capacity.mode = capacity_mode::factor;
-  cfg.loss.z_coefficient = 0.001f;
+  routing_config cfg = serving_router_config();
   const auto logits = values(96 * 64, 21, -3.0f, 3.0f);
   const std::vector<float> bias(64, 0.0f);
   cpu::router<float> kept(cfg, 128, 8);

@@ -158,10 +158,7 @@ TEST_CASE("cuda::router: one device allocation; misuse named", "[cuda][router][q
 
 TEST_CASE("cuda::router: options.losses = false routes as the loss-keeping router, with no sums",
           "[cuda][router][quick]") {
-  routing_config cfg = presets::deepseek_v3(64, 4, 8, 2);  // bias, groups, an aux loss
-  cfg.training = false;
-  cfg.capacity.mode = capacity_mode::factor;
-  cfg.loss.z_coefficient = 0.001f;
+  routing_config cfg = serving_router_config();
   const std::int64_t T = 96;
   const auto logits = random_host<float>(static_cast<std::size_t>(T * 64), 21, -3.0f, 3.0f);
   device_buffer<float> d_logits(logits), d_bias(std::vector<float>(64, 0.0f));
