@@ -261,10 +261,7 @@ struct gating_agent {
     random_second = g.second_expert.policy == second_expert_policy::random;
     sampling = g.second_expert.policy == second_expert_policy::sampling;
     wants_lse = p.out.d_logsumexp != nullptr || p.out.sums.d_z_sum_squares != nullptr;
-    const gating_sums& sums = p.out.sums;
-    aux = sums.d_aux_score_sum != nullptr || sums.d_aux_count != nullptr ||
-          (cfg.loss.sequence_length > 0 && sums.d_seq_score_sum != nullptr) ||
-          p.out.d_aux_scores != nullptr || p.out.d_aux_count_ids != nullptr;
+    aux = wants_aux_inputs(cfg, p.out);
 #if defined(MOEROUTE_CPU_FUSED_SIGMOID)
     fused_sigmoid = g.score == score_function::sigmoid && !noise &&
                     g.select == select_from::scores && !sampling && E % 16 == 0;

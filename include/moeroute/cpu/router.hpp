@@ -111,16 +111,8 @@ class router : public router_core {
     d.out = b_.dispatch_out();
     if (auto s = cpu::dispatch(cfg, d, ws.data(), ws.size(), ex); !s) return s;
     if (auto s = cpu::layout(cfg, b_.layout_params_for(T, d.out), ex); !s) return s;
-    if (b_.options().losses) {  // (the inference path computes none)
-      loss_params lp;
-      lp.tokens = T;
-      lp.sums = g.out.sums;
-      double* losses = b_.ptr<double>("losses");
-      lp.d_aux_loss = &losses[0];
-      lp.d_sequence_aux_loss = cfg.loss.sequence_length > 0 ? &losses[1] : nullptr;
-      lp.d_z_loss = &losses[2];
-      if (auto s = cpu::losses(cfg, lp, ex); !s) return s;
-    }
+    if (b_.options().losses)  // (the inference path computes none)
+      if (auto s = cpu::losses(cfg, loss_params_for(T), ex); !s) return s;
     routed_ = true;
     return status::success();
   }

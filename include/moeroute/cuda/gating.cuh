@@ -138,10 +138,7 @@ template <class Element>
     sums.d_seq_count = nullptr;
     sums.d_seq_tokens = nullptr;
   }
-  // the inference path (no aux-loss output asked for): selection and gates only
-  a.aux = sums.d_aux_score_sum != nullptr || sums.d_aux_count != nullptr ||
-          sums.d_seq_score_sum != nullptr || p.out.d_aux_scores != nullptr ||
-          p.out.d_aux_count_ids != nullptr;
+  a.aux = wants_aux_inputs(cfg, p.out);  // false: the inference path, selection and gates only
   std::int64_t* const counts[] = {p.replay.d_replaced, p.replay.d_invalid};  // the kernel adds
   for (std::int64_t* count : counts)
     if (count != nullptr)

@@ -113,16 +113,8 @@ class router : public router_core {
     d.out = b_.dispatch_out();
     if (auto s = cuda::dispatch(cfg, d, ws.data(), ws.size(), stream); !s) return s;
     if (auto s = cuda::layout(cfg, b_.layout_params_for(tokens, d.out), stream); !s) return s;
-    if (b_.options().losses) {  // (the inference path computes none)
-      loss_params lp;
-      lp.tokens = tokens;
-      lp.sums = g.out.sums;
-      double* losses = b_.ptr<double>("losses");
-      lp.d_aux_loss = losses;
-      lp.d_sequence_aux_loss = cfg.loss.sequence_length > 0 ? losses + 1 : nullptr;
-      lp.d_z_loss = losses + 2;
-      if (auto s = cuda::losses(cfg, lp, stream); !s) return s;
-    }
+    if (b_.options().losses)  // (the inference path computes none)
+      if (auto s = cuda::losses(cfg, loss_params_for(tokens), stream); !s) return s;
     routed_ = true;
     return status::success();
   }

@@ -43,6 +43,17 @@ struct gating_params {
   gating_replay replay{};
 };
 
+/// @brief Whether a gating call asks for any aux-loss input (a P or count sum, the sequence
+///        sums, per-token P or count ids). false is the inference path: no P row, no counts.
+///        Every backend decides it here.
+[[nodiscard]] inline bool wants_aux_inputs(const routing_config& cfg,
+                                           const gating_result& o) noexcept {
+  const gating_sums& s = o.sums;
+  return s.d_aux_score_sum != nullptr || s.d_aux_count != nullptr ||
+         (cfg.loss.sequence_length > 0 && s.d_seq_score_sum != nullptr) ||
+         o.d_aux_scores != nullptr || o.d_aux_count_ids != nullptr;
+}
+
 /// @brief Checks config, shape and pointers of a gating call; names the first bad field. Every
 /// backend's validate() runs this first.
 template <class Element>
