@@ -9,6 +9,7 @@
 #                            (add --prebuilt BUNDLE to run binaries built elsewhere, no installs)
 #   ./build.sh gpu-bench DIR [--prebuilt BUNDLE]  the short GPU loop (< 4 minutes): gating and
 #                            gating-backward tests and benchmarks beside torch, kernel resources
+#                            (GPU_BENCH_FOCUS=routing: dispatch, layout and the route instead)
 #   ./build.sh gpu-bundle [DIR]  build the GPU check's binaries here and pack them for such a
 #                            machine (default build/gpu-bundle)
 #   ./build.sh python        `pip install .` into build/python-venv, then the Python tests on it
@@ -60,7 +61,7 @@ hf_python() {
     log "transformers 4.46.3 into $venv (PyPI)" >&2
     if ! { /usr/bin/python3 -m venv --system-site-packages "$venv" &&
            "$venv/bin/pip" install --quiet "transformers==4.46.3"; } >&2; then
-      log "warning: no transformers (PyPI unreachable?): the HF tests are not registered" >&2
+      log "warning: no transformers (pip failed, its error above: no network? no disk space?): the HF tests are not registered" >&2
       return 0
     fi
   fi
@@ -79,7 +80,7 @@ hf_torch2_python() {
     log "torch 2.5.1 + transformers 4.57.6 into $venv (PyPI)" >&2
     if ! { /usr/bin/python3 -m venv "$venv" &&
            "$venv/bin/pip" install --quiet "torch==2.5.1" "transformers==4.57.6" numpy pytest; } >&2; then
-      log "warning: no torch 2 venv (PyPI unreachable?): its tests are not registered" >&2
+      log "warning: no torch 2 venv (pip failed, its error above: no network? no disk space?): its tests are not registered" >&2
       return 0
     fi
   fi
@@ -137,7 +138,7 @@ cmd_gpu_bundle() {
   log "build the GPU check's binaries ($JOBS jobs)"
   cmake --build "$build" -j "$JOBS" --target cuda_tests bench_kernels_cuda bench_ep_cuda \
     ep_nccl_tests example_cuda_gating example_cuda_dispatch example_switch_top1 \
-    example_mixtral_dropless example_deepseek_v3 example_ep_nccl gating_kernel_resources
+    example_mixtral_dropless example_deepseek_v3 example_ep_nccl routing_kernel_resources
   tests/gpu_bundle.sh "$build" "$dir"
 }
 

@@ -1,6 +1,6 @@
 #!/usr/bin/env python3
 # SPDX-License-Identifier: Apache-2.0
-"""Resource usage of the built gating kernels, readable without a GPU.
+"""Resource usage of the built routing kernels, readable without a GPU.
 
 Input: one translation unit compiled for one architecture with
 `nvcc -cubin --resource-usage` (cmake/kernel_resources.cmake does that in the build): ptxas'
@@ -11,7 +11,7 @@ the per-token instruction count, which only a device run measures (ncu: `smsp__i
 
   kernel_resources.py LOG CUBIN                print the table
   kernel_resources.py LOG CUBIN --check        ... and exit 1 on any stack frame or spill in a
-                                               gating / gating-backward register kernel
+                                               gating, gating-backward or dispatch kernel
   kernel_resources.py LOG CUBIN --nvdisasm P   ... with static counts of a few instruction
                                                classes from nvdisasm (found on PATH otherwise;
                                                the GPU machine's toolkit has it, Debian's build
@@ -118,15 +118,18 @@ def demangle(names):
         d = re.sub(r"\(.*\)$", "", d).removeprefix("void ")  # return type, argument list
         d = d.replace("moeroute::kernels::", "").replace("__nv_bfloat16", "bf16")
         d = d.replace("__half", "half")
+        if len(d) > 60:  # CUB's names run to hundreds of characters
+            d = d[:57] + "..."
         short[n] = d
     return short
 
 
 def checked(display):
-    """Gating and gating-backward kernels, except the generic (local-memory row) one."""
+    """moeroute's own kernels (demangled without their namespace), except the generic
+    (local-memory row) gating kernel; CUB's (the dispatch key sort's) are listed only."""
     if display.startswith("gating_kernel<"):
         return not display.endswith("true>")
-    return display.startswith("gating_backward_kernel<")
+    return "::" not in display.split("<", 1)[0]
 
 
 def main():
@@ -159,7 +162,7 @@ def main():
         if is_checked and (p["stack"] or p["spill_stores"] or p["spill_loads"]):
             bad.append(display[n])
     if not any(checked(display[n]) for n in rows):
-        print("no gating kernel in the report", file=sys.stderr)
+        print("no moeroute kernel in the report", file=sys.stderr)
         return 1
     if args.check and bad:
         print(f"\n{len(bad)} kernel(s) with a stack frame or spills:", file=sys.stderr)

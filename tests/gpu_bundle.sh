@@ -31,7 +31,7 @@ for b in "${BINS[@]}"; do
   fi
 done
 mkdir -p "$DIR/resources"
-cp "$BUILD"/tests/resources/gating_kernels.* "$DIR/resources/" 2>/dev/null ||
+cp "$BUILD"/tests/resources/routing_kernels.* "$DIR/resources/" 2>/dev/null ||
   echo "gpu_bundle: no kernel resource report in $BUILD/tests/resources (skipped)" >&2
 
 # The C runtime (libc, libm, the loader...) and the driver (libcuda, libnccl) come from the GPU

@@ -27,6 +27,9 @@
 # gating-backward GPU tests ("[gating],[backward],[invariance]"), bench_kernels_cuda's gating
 # cases, torch's routers beside them (eager, compiled, under graph replay) with the table, and
 # the kernels' resource table (bench/kernel_resources.py, with nvdisasm's instruction classes).
+# GPU_BENCH_FOCUS=routing makes it the routing metadata's loop instead: the dispatch, layout and
+# router GPU tests, bench_kernels_cuda's dispatch / layout / losses / route_graph cases, and
+# torch's same stages (eager, compiled, the route under graph replay).
 #
 # Environment: GPU_CHECK_BUDGET (seconds, default 470; 230 for bench) caps the whole run; each
 # step gets min(its own timeout, what is left). GPU_CHECK_DRY_RUN=1 (for a machine without a GPU)
@@ -130,7 +133,7 @@ if [ -z "$PREBUILT" ]; then
     -DMOEROUTE_ENABLE_MPI=OFF
   CONFIGURED=$?
   TARGETS=(cuda_tests "${EXAMPLES[@]}")
-  [ "$MODE" = bench ] && TARGETS=(cuda_tests gating_kernel_resources)
+  [ "$MODE" = bench ] && TARGETS=(cuda_tests routing_kernel_resources)
   HELP=""
   ((CONFIGURED == 0)) && HELP=$(cmake --build "$BUILD" --target help 2>/dev/null)
   # targets that exist only with their dependency (Google Benchmark, NCCL)
@@ -216,8 +219,33 @@ run_torch() {
     skip_step "$name" "no torch with CUDA"
   fi
 }
+# run_resources: the kernels' resource table (registers, spills, SASS size) from the bundle
+run_resources() {
+  if [ -f "$RESOURCES/routing_kernels.log" ]; then
+    run_step kernel_resources 30 python3 "$ROOT/bench/kernel_resources.py" \
+      "$RESOURCES/routing_kernels.log" "$RESOURCES/routing_kernels.cubin"
+  else
+    skip_step kernel_resources "no resource report (routing_kernel_resources not built)"
+  fi
+}
+FOCUS=${GPU_BENCH_FOCUS:-gating}
+case "$FOCUS" in gating | routing) ;; *) echo "GPU_BENCH_FOCUS=$FOCUS: gating or routing" >&2; exit 2 ;; esac
 if [ "$DRY" = 1 ] && [ "$MODE" = bench ]; then
-  for s in gating_tests bench_gating torch_gating kernel_resources; do skip_step "$s" "dry run"; done
+  for s in "${FOCUS}_tests" "bench_$FOCUS" "torch_$FOCUS" kernel_resources; do
+    skip_step "$s" "dry run"
+  done
+elif [ "$MODE" = bench ] && [ "$FOCUS" = routing ]; then
+  # the routing metadata (dispatch, layout, the whole route under graph replay)
+  TESTS="$BIN_TESTS/cuda_tests"
+  if [ -x "$TESTS" ]; then
+    run_step routing_tests 90 "${RUN[@]}" "$TESTS" "[dispatch],[layout],[router]" --durations yes
+  else
+    skip_step routing_tests "not built"
+  fi
+  run_bench bench_routing 60 --benchmark_filter='^cuda_(dispatch|layout|route_graph|losses)'
+  run_torch torch_routing 120 --stages losses,dispatch,layout,route_graph --tokens 1,16,128,4096,16384 \
+    --compile --repeat 10 --models switch_base,mixtral_8x7b,deepseek_v3,qwen3_moe,olmoe
+  run_resources
 elif [ "$MODE" = bench ]; then
   TESTS="$BIN_TESTS/cuda_tests"
   if [ -x "$TESTS" ]; then
@@ -229,12 +257,7 @@ elif [ "$MODE" = bench ]; then
   run_torch torch_gating 120 --stages gating,gating_backward --tokens 1,16,128,16384 --compile \
     --repeat 10 \
     --models switch_base,mixtral_8x7b,deepseek_v3,qwen3_moe,olmoe,deepseek_v3_e384,qwen3_e512_k10
-  if [ -f "$RESOURCES/gating_kernels.log" ]; then
-    run_step kernel_resources 30 python3 "$ROOT/bench/kernel_resources.py" \
-      "$RESOURCES/gating_kernels.log" "$RESOURCES/gating_kernels.cubin"
-  else
-    skip_step kernel_resources "no resource report (gating_kernel_resources not built)"
-  fi
+  run_resources
 elif [ "$DRY" = 1 ]; then
   for s in cuda_tests examples ep_nccl_tests bench_kernels_cuda torch_baseline bench_ep_cuda \
     memcheck racecheck initcheck synccheck scale soak; do skip_step "$s" "dry run"; done

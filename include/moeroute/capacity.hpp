@@ -79,6 +79,33 @@ MOEROUTE_HOST_DEVICE inline std::int64_t capacity_from_rule(const capacity_confi
   return C;
 }
 
+/// @brief expert_capacity's rule without its checks, on the host or a device: C of a capacity
+///        group of `group` tokens (0: an empty batch) of E experts, top-k, at capacity factor
+///        `factor`, given the largest request of any (group, expert) for capacity_mode::max_load.
+MOEROUTE_HOST_DEVICE inline std::int64_t group_capacity(const capacity_config& cap,
+                                                        std::int64_t group, std::int32_t experts,
+                                                        std::int32_t k, double factor,
+                                                        std::int64_t max_load) {
+  std::int64_t C = 0;
+  switch (cap.mode) {
+    case capacity_mode::unbounded:
+      return unbounded_capacity;
+    case capacity_mode::max_load:
+      C = max_load > cap.min_capacity ? max_load : cap.min_capacity;
+      break;
+    case capacity_mode::fixed:
+      C = cap.fixed;
+      break;
+    case capacity_mode::factor:
+    case capacity_mode::batch_fraction:
+      C = capacity_from_rule(cap, group, experts, k, factor);
+      if (C < cap.min_capacity) C = cap.min_capacity;
+      break;
+  }
+  if (cap.clamp_to_tokens && C > group) C = group;
+  return C > 0 ? C : 0;
+}
+
 /// @brief Capacity of each routed expert in each capacity group (capacity.group_tokens) for a
 ///        batch of `tokens` tokens: the whole batch is one group unless group_tokens is set.
 /// @param max_load the largest number of assignments any expert received before dropping in
@@ -98,27 +125,9 @@ MOEROUTE_HOST_DEVICE inline std::int64_t capacity_from_rule(const capacity_confi
     throw error(status::make(
         status_code::invalid_argument,
         detail::field_msg("max_load", max_load, "must be in [0, moeroute::max_tokens]")));
-  const auto& cap = c.capacity;
   const std::int64_t group = tokens == 0 ? 0 : c.capacity_group_tokens(tokens);
-  std::int64_t C = 0;
-  switch (cap.mode) {
-    case capacity_mode::unbounded:
-      return unbounded_capacity;
-    case capacity_mode::max_load:
-      C = std::max(max_load, cap.min_capacity);
-      break;
-    case capacity_mode::fixed:
-      C = cap.fixed;
-      break;
-    case capacity_mode::factor:
-    case capacity_mode::batch_fraction:
-      C = std::max(
-          capacity_from_rule(cap, group, c.num_experts, c.top_k, c.active_capacity_factor()),
-          cap.min_capacity);
-      break;
-  }
-  if (cap.clamp_to_tokens) C = std::min(C, group);
-  return std::max<std::int64_t>(C, 0);
+  return group_capacity(c.capacity, group, c.num_experts, c.top_k, c.active_capacity_factor(),
+                        max_load);
 }
 
 /// @brief Most slots a routed expert can fill over the whole batch: C times the capacity

@@ -27,6 +27,50 @@ namespace moeroute {
   return (std::size_t{1} << 20) + 8 * n;
 }
 
+/// @brief How the counting grant cuts a batch into tiles. A tile is a run of assignments in
+///        priority order inside one capacity group: `chunk_tokens` consecutive tokens, all k
+///        choices of each (token-major: one slab) or choice j of each (choice-major: slab j).
+///        Tile i is group i / (slabs * chunks), slab (i / chunks) % slabs, chunk i % chunks, so
+///        a group's tiles are consecutive and in priority order.
+struct dispatch_tiling {
+  std::int64_t slabs = 0;         ///< 1 (token-major) or k (choice-major)
+  std::int64_t chunk_tokens = 0;  ///< tokens of a tile (the group's last chunk may be shorter)
+  std::int64_t chunks = 0;        ///< tiles per (group, slab)
+  std::int64_t tiles = 0;         ///< groups * slabs * chunks; 0 = the key sort grants instead
+  bool choice_major = false;      ///< tile order (j, t) (else (t, j)); slabs = k then
+  [[nodiscard]] constexpr bool counting() const noexcept { return tiles > 0; }
+};
+
+/// Widest expert count the counting grant serves: its grant kernel keeps (warps + 1) * E
+/// 32-bit counters in shared memory (36 KiB at 1024 experts and eight warps).
+inline constexpr std::int32_t count_grant_max_experts = 1024;
+
+/// @brief The counting grant's tiles for T tokens in `groups` capacity groups, where the
+///        priority order inside an expert is the assignment order (token-major) or the
+///        (choice, token) order (choice-major); every other priority passes order_keyed =
+///        false and gets tiles = 0. About 256 tiles of at least 512 assignments: enough blocks
+///        for a GPU, few enough that one block scans the per-tile counts.
+[[nodiscard]] constexpr dispatch_tiling dispatch_tiles(bool order_keyed, bool choice_major,
+                                                       std::int64_t tokens, std::int32_t k,
+                                                       std::int32_t experts,
+                                                       std::int64_t groups) noexcept {
+  dispatch_tiling d;
+  if (!order_keyed || experts > count_grant_max_experts || tokens <= 0 || k <= 0 || groups <= 0)
+    return d;
+  const std::int64_t n = tokens * k;
+  const std::int64_t per_tile =
+      std::int64_t{256} * ((n / 256 + 255) / 256);  // ceil(n/256) up to 256s
+  const std::int64_t tile = per_tile > 512 ? per_tile : 512;
+  const std::int64_t group_tokens = tokens / groups;
+  d.choice_major = choice_major;
+  d.slabs = choice_major ? k : 1;
+  const std::int64_t chunk = choice_major ? tile : (tile / k > 0 ? tile / k : 1);
+  d.chunk_tokens = chunk < group_tokens ? chunk : group_tokens;
+  d.chunks = (group_tokens + d.chunk_tokens - 1) / d.chunk_tokens;
+  d.tiles = groups * d.slabs * d.chunks;
+  return d;
+}
+
 /// @brief The dispatch kernels' scratch arrays (n = T * k assignments).
 struct dispatch_scratch {
   std::uint32_t* d_key32 = nullptr;     ///< [n] priority key of each assignment
@@ -46,16 +90,18 @@ struct dispatch_scratch {
   std::int64_t* d_group_base = nullptr;   ///< [groups * total_experts] slots in earlier groups
   std::int32_t* d_group_first = nullptr;  ///< [groups] first / last position of a group's
   std::int32_t* d_group_last = nullptr;   ///< [groups]   dropped assignments in reroute order
+  std::int32_t* d_tile_counts = nullptr;  ///< [tiles * E] per tile and expert: competitors,
+                                          ///< then their first rank (the counting grant)
   void* d_cub = nullptr;                  ///< CUB temporary storage
   std::size_t cub_bytes = 0;
 };
 
 /// @brief Carves (base = the caller's buffer) or sizes (a sizing carver) the dispatch scratch
-///        for `groups` capacity groups of `total_experts` experts.
-[[nodiscard]] inline dispatch_scratch carve_dispatch_scratch(workspace_carver& w,
-                                                             std::int64_t tokens, std::int32_t k,
-                                                             std::int32_t total_experts,
-                                                             std::int64_t groups) noexcept {
+///        for `groups` capacity groups of `total_experts` experts (`experts` of them routed to
+///        by gating), and the counting grant's `tiles`.
+[[nodiscard]] inline dispatch_scratch carve_dispatch_scratch(
+    workspace_carver& w, std::int64_t tokens, std::int32_t k, std::int32_t experts,
+    std::int32_t total_experts, std::int64_t groups, const dispatch_tiling& tiles) noexcept {
   const std::int64_t segments = groups * total_experts;
   const auto n = static_cast<std::size_t>(tokens * k);
   dispatch_scratch p;
@@ -76,6 +122,7 @@ struct dispatch_scratch {
   p.d_group_base = w.take<std::int64_t>(static_cast<std::size_t>(segments));
   p.d_group_first = w.take<std::int32_t>(static_cast<std::size_t>(groups));
   p.d_group_last = w.take<std::int32_t>(static_cast<std::size_t>(groups));
+  p.d_tile_counts = w.take<std::int32_t>(static_cast<std::size_t>(tiles.tiles * experts));
   p.cub_bytes = cub_temp_bound(n);
   p.d_cub = w.take<std::byte>(p.cub_bytes);
   return p;

@@ -91,7 +91,8 @@ class router_buffers {
     shapes_.push_back({"grad_x", buffer_type::u8, {T, row}});
     shapes_.push_back({"grad_weight", buffer_type::f32, {T, k}});
     shapes_.push_back({"grad_logits", buffer_type::f32, {T, E}});
-    shapes_.push_back({"losses", buffer_type::f64, {3}});  // aux, sequence aux, z
+    shapes_.push_back({"losses", buffer_type::f64, {3}});     // aux, sequence aux, z
+    shapes_.push_back({"token_mask", buffer_type::u8, {T}});  // a device token count's rows
     shapes_.push_back({"workspace", buffer_type::u8, {static_cast<std::int64_t>(workspace)}});
     at_.assign(shapes_.size(), nullptr);
   }

@@ -12,6 +12,7 @@
 
 #include <moeroute/config.hpp>
 #include <moeroute/presets.hpp>
+#include <moeroute/reference/dispatch.hpp>
 #include <moeroute/reference/gating.hpp>
 
 namespace moeroute::test {
@@ -189,6 +190,51 @@ inline reference::gating_output make_gating(const routing_config& cfg, std::int6
   const auto valid = masked ? make_valid(T) : std::vector<std::uint8_t>{};
   return reference::gating<float>(cfg, std::span<const float>(logits), T, {},
                                   std::span<const std::uint8_t>(valid));
+}
+
+/// The spec of one (priority, drop policy) pair with the slot order and capacity mode rotating
+/// with them, as the policy grids that cover every pair without every product use it.
+inline case_spec rotating_spec(int prio, int drop) {
+  case_spec s;
+  s.prio = static_cast<priority>(prio);
+  s.drop = static_cast<drop_case>(drop);
+  s.slots = static_cast<slot_order>((prio + drop) % 2);
+  s.cap = static_cast<cap_case>((prio + drop) % static_cast<int>(cap_case::count));
+  return s;
+}
+
+/// The first n tokens of a gating output (every per-token array cut to n rows), for the
+/// d_token_count tests: a backend's dispatch of T rows with the count n equals reference::dispatch
+/// of these, padded (padded_to_rows).
+inline reference::gating_output first_tokens(const reference::gating_output& g, std::int64_t n) {
+  reference::gating_output f = g;
+  const auto cut = [&](auto& v) {
+    if (g.tokens > 0 && !v.empty())
+      v.resize(v.size() / static_cast<std::size_t>(g.tokens) * static_cast<std::size_t>(n));
+  };
+  f.tokens = n;
+  cut(f.ids);
+  cut(f.gates);
+  cut(f.reroute_ids);
+  cut(f.logsumexp);
+  cut(f.token_priority);
+  cut(f.second_skipped);
+  cut(f.valid);
+  f.valid_tokens = f.valid.empty() ? n : std::count(f.valid.begin(), f.valid.end(), 1);
+  return f;
+}
+
+/// reference::dispatch of the first n of `rows` rows, the other rows masked: what dispatch
+/// with d_token_count = n writes.
+inline reference::dispatch_output padded_to_rows(reference::dispatch_output d, std::int64_t rows) {
+  const auto n = static_cast<std::size_t>(rows * d.k);
+  d.expert.resize(n, -1);
+  d.slot.resize(n, -1);
+  d.weight.resize(n, 0.0f);
+  d.total_masked += static_cast<std::int64_t>(n - d.fates.size());
+  d.fates.resize(n, fate::masked);
+  d.tokens = rows;
+  return d;
 }
 
 /// The dispatch shape grid every backend's test runs: T in {0, 1, 7, 1000, 16384} x E in

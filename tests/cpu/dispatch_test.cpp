@@ -75,6 +75,37 @@ TEST_CASE("cpu dispatch: every priority x drop policy x slot order x capacity mo
             }
 }
 
+TEST_CASE("cpu dispatch: a token count is the dispatch of the first n tokens", "[cpu][dispatch]") {
+  std::uint64_t seed = 500;
+  for (int prio = 0; prio < 5; ++prio)
+    for (int drop = 0; drop < static_cast<int>(drop_case::count); ++drop) {
+      case_spec s = rotating_spec(prio, drop);
+      s.masked = (prio + drop) % 3 == 0;
+      const std::int64_t T = 300;
+      for (std::int64_t n : {std::int64_t{0}, std::int64_t{1}, std::int64_t{151}, T}) {
+        INFO(describe(s, T, 60, 4) << ", d_token_count = " << n);
+        const routing_config cfg = make_config(60, 4, s, T);
+        const auto g = make_gating(cfg, T, seed++, s.masked);
+        cpu_dispatch c(cfg, g, s.masked);
+        c.params.d_token_count = &n;
+        const auto st = c.run();
+        INFO(st.message);
+        REQUIRE(st.ok());
+        require_matches(c.h, padded_to_rows(reference::dispatch(cfg, first_tokens(g, n)), T));
+      }
+      // outside [0, T]: an error naming it
+      const routing_config cfg = make_config(60, 4, s, T);
+      const auto g = make_gating(cfg, T, seed++, s.masked);
+      cpu_dispatch c(cfg, g, s.masked);
+      for (std::int64_t n : {std::int64_t{-1}, T + 1}) {
+        c.params.d_token_count = &n;
+        const auto st = c.run();
+        REQUIRE(st.code == status_code::invalid_argument);
+        REQUIRE(st.message.find("d_token_count") != std::string::npos);
+      }
+    }
+}
+
 TEST_CASE("cpu dispatch: shape grid T x E x k", "[cpu][dispatch]") {
   CHECK(for_each_dispatch_shape(check_case) > 100);
 }

@@ -61,11 +61,7 @@ void for_each_row_case(Check&& check) {
   for (const shape sh : {shape{7, 6, 2}, shape{96, 60, 4}, shape{300, 8, 8}})
     for (int prio = 0; prio < 5; ++prio)
       for (int drop = 0; drop < static_cast<int>(drop_case::count); ++drop) {
-        case_spec s;
-        s.prio = static_cast<priority>(prio);
-        s.drop = static_cast<drop_case>(drop);
-        s.slots = static_cast<slot_order>((prio + drop) % 2);
-        s.cap = static_cast<cap_case>((prio + drop) % static_cast<int>(cap_case::count));
+        case_spec s = rotating_spec(prio, drop);
         s.masked = drop % 2 == 1;
         s.groups = (prio + drop) % 3 == 0 ? 3 : 1;
         s.after_drop = prio % 2 == 0;

@@ -68,6 +68,49 @@ TEST_CASE("dispatch: policies on small shapes", "[cuda][dispatch][quick]") {
       }
 }
 
+TEST_CASE("dispatch: a device token count is the dispatch of the first n tokens",
+          "[cuda][dispatch]") {
+  // rows [n, T) padding and C of n tokens, n read on the device (clamped to [0, T]): what a
+  // CUDA graph captured once for the largest batch runs; every priority, policy and capacity
+  // mode, the one-block and the multi-kernel paths (T * k above and below 4096)
+  struct shape {
+    std::int64_t T;
+    std::int32_t E, k;
+  };
+  const shape shapes[] = {{300, 60, 4}, {300, 8, 8}, {700, 64, 8}};
+  std::uint64_t seed = 500;
+  for (const auto& sh : shapes)
+    for (int prio = 0; prio < 5; ++prio)
+      for (int drop = 0; drop < static_cast<int>(drop_case::count); ++drop) {
+        case_spec s = rotating_spec(prio, drop);
+        s.masked = (prio + drop) % 3 == 0;
+        s.after_drop = drop % 2 == 0;
+        for (const std::int64_t n :
+             {std::int64_t{0}, std::int64_t{1}, sh.T / 2 + 1, sh.T, sh.T + 5, std::int64_t{-3}}) {
+          INFO(describe(s, sh.T, sh.E, sh.k) << ", d_token_count = " << n);
+          routed_case c(sh.T, sh.E, sh.k, s, seed++);
+          device_buffer<std::int64_t> count(std::vector<std::int64_t>{n});
+          c.gpu.params.d_token_count = count.get();
+          const auto st = c.gpu.run();
+          INFO(st.message);
+          REQUIRE(st.ok());
+          const std::int64_t real = std::clamp<std::int64_t>(n, 0, sh.T);
+          require_matches(
+              c.gpu.download(),
+              padded_to_rows(reference::dispatch(c.cfg, first_tokens(c.gating, real)), sh.T));
+        }
+      }
+  // capacity groups need the count on the host
+  case_spec s;
+  s.groups = 3;
+  routed_case c(300, 60, 4, s, seed);
+  device_buffer<std::int64_t> count(std::vector<std::int64_t>{5});
+  c.gpu.params.d_token_count = count.get();
+  const auto st = c.gpu.run();
+  REQUIRE(st.code == status_code::invalid_argument);
+  REQUIRE(st.message.find("d_token_count") != std::string::npos);
+}
+
 TEST_CASE("dispatch: shape grid T x E x k", "[cuda][dispatch]") {
   CHECK(for_each_dispatch_shape(check_dispatch_case) > 100);
 }

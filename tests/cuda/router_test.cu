@@ -156,6 +156,87 @@ TEST_CASE("cuda::router: one device allocation; misuse named", "[cuda][router][q
   REQUIRE_THROWS_WITH(cuda::router<float>(bad, 16, 8), Catch::Contains("top_k"));
 }
 
+TEST_CASE("cuda::router: a device token count, one graph for every batch size",
+          "[cuda][router][quick]") {
+  // the inference engine's pattern: buffers and one captured graph for the largest batch, the
+  // real count written before each replay; each replay equals route() of those tokens alone
+  for (const char* name : {"deepspeed_top2", "deepseek_v3", "megatron"}) {
+    const presets::preset_info* p = presets::find(name);
+    REQUIRE(p != nullptr);
+    const routing_config cfg =
+        presets::by_name(p->name, p->default_experts > 32 ? 32 : p->default_experts,
+                         p->default_k > 4 ? 4 : p->default_k);
+    DYNAMIC_SECTION(name) {
+      const std::int64_t rows = 48;
+      const std::int32_t E = cfg.num_experts, k = cfg.top_k;
+      const auto logits = random_host<float>(static_cast<std::size_t>(rows * E), 7, -3.0f, 3.0f);
+      const auto bias = random_host<float>(static_cast<std::size_t>(E), 8);
+      device_buffer<float> d_logits(logits), d_bias(bias);
+      const float* b = cfg.gating.expert_bias ? d_bias.get() : nullptr;
+      device_buffer<std::int64_t> d_n(std::vector<std::int64_t>{rows});
+      cuda::router<float> counted(cfg, rows, 8), alone(cfg, rows, 8);
+      cudaStream_t stream;
+      cuda::throw_if_cuda_error(cudaStreamCreate(&stream), "stream");
+      cudaGraph_t graph;
+      cuda::throw_if_cuda_error(cudaStreamBeginCapture(stream, cudaStreamCaptureModeGlobal),
+                                "begin capture");
+      const status st =
+          counted.route(d_logits.get(), cuda::device_tokens{rows, d_n.get()}, b, nullptr, stream);
+      cuda::throw_if_cuda_error(cudaStreamEndCapture(stream, &graph), "end capture");
+      INFO(st.message);
+      REQUIRE(st.ok());
+      cudaGraphExec_t exec;
+      cuda::throw_if_cuda_error(cudaGraphInstantiate(&exec, graph, 0), "instantiate");
+      for (const std::int64_t n : {rows, std::int64_t{13}, std::int64_t{1}, std::int64_t{0}}) {
+        INFO("n = " << n);
+        cuda::throw_if_cuda_error(cudaMemcpy(d_n.get(), &n, sizeof n, cudaMemcpyHostToDevice),
+                                  "count");
+        cuda::throw_if_cuda_error(cudaGraphLaunch(exec, stream), "graph launch");
+        cuda::throw_if_cuda_error(cudaStreamSynchronize(stream), "sync");
+        const auto all = static_cast<std::size_t>(rows * k), real = static_cast<std::size_t>(n * k);
+        cuda::router_summary got, want;
+        REQUIRE(counted.summary(got).ok());
+        if (n == 0) {  // (route() of no tokens writes nothing to compare with)
+          REQUIRE(got.totals.kept + got.totals.dropped + got.totals.rerouted == 0);
+          REQUIRE(got.totals.masked == rows * k);
+          continue;
+        }
+        REQUIRE(alone.route(d_logits.get(), n, b).ok());
+        const auto head = [real]<class V>(V v) {
+          v.resize(real);
+          return v;
+        };
+        REQUIRE(head(download_bits<std::int32_t>(counted.gated().d_ids, all)) ==
+                download_bits<std::int32_t>(alone.gated().d_ids, real));
+        REQUIRE(head(download_bits<std::uint32_t>(counted.gated().d_gates, all)) ==
+                download_bits<std::uint32_t>(alone.gated().d_gates, real));
+        REQUIRE(head(download_bits<std::int32_t>(counted.dispatched().d_slot, all)) ==
+                download_bits<std::int32_t>(alone.dispatched().d_slot, real));
+        REQUIRE(head(download_bits<std::uint32_t>(counted.dispatched().d_weight, all)) ==
+                download_bits<std::uint32_t>(alone.dispatched().d_weight, real));
+        REQUIRE(head(download_bits<std::int64_t>(counted.layout().d_assignment_row, all)) ==
+                download_bits<std::int64_t>(alone.layout().d_assignment_row, real));
+        const auto fates = download_bits<fate>(counted.dispatched().d_fate, all);
+        for (std::size_t a = real; a < all; ++a) REQUIRE(fates[a] == fate::masked);
+        REQUIRE(alone.summary(want).ok());
+        REQUIRE(got.totals.capacity == want.totals.capacity);
+        REQUIRE(got.totals.kept == want.totals.kept);
+        REQUIRE(got.totals.dropped == want.totals.dropped);
+        REQUIRE(got.totals.masked == want.totals.masked + (rows - n) * k);
+        REQUIRE(got.num_rows == want.num_rows);
+        REQUIRE(got.offsets == want.offsets);
+        REQUIRE(got.losses.aux == want.losses.aux);
+        REQUIRE(got.losses.z == want.losses.z);
+      }
+      cudaGraphExecDestroy(exec);
+      cudaGraphDestroy(graph);
+      cudaStreamDestroy(stream);
+      REQUIRE_THAT(counted.route(d_logits.get(), cuda::device_tokens{rows, nullptr}).message,
+                   Catch::Contains("d_count"));
+    }
+  }
+}
+
 TEST_CASE("cuda::router: options.losses = false routes as the loss-keeping router, with no sums",
           "[cuda][router][quick]") {
   routing_config cfg = serving_router_config();

@@ -486,6 +486,12 @@ class dispatch_run {
 
 }  // namespace detail
 
+namespace detail {
+[[nodiscard]] inline status dispatch_counted(const routing_config& cfg, const dispatch_params& p,
+                                             void* workspace, std::size_t workspace_bytes,
+                                             const executor& ex);
+}  // namespace detail
+
 /// @brief Capacity assignment for a batch on the CPU: bit-identical to reference::dispatch
 ///        (fates, experts, slots, counts, totals and weights), with the params of
 ///        cuda::dispatch (host pointers).
@@ -500,6 +506,8 @@ class dispatch_run {
 [[nodiscard]] inline status dispatch(const routing_config& cfg, const dispatch_params& p,
                                      void* workspace, std::size_t workspace_bytes,
                                      const executor& ex = {}) {
+  if (p.d_token_count != nullptr)
+    return detail::dispatch_counted(cfg, p, workspace, workspace_bytes, ex);
   if (auto s = detail::validate_shapes(cfg, p); !s) return s;
   // the selection path checks the values in its parallel pass, the ordered one first
   const bool select = detail::keeps_by_selection(cfg, p.tokens);
@@ -539,5 +547,51 @@ class dispatch_run {
   run.finalize();
   return status::success();
 }
+
+namespace detail {
+
+/// dispatch with p.d_token_count = n: dispatch of the first n tokens (C of n tokens), rows
+/// [n, T) masked and counted as masked.
+[[nodiscard]] inline status dispatch_counted(const routing_config& cfg, const dispatch_params& p,
+                                             void* workspace, std::size_t workspace_bytes,
+                                             const executor& ex) {
+  if (auto s = validate_shapes(cfg, p); !s) return s;
+  if (p.tokens == 0) return status::success();
+  const std::int64_t n = *p.d_token_count;
+  if (n < 0 || n > p.tokens)
+    return status::make(status_code::invalid_argument,
+                        "*d_token_count = " + std::to_string(n) +
+                            ": must be in [0, tokens = " + std::to_string(p.tokens) + "]");
+  dispatch_params first = p;
+  first.tokens = n;
+  first.d_token_count = nullptr;
+  if (n > 0)
+    if (auto s = cpu::dispatch(cfg, first, workspace, workspace_bytes, ex); !s) return s;
+  const dispatch_result& o = p.out;
+  if (n == 0) {  // dispatch of no tokens writes nothing; this call writes every output
+    const std::int32_t E = cfg.num_experts, ET = cfg.total_experts();
+    std::fill(o.d_requested, o.d_requested + E, std::int64_t{0});
+    std::fill(o.d_kept, o.d_kept + E, std::int64_t{0});
+    std::fill(o.d_rerouted, o.d_rerouted + E, std::int64_t{0});
+    std::fill(o.d_dropped, o.d_dropped + E, std::int64_t{0});
+    std::fill(o.d_received, o.d_received + ET, std::int64_t{0});
+    std::fill(o.d_load, o.d_load + ET, std::int64_t{0});
+    *o.d_totals = dispatch_totals{};
+    o.d_totals->capacity = expert_capacity(cfg, 0);
+    o.d_totals->fallback_capacity =
+        cfg.has_dedicated_fallback() ? cfg.dispatch.fallback.capacity : 0;
+  }
+  const std::int64_t k = cfg.top_k;
+  for (std::int64_t a = n * k; a < p.tokens * k; ++a) {
+    o.d_expert[a] = -1;
+    o.d_slot[a] = -1;
+    o.d_weight[a] = 0.0f;
+    o.d_fate[a] = fate::masked;
+  }
+  o.d_totals->masked += (p.tokens - n) * k;
+  return status::success();
+}
+
+}  // namespace detail
 
 }  // namespace moeroute::cpu

@@ -20,6 +20,7 @@
 #include <moeroute/cuda/validate_params.hpp>
 #include <moeroute/dispatch_plan.hpp>
 #include <moeroute/kernels/dispatch.cuh>
+#include <moeroute/kernels/dispatch_count.cuh>
 #include <moeroute/params/dispatch.hpp>
 #include <moeroute/types.hpp>
 
@@ -89,8 +90,8 @@ class dispatch_run {
   static constexpr int threads = 256;
 
   dispatch_run(const routing_config& cfg, const dispatch_params& p, const dispatch_scratch& w,
-               cudaStream_t stream)
-      : cfg_(cfg), stream_(stream) {
+               const dispatch_tiling& tiles, cudaStream_t stream)
+      : cfg_(cfg), stream_(stream), tiles_(tiles) {
     s_.tokens = p.tokens;
     s_.k = cfg.top_k;
     s_.n = p.tokens * cfg.top_k;
@@ -106,13 +107,27 @@ class dispatch_run {
     // every kernel after the check reads the tokens it found real and well-formed
     valid_in_ = p.d_valid;
     s_.valid = w.d_usable;
+    s_.token_count = p.d_token_count;
     s_.out = p.out;
     s_.scratch = w;
     key_bits_ = dispatch_key_bits(cfg, p.tokens);
     group_bits_ = dispatch_group_bits(cfg, p.tokens);
   }
 
-  /// Zeroes the accumulated counters, then: keys, the grant sort, capacity, the first C.
+  /// The whole dispatch of a small batch in one launch (kernels::dispatch_one_block_kernel):
+  /// no memset, no other kernel.
+  [[nodiscard]] status one_block() {
+    const auto& g = cfg_.gating;
+    return launch("dispatch_one_block_kernel",
+                  kernels::dispatch_one_block_kernel<kernels::one_block_threads>,
+                  {1, kernels::one_block_threads,
+                   kernels::one_block_shared_bytes(s_.experts, s_.total_experts)},
+                  stream_, s_, tiles_, valid_in_, cfg_.dispatch.prio == priority::batch_prioritized,
+                  capacity_rule(), g.renorm == renormalize::after_drop, g.scaling_factor);
+  }
+
+  /// Zeroes the accumulated counters, checks the ids, then grants the first C of each (group,
+  /// expert): by counting where the priority order is the assignment order, else by the key sort.
   [[nodiscard]] status grant() {
     const dispatch_result& o = s_.out;
     const auto E = static_cast<std::size_t>(s_.experts),
@@ -127,30 +142,7 @@ class dispatch_run {
                      valid_in_, cfg_.dispatch.prio == priority::batch_prioritized);
         !s)
       return s;
-    const auto& d = cfg_.dispatch;
-    if (auto s = run("dispatch_keys_kernel", kernels::dispatch_keys_kernel<threads>, s_.n, d.prio,
-                     d.random_seed, d.random_offset, key_bits_);
-        !s)
-      return s;
-    const std::int64_t segments = s_.groups * s_.experts;
-    if (auto s = sort(key_bits_ + bits_for_value(static_cast<std::uint64_t>(segments))); !s)
-      return s;
-    if (auto s = segment_starts(key_bits_, segments); !s) return s;
-    kernels::capacity_rule rule;
-    if (cfg_.capacity.mode == capacity_mode::max_load) {
-      rule.from_max_load = true;
-      rule.min_capacity = cfg_.capacity.min_capacity;
-      rule.clamp_to_tokens = cfg_.capacity.clamp_to_tokens;
-    } else {
-      rule.value = expert_capacity(cfg_, s_.tokens);  // -1 for capacity_mode::unbounded
-    }
-    rule.fallback_capacity = cfg_.has_dedicated_fallback() ? d.fallback.capacity : 0;
-    if (auto s = launch("dispatch_capacity_kernel", kernels::dispatch_capacity_kernel<threads>,
-                        {1, threads, 0}, stream_, s_, rule);
-        !s)
-      return s;
-    return run("dispatch_grant_kernel", kernels::dispatch_grant_kernel<threads>, s_.n, sorted_keys_,
-               sorted_vals_, key_bits_);
+    return tiles_.counting() ? grant_by_counts() : grant_by_sort();
   }
 
   /// The dropped assignments in the global reroute order (pending, pos, num_pending).
@@ -260,10 +252,70 @@ class dispatch_run {
                 cfg_.gating.renorm == renormalize::after_drop, cfg_.gating.scaling_factor);
         !s)
       return s;
-    return run("dispatch_stats_kernel", kernels::dispatch_stats_kernel<threads>, s_.n);
+    // shared tallies pay off when a block sees many assignments per expert: 4096 per block
+    const bool shared = s_.total_experts <= kernels::tally_max_experts;
+    return launch("dispatch_stats_kernel", kernels::dispatch_stats_kernel<threads>,
+                  {grid_for(s_.n, shared ? 4096 : threads), threads,
+                   shared ? kernels::fate_tally_bytes(s_.experts, s_.total_experts) : 0},
+                  stream_, s_, shared);
   }
 
  private:
+  /// The capacity as the config says: a host value, or computed on the device (max_load needs
+  /// the requests; a d_token_count is known there only).
+  [[nodiscard]] kernels::capacity_rule capacity_rule() const {
+    kernels::capacity_rule rule;
+    rule.on_device = cfg_.capacity.mode == capacity_mode::max_load || s_.token_count != nullptr;
+    rule.cap = cfg_.capacity;
+    rule.experts = cfg_.num_experts;
+    rule.k = cfg_.top_k;
+    rule.factor = cfg_.active_capacity_factor();
+    rule.d_token_count = s_.token_count;
+    if (!rule.on_device) rule.value = expert_capacity(cfg_, s_.tokens);  // -1: unbounded
+    rule.fallback_capacity = cfg_.has_dedicated_fallback() ? cfg_.dispatch.fallback.capacity : 0;
+    return rule;
+  }
+
+  /// Token- and choice-major: per-tile counts, their scan and the capacity (one block), then
+  /// the stable ranks inside each tile (kernels/dispatch_count.cuh). Three launches, no sort.
+  [[nodiscard]] status grant_by_counts() {
+    const unsigned grid =
+        tiles_.tiles < max_tile_blocks ? static_cast<unsigned>(tiles_.tiles) : max_tile_blocks;
+    const auto hist_bytes = static_cast<std::size_t>(s_.experts) * sizeof(std::int32_t);
+    if (auto s = launch("count_tiles_kernel", kernels::count_tiles_kernel<threads>,
+                        {grid, threads, hist_bytes}, stream_, s_, tiles_);
+        !s)
+      return s;
+    if (auto s = launch("count_offsets_kernel", kernels::count_offsets_kernel<threads>,
+                        {1, threads, 0}, stream_, s_, tiles_, capacity_rule());
+        !s)
+      return s;
+    const drop_policy policy = cfg_.dispatch.dropped;
+    const bool reroutes = policy == drop_policy::fallback || policy == drop_policy::next_choice;
+    return launch("count_grant_kernel", kernels::count_grant_kernel<threads>,
+                  {grid, threads, kernels::count_grant_shared_bytes(threads, s_.experts)}, stream_,
+                  s_, tiles_, reroutes);
+  }
+
+  /// Every other priority: keys, the grant sort, segment starts, capacity, the first C.
+  [[nodiscard]] status grant_by_sort() {
+    const auto& d = cfg_.dispatch;
+    if (auto s = run("dispatch_keys_kernel", kernels::dispatch_keys_kernel<threads>, s_.n, d.prio,
+                     d.random_seed, d.random_offset, key_bits_);
+        !s)
+      return s;
+    const std::int64_t segments = s_.groups * s_.experts;
+    if (auto s = sort(key_bits_ + bits_for_value(static_cast<std::uint64_t>(segments))); !s)
+      return s;
+    if (auto s = segment_starts(key_bits_, segments); !s) return s;
+    if (auto s = launch("dispatch_capacity_kernel", kernels::dispatch_capacity_kernel<threads>,
+                        {1, threads, 0}, stream_, s_, capacity_rule());
+        !s)
+      return s;
+    return run("dispatch_grant_kernel", kernels::dispatch_grant_kernel<threads>, s_.n, sorted_keys_,
+               sorted_vals_, key_bits_);
+  }
+
   struct zero_item {
     void* ptr;
     std::size_t bytes;
@@ -317,8 +369,12 @@ class dispatch_run {
     return status::success();
   }
 
+  /// Blocks of the counting grant's tile kernels (each strides over the tiles beyond).
+  static constexpr unsigned max_tile_blocks = 4096;
+
   const routing_config& cfg_;
   cudaStream_t stream_;
+  dispatch_tiling tiles_;
   kernels::dispatch_state s_{};
   const std::uint8_t* valid_in_ = nullptr;  // the caller's d_valid (null: all real)
   int key_bits_ = 32;
@@ -326,6 +382,21 @@ class dispatch_run {
   const std::uint64_t* sorted_keys_ = nullptr;
   const std::int32_t* sorted_vals_ = nullptr;
 };
+
+/// Whether the dispatch of T tokens runs in one block: a counting priority, one capacity group,
+/// no reroute, slots in grant order (token-major grants by token index too), and a batch and
+/// expert count within the one-block kernel's bounds.
+[[nodiscard]] inline bool dispatch_in_one_block(const routing_config& cfg, std::int64_t tokens,
+                                                const dispatch_tiling& tiles) {
+  const drop_policy policy = cfg.dispatch.dropped;
+  const bool reroutes = policy == drop_policy::fallback || (policy == drop_policy::next_choice &&
+                                                            cfg.candidates_per_token() > cfg.top_k);
+  const bool slots_granted =
+      cfg.dispatch.slots == slot_order::priority || cfg.dispatch.prio == priority::token_major;
+  return tiles.counting() && cfg.capacity_groups(tokens) == 1 && !reroutes && slots_granted &&
+         tokens * cfg.top_k <= kernels::one_block_max_assignments &&
+         cfg.num_experts <= kernels::one_block_max_experts;
+}
 
 }  // namespace detail
 
@@ -356,21 +427,29 @@ class dispatch_run {
       !s)
     return s;
   workspace_carver carver(d_workspace, workspace_bytes);
-  const dispatch_scratch w = carve_dispatch_scratch(
-      carver, p.tokens, cfg.top_k, cfg.total_experts(), cfg.capacity_groups(p.tokens));
-  detail::dispatch_run run(cfg, p, w, stream);
+  const dispatch_tiling tiles = dispatch_tiles(cfg, p.tokens);
+  const dispatch_scratch w =
+      carve_dispatch_scratch(carver, p.tokens, cfg.top_k, cfg.num_experts, cfg.total_experts(),
+                             cfg.capacity_groups(p.tokens), tiles);
+  detail::dispatch_run run(cfg, p, w, tiles, stream);
+  if (detail::dispatch_in_one_block(cfg, p.tokens, tiles)) return run.one_block();
 
   if (auto s = run.grant(); !s) return s;
   const drop_policy policy = cfg.dispatch.dropped;
   const bool next_choice =
       policy == drop_policy::next_choice && cfg.candidates_per_token() > cfg.top_k;
-  if (policy == drop_policy::fallback || next_choice)
+  const bool reroutes = policy == drop_policy::fallback || next_choice;
+  if (reroutes)
     if (auto s = run.pending_order(); !s) return s;
   if (policy == drop_policy::fallback)
     if (auto s = run.fallback(); !s) return s;
   if (next_choice)
     if (auto s = run.next_choice(); !s) return s;
-  if (cfg.dispatch.slots == slot_order::token_index) {
+  // token-major grants each expert's slots in token order already; only a reroute, which
+  // appends slots in reroute order, needs them renumbered
+  const bool renumber = cfg.dispatch.slots == slot_order::token_index &&
+                        (reroutes || cfg.dispatch.prio != priority::token_major);
+  if (renumber) {
     if (auto s = run.renumber(); !s) return s;
   } else if (cfg.capacity_groups(p.tokens) > 1) {
     if (auto s = run.rebase(); !s) return s;

@@ -16,14 +16,25 @@
 
 namespace moeroute::cuda {
 
+/// @brief The counting grant's tiles for (cfg, T): token- and choice-major priorities (the
+///        order inside an expert is the assignment order, so ranks come from counts) with at
+///        most count_grant_max_experts experts; tiles = 0 for the others (the key sort).
+[[nodiscard]] inline dispatch_tiling dispatch_tiles(const routing_config& cfg,
+                                                    std::int64_t tokens) noexcept {
+  const priority p = cfg.dispatch.prio;
+  return moeroute::dispatch_tiles(p == priority::token_major || p == priority::choice_major,
+                                  p == priority::choice_major, tokens, cfg.top_k, cfg.num_experts,
+                                  cfg.capacity_groups(tokens));
+}
+
 /// @brief Workspace bytes cuda::dispatch needs for `tokens` tokens under `cfg`. Pure C++.
 /// @return 0 for tokens <= 0 (a T = 0 call touches nothing).
 [[nodiscard]] inline std::size_t dispatch_workspace_bytes(const routing_config& cfg,
                                                           std::int64_t tokens) {
   if (tokens <= 0) return 0;
   workspace_carver w;
-  (void)carve_dispatch_scratch(w, tokens, cfg.top_k, cfg.total_experts(),
-                               cfg.capacity_groups(tokens));
+  (void)carve_dispatch_scratch(w, tokens, cfg.top_k, cfg.num_experts, cfg.total_experts(),
+                               cfg.capacity_groups(tokens), dispatch_tiles(cfg, tokens));
   return w.bytes();
 }
 

@@ -44,6 +44,14 @@ using moeroute::layout_params;
   const bool compact = p.kind == layout_kind::compact;
   const std::int32_t* map = p.d_expert_map;
   const std::int32_t segments = map != nullptr ? p.local_experts : ET;
+  const std::int64_t n = p.tokens * cfg.top_k;
+  const std::int64_t blocks = compact && p.out.d_block_expert ? p.max_rows / p.block_size : 0;
+  if (n + p.max_rows + blocks <= kernels::layout_one_block_max_items)  // a small batch: one launch
+    return launch("layout_one_block_kernel",
+                  kernels::layout_one_block_kernel<kernels::layout_one_block_threads>,
+                  {1, kernels::layout_one_block_threads, 0}, stream, compact, p.block_size, E, ET,
+                  cfg.capacity_groups(p.tokens), map, segments, n, cfg.top_k, p.max_rows, blocks,
+                  p.dispatched, p.out);
   if (auto s = launch("layout_offsets_kernel", kernels::layout_offsets_kernel<threads>,
                       {1, threads, 0}, stream, compact, p.block_size, E, ET,
                       cfg.capacity_groups(p.tokens), map, segments, p.dispatched, p.out);
@@ -60,14 +68,12 @@ using moeroute::layout_params;
                         p.out.d_row_token);
         !s)
       return s;
-  const std::int64_t n = p.tokens * cfg.top_k;
   if (auto s = launch("layout_rows_kernel", kernels::layout_rows_kernel<threads>,
                       {grid_for(n, threads), threads, 0}, stream, n, cfg.top_k, map, segments,
                       p.dispatched, p.out);
       !s)
     return s;
-  const std::int64_t blocks = p.max_rows / p.block_size;
-  if (compact && p.out.d_block_expert && blocks > 0)
+  if (blocks > 0)
     return launch("layout_block_expert_kernel", kernels::layout_block_expert_kernel<threads>,
                   {grid_for(blocks, threads), threads, 0}, stream, blocks, p.block_size, segments,
                   p.out);

@@ -30,6 +30,7 @@
 #include <moeroute/cuda/losses.cuh>
 #include <moeroute/cuda/permute.cuh>
 #include <moeroute/cuda/permute_backward.cuh>
+#include <moeroute/kernels/token_mask.cuh>
 #include <moeroute/router_buffers.hpp>
 #include <moeroute/status.hpp>
 #include <moeroute/types.hpp>
@@ -51,6 +52,15 @@ struct router_summary {
     const std::int64_t live = assignments - totals.masked;
     return live > 0 ? static_cast<double>(totals.dropped) / static_cast<double>(live) : 0.0;
   }
+};
+
+/// @brief A batch of `rows` rows (<= the router's max_tokens) whose real token count n is in
+///        device memory: rows [n, rows) are padding. The CUDA-graph pattern of inference
+///        engines: buffers and one captured graph for the largest batch, the count written
+///        before each replay. n is read on the device and clamped to [0, rows].
+struct device_tokens {
+  std::int64_t rows = 0;
+  const std::int64_t* d_count = nullptr;  ///< [1] int64, device memory
 };
 
 /// @brief One MoE layer's routing on the GPU, owning its device buffers.
@@ -94,9 +104,58 @@ class router : public router_core {
   [[nodiscard]] status route(const Logit* d_logits, std::int64_t tokens,
                              const gating_replay& replay, const float* d_bias = nullptr,
                              const std::uint8_t* d_valid = nullptr, cudaStream_t stream = nullptr) {
+    return route_rows(d_logits, tokens, nullptr, replay, d_bias, d_valid, stream);
+  }
+
+  /// @brief route() of `batch.rows` rows of which the first *batch.d_count are real (see
+  ///        device_tokens): the same ids, gates, fates, slots, weights, counts and losses as
+  ///        route() of those tokens alone (the capacity is that of n tokens, the losses average
+  ///        over them), the padding rows masked. Every launch is the same whatever n is, so a
+  ///        graph captured once serves every count. Not with capacity groups.
+  template <class Logit>
+  [[nodiscard]] status route(const Logit* d_logits, const device_tokens& batch,
+                             const float* d_bias = nullptr, const std::uint8_t* d_valid = nullptr,
+                             cudaStream_t stream = nullptr) {
+    return route(d_logits, batch, gating_replay{}, d_bias, d_valid, stream);
+  }
+
+  /// @brief route() of a device_tokens batch with routing replay.
+  template <class Logit>
+  [[nodiscard]] status route(const Logit* d_logits, const device_tokens& batch,
+                             const gating_replay& replay, const float* d_bias = nullptr,
+                             const std::uint8_t* d_valid = nullptr, cudaStream_t stream = nullptr) {
+    if (batch.d_count == nullptr)
+      return status::make(status_code::invalid_argument,
+                          "route: device_tokens.d_count is null (pass the row count as T for a "
+                          "batch without padding)");
+    return route_rows(d_logits, batch.rows, batch.d_count, replay, d_bias, d_valid, stream);
+  }
+
+ private:
+  /// route() of `tokens` rows, the first *d_count of them real when d_count is given.
+  template <class Logit>
+  [[nodiscard]] status route_rows(const Logit* d_logits, std::int64_t tokens,
+                                  const std::int64_t* d_count, const gating_replay& replay,
+                                  const float* d_bias, const std::uint8_t* d_valid,
+                                  cudaStream_t stream) {
     const routing_config& cfg = b_.config();
     if (auto s = b_.check_tokens("route", tokens); !s) return s;
+    if (d_count != nullptr && cfg.capacity.group_tokens > 0)
+      return status::make(status_code::invalid_argument,
+                          "route: a device token count with capacity.group_tokens = " +
+                              std::to_string(cfg.capacity.group_tokens) +
+                              " (capacity groups need the count on the host)");
     begin_batch(tokens);
+    if (d_count != nullptr && tokens > 0) {  // padding rows out of every stage
+      std::uint8_t* mask = b_.ptr<std::uint8_t>("token_mask");
+      constexpr int threads = 256;
+      if (auto s = launch("token_mask_kernel", kernels::token_mask_kernel<threads>,
+                          {grid_for(tokens, threads), threads, 0}, stream, tokens, d_count, d_valid,
+                          mask);
+          !s)
+        return s;
+      d_valid = mask;
+    }
     gating_params<Logit> g;
     g.d_logits = d_logits;
     g.tokens = tokens;
@@ -110,6 +169,7 @@ class router : public router_core {
     d.tokens = tokens;
     d.gated = g.out;
     d.d_valid = d_valid;
+    d.d_token_count = d_count;
     d.out = b_.dispatch_out();
     if (auto s = cuda::dispatch(cfg, d, ws.data(), ws.size(), stream); !s) return s;
     if (auto s = cuda::layout(cfg, b_.layout_params_for(tokens, d.out), stream); !s) return s;
@@ -119,6 +179,7 @@ class router : public router_core {
     return status::success();
   }
 
+ public:
   /// @brief expert_in() = the rows of `d_x` [T, hidden] in the routed layout: [rows(), hidden].
   [[nodiscard]] status permute(const Element* d_x, cudaStream_t stream = nullptr) {
     if (auto s = check_routed("permute"); !s) return s;

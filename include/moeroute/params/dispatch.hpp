@@ -7,6 +7,7 @@
 #pragma once
 
 #include <cstdint>
+#include <string>
 
 #include <moeroute/config.hpp>
 #include <moeroute/params/checks.hpp>
@@ -23,6 +24,12 @@ struct dispatch_params {
   /// d_second_skipped [T] uint8 (second_expert_policy::random only). Others are not read.
   const_gating_result gated{};
   const std::uint8_t* d_valid = nullptr;  ///< [T] uint8 1 = real token; null = all valid
+  /// [1] int64 or null: the real tokens n, the first n rows; rows [n, T) are padding (masked)
+  /// and C is the capacity of n tokens, so the result is dispatch of the first n tokens. For a
+  /// count the caller holds only in device memory (a CUDA graph captured once for the largest
+  /// batch). One capacity group only. cuda::dispatch reads n on the device and clamps it to
+  /// [0, T]; cpu::dispatch reads it on the host and rejects one outside [0, T].
+  const std::int64_t* d_token_count = nullptr;
   /// Outputs: d_expert, d_slot, d_weight, d_fate [T, k]; d_requested, d_kept, d_rerouted,
   /// d_dropped [E]; d_received, d_load [total_experts]; d_totals [1]. All written.
   dispatch_result out{};
@@ -33,6 +40,11 @@ struct dispatch_params {
 [[nodiscard]] inline status check_params(const routing_config& cfg, const dispatch_params& p) {
   if (auto s = param_checks::validate_extents(cfg, p.tokens); !s) return s;
   if (p.tokens == 0) return status::success();
+  if (p.d_token_count != nullptr && cfg.capacity.group_tokens > 0)
+    return status::make(
+        status_code::invalid_argument,
+        "d_token_count with capacity.group_tokens = " + std::to_string(cfg.capacity.group_tokens) +
+            ": capacity groups need the token count on the host (pass T)");
   if (cfg.dispatch.prio == priority::batch_prioritized)
     if (auto s = param_checks::require_pointers(
             "with dispatch.prio = batch_prioritized",

@@ -15,8 +15,10 @@
 
 #include <cub/block/block_reduce.cuh>
 
+#include <moeroute/capacity.hpp>
 #include <moeroute/config.hpp>
 #include <moeroute/dispatch_plan.hpp>
+#include <moeroute/kernels/shared_memory.cuh>
 #include <moeroute/rng.hpp>
 #include <moeroute/types.hpp>
 
@@ -33,15 +35,31 @@ struct dispatch_state {
   std::int32_t reroute = 0;             ///< R
   const_gating_result gated{};          ///< d_ids, d_gates [T, k]; d_reroute_ids [T, R]
   const std::uint8_t* valid = nullptr;  ///< [T] or null
+  /// [1] or null: tokens [*token_count, T) are padding (a count only the device knows)
+  const std::int64_t* token_count = nullptr;
   dispatch_result out{};
   dispatch_scratch scratch{};
 };
 
 namespace dispatch_detail {
 
+// Divisions of indices are 32-bit (validate() bounds T * k below 2^31): a 64-bit one is a
+// called subroutine, dozens of instructions, and made its callers spill.
+
+/// Token of assignment a.
+__device__ inline std::int64_t token_of(const dispatch_state& s, std::int64_t a) {
+  return static_cast<std::int32_t>(a) / s.k;
+}
+
+/// Capacity group of token t (0 without groups).
+__device__ inline std::int64_t group_of_token(const dispatch_state& s, std::int64_t t) {
+  return s.groups > 1 ? static_cast<std::int32_t>(t) / static_cast<std::int32_t>(s.group_tokens)
+                      : 0;
+}
+
 /// Capacity group of assignment a (0 without groups).
 __device__ inline std::int64_t group_of(const dispatch_state& s, std::int64_t a) {
-  return s.groups > 1 ? a / s.k / s.group_tokens : 0;
+  return group_of_token(s, token_of(s, a));
 }
 
 /// A real token (not padding).
@@ -51,8 +69,9 @@ __device__ inline bool token_valid(const dispatch_state& s, std::int64_t t) {
 
 /// A second choice that lost NLLB's "random" draw: dropped before any capacity is counted.
 __device__ inline bool second_skipped(const dispatch_state& s, std::int64_t a) {
-  return s.gated.d_second_skipped != nullptr && a % s.k == 1 &&
-         s.gated.d_second_skipped[a / s.k] != 0;
+  if (s.gated.d_second_skipped == nullptr) return false;
+  const std::int64_t t = token_of(s, a);
+  return a - t * s.k == 1 && s.gated.d_second_skipped[t] != 0;
 }
 
 /// Ascending in the key <=> descending in f; -0 and +0 map to the same key (they compare equal).
@@ -106,6 +125,32 @@ __device__ inline std::int64_t granted_count(std::int64_t cap, std::int64_t load
 
 // ----- check: the given ids and gates -----------------------------------------------------
 
+namespace dispatch_detail {
+
+/// Checks token t (see dispatch_check_kernel), writes d_usable[t], and returns 1 for a real
+/// token that is malformed.
+__device__ inline int check_token(const dispatch_state& s, std::int64_t t,
+                                  const std::uint8_t* d_valid, bool priority_read) {
+  const std::int32_t k = s.k, reroute = s.reroute;
+  const auto candidate = [&](std::int32_t i) {
+    return i < k ? s.gated.d_ids[t * k + i] : s.gated.d_reroute_ids[t * reroute + (i - k)];
+  };
+  bool ok = true;
+  for (std::int32_t i = 0; i < k + reroute && ok; ++i) {
+    const std::int32_t e = candidate(i);
+    ok = e >= 0 && e < s.experts;
+    for (std::int32_t j = 0; j < i && ok; ++j) ok = candidate(j) != e;
+  }
+  for (std::int32_t j = 0; j < k; ++j) ok = ok && isfinite(s.gated.d_gates[t * k + j]);
+  if (priority_read) ok = ok && isfinite(s.gated.d_token_priority[t]);
+  const bool real =
+      (d_valid == nullptr || d_valid[t] != 0) && (s.token_count == nullptr || t < *s.token_count);
+  s.scratch.d_usable[t] = real && ok ? 1 : 0;
+  return real && !ok ? 1 : 0;
+}
+
+}  // namespace dispatch_detail
+
 /// The host backends' checks of dispatch's inputs, on the device: a real token whose ids leave
 /// [0, E) or repeat among its k ids and R reroute candidates, or whose gates (or batch
 /// priority, when read) are not finite, is masked for the rest of dispatch — no later kernel
@@ -116,27 +161,10 @@ __global__ void __launch_bounds__(Threads)
     dispatch_check_kernel(const dispatch_state s, const std::uint8_t* __restrict__ d_valid,
                           bool priority_read) {
   using namespace dispatch_detail;
-  const std::int32_t k = s.k, reroute = s.reroute;
-  const auto candidate = [&](std::int64_t t, std::int32_t i) {
-    return i < k ? s.gated.d_ids[t * k + i] : s.gated.d_reroute_ids[t * reroute + (i - k)];
-  };
   for (std::int64_t base = static_cast<std::int64_t>(blockIdx.x) * Threads; base < s.tokens;
        base += grid_stride()) {
     const std::int64_t t = base + threadIdx.x;
-    int bad = 0;
-    if (t < s.tokens) {
-      bool ok = true;
-      for (std::int32_t i = 0; i < k + reroute && ok; ++i) {
-        const std::int32_t e = candidate(t, i);
-        ok = e >= 0 && e < s.experts;
-        for (std::int32_t j = 0; j < i && ok; ++j) ok = candidate(t, j) != e;
-      }
-      for (std::int32_t j = 0; j < k; ++j) ok = ok && isfinite(s.gated.d_gates[t * k + j]);
-      if (priority_read) ok = ok && isfinite(s.gated.d_token_priority[t]);
-      const bool real = d_valid == nullptr || d_valid[t] != 0;
-      s.scratch.d_usable[t] = real && ok ? 1 : 0;
-      bad = real && !ok ? 1 : 0;
-    }
+    int bad = t < s.tokens ? check_token(s, t, d_valid, priority_read) : 0;
     // one atomic per warp (the loop is warp-uniform: base steps by blocks)
     bad = __reduce_add_sync(0xffffffffu, bad);
     if ((threadIdx.x & 31) == 0 && bad) add_count(&s.out.d_totals->invalid_tokens, bad);
@@ -156,7 +184,7 @@ __global__ void __launch_bounds__(Threads)
   using namespace dispatch_detail;
   const std::int32_t k = s.k;
   for (std::int64_t a = global_id(); a < s.n; a += grid_stride()) {
-    const std::int64_t t = a / k;
+    const std::int64_t t = token_of(s, a);
     const std::int64_t j = a - t * k;
     const std::int32_t e = s.gated.d_ids[a];
     std::uint32_t key = 0;
@@ -203,29 +231,33 @@ __global__ void __launch_bounds__(Threads)
 
 /// How the capacity is found: a host value, or the max_load rule on the device.
 struct capacity_rule {
-  bool from_max_load = false;
-  std::int64_t value = 0;         ///< C when !from_max_load (-1 = unbounded)
-  std::int64_t min_capacity = 0;  ///< max_load: C = max(max requested, min_capacity)
-  bool clamp_to_tokens = false;   ///< max_load: then C = min(C, T)
+  /// C from group_capacity on the device: capacity_mode::max_load (it needs the requests), or
+  /// a token count only the device knows. Otherwise C = value, from the host.
+  bool on_device = false;
+  capacity_config cap{};  ///< the config's rule, and its E, k and active factor
+  std::int32_t experts = 0, k = 0;
+  double factor = 0.0;
+  const std::int64_t* d_token_count = nullptr;  ///< [1] or null: C of that many tokens
+  std::int64_t value = 0;                       ///< C from the host (-1 = unbounded)
   std::int64_t fallback_capacity = 0;
 };
 
-/// One block: requested[e] from the segment starts (summed over the capacity groups), C
-/// (max_load needs the largest request of any (group, expert)), load after the grant =
-/// sum over groups of min(requested, C), and the capacity fields of the totals.
-template <int Threads>
-__global__ void __launch_bounds__(Threads)
-    dispatch_capacity_kernel(const dispatch_state s, capacity_rule rule) {
+/// The capacity of a batch and the load its first grant leaves, run by one block of Threads:
+/// requested[e] = sum over the capacity groups of requested(segment q * E + e), C (max_load
+/// needs the largest request of any segment), load after the grant = sum over groups of
+/// min(requested, C), and the capacity fields of the totals. The caller syncs the block first.
+template <int Threads, class Requested>
+__device__ void grant_capacity(const dispatch_state& s, const capacity_rule& rule,
+                               Requested requested) {
   using reduce = cub::BlockReduce<std::int64_t, Threads>;
   __shared__ typename reduce::TempStorage tmp;
   __shared__ std::int64_t s_cap;
-  const std::int32_t* seg = s.scratch.d_seg;
   const std::int64_t E = s.experts;
   std::int64_t local_max = 0;
   for (std::int32_t e = threadIdx.x; e < s.experts; e += Threads) {
     std::int64_t req = 0;
     for (std::int64_t q = 0; q < s.groups; ++q) {
-      const std::int64_t r = seg[q * E + e + 1] - seg[q * E + e];
+      const std::int64_t r = requested(q * E + e);
       req += r;
       local_max = local_max > r ? local_max : r;
     }
@@ -235,10 +267,13 @@ __global__ void __launch_bounds__(Threads)
       reduce(tmp).Reduce(local_max, [](std::int64_t x, std::int64_t y) { return x > y ? x : y; });
   if (threadIdx.x == 0) {
     std::int64_t C = rule.value;
-    if (rule.from_max_load) {  // expert_capacity(): max(max_load, min_capacity), clamp, >= 0
-      C = max_load > rule.min_capacity ? max_load : rule.min_capacity;
-      if (rule.clamp_to_tokens && C > s.group_tokens) C = s.group_tokens;
-      if (C < 0) C = 0;
+    if (rule.on_device) {  // expert_capacity()'s rule: the same function as the host's
+      std::int64_t group = s.group_tokens;
+      if (rule.d_token_count != nullptr) {  // clamped to [0, T], as the token mask is
+        const std::int64_t n = *rule.d_token_count;
+        group = n < 0 ? 0 : (n > s.tokens ? s.tokens : n);
+      }
+      C = group_capacity(rule.cap, group, rule.experts, rule.k, rule.factor, max_load);
     }
     s_cap = C;
     s.out.d_totals->capacity = C;
@@ -252,7 +287,7 @@ __global__ void __launch_bounds__(Threads)
     for (std::int64_t q = 0; q < s.groups; ++q) {
       std::int64_t granted = 0;
       if (e < s.experts) {
-        const std::int64_t req = seg[q * E + e + 1] - seg[q * E + e];
+        const std::int64_t req = requested(q * E + e);
         granted = (C < 0 || req < C) ? req : C;
       }
       s.scratch.d_vload[q * ET + e] = granted;
@@ -260,6 +295,15 @@ __global__ void __launch_bounds__(Threads)
     }
     s.out.d_load[e] = load;
   }
+}
+
+/// One block: the capacity from the sorted segments' starts (grant_capacity).
+template <int Threads>
+__global__ void __launch_bounds__(Threads)
+    dispatch_capacity_kernel(const dispatch_state s, capacity_rule rule) {
+  const std::int32_t* seg = s.scratch.d_seg;
+  grant_capacity<Threads>(s, rule,
+                          [seg](std::int64_t g) -> std::int64_t { return seg[g + 1] - seg[g]; });
 }
 
 /// The first C requests of each (group, expert) segment (in priority order) are kept; slot =
@@ -478,8 +522,8 @@ __global__ void __launch_bounds__(Threads) next_choice_attempt_kernel(const disp
         }
         const std::int64_t idx = static_cast<std::int64_t>(w.d_per_token[t]) + m;
         if (idx < R)
-          target =
-              static_cast<std::uint64_t>(group_of(s, a) * ET + s.gated.d_reroute_ids[t * R + idx]);
+          target = static_cast<std::uint64_t>(group_of_token(s, t) * ET +
+                                              s.gated.d_reroute_ids[t * R + idx]);
       }
     }
     w.d_keys_a[p] = target;
@@ -616,70 +660,139 @@ __global__ void __launch_bounds__(Threads) follower_slot_kernel(const dispatch_s
   }
 }
 
-/// Combine weights: the surviving gates, renormalised after drop when asked. The sum runs in
-/// rank order in float; every operation is a single rounding (as the reference).
+namespace dispatch_detail {
+
+/// Combine weights of token t: the surviving gates, renormalised after drop when asked. The
+/// sum runs in rank order in float; every operation is a single rounding (as the reference).
+__device__ inline void token_weights(const dispatch_state& s, std::int64_t t, bool after_drop,
+                                     float scaling) {
+  const std::int32_t k = s.k;
+  const float* gates = s.gated.d_gates;
+  float sum = 0.0f;
+  for (std::int32_t j = 0; j < k; ++j)
+    if (holds_row(s.out.d_fate[t * k + j])) sum = __fadd_rn(sum, gates[t * k + j]);
+  const float denom = sum < FLT_EPSILON ? FLT_EPSILON : sum;  // std::max(sum, FLT_EPSILON)
+  for (std::int32_t j = 0; j < k; ++j) {
+    const std::int64_t a = t * k + j;
+    float w = 0.0f;
+    if (holds_row(s.out.d_fate[a]))
+      w = after_drop ? __fmul_rn(__fdiv_rn(gates[a], denom), scaling) : gates[a];
+    s.out.d_weight[a] = w;
+  }
+}
+
+}  // namespace dispatch_detail
+
+/// Combine weights of every token (token_weights).
 template <int Threads>
 __global__ void __launch_bounds__(Threads)
     dispatch_weights_kernel(const dispatch_state s, bool after_drop, float scaling) {
   using namespace dispatch_detail;
-  const std::int32_t k = s.k;
-  const float* gates = s.gated.d_gates;
-  for (std::int64_t t = global_id(); t < s.tokens; t += grid_stride()) {
-    float sum = 0.0f;
-    for (std::int32_t j = 0; j < k; ++j)
-      if (holds_row(s.out.d_fate[t * k + j])) sum = __fadd_rn(sum, gates[t * k + j]);
-    const float denom = sum < FLT_EPSILON ? FLT_EPSILON : sum;  // std::max(sum, FLT_EPSILON)
-    for (std::int32_t j = 0; j < k; ++j) {
-      const std::int64_t a = t * k + j;
-      float w = 0.0f;
-      if (holds_row(s.out.d_fate[a]))
-        w = after_drop ? __fmul_rn(__fdiv_rn(gates[a], denom), scaling) : gates[a];
-      s.out.d_weight[a] = w;
-    }
+  for (std::int64_t t = global_id(); t < s.tokens; t += grid_stride())
+    token_weights(s, t, after_drop, scaling);
+}
+
+/// Per-block tallies of the final fates, added to the global counters once per block.
+struct fate_tally {
+  // [E] each: kept, rerouted away from, dropped at, skipped-second requests at the chosen
+  // expert; [ET]: rerouted to. Null: straight to the global counters (too many experts for
+  // shared memory).
+  std::int32_t *kept = nullptr, *rerouted = nullptr, *dropped = nullptr, *skipped = nullptr,
+               *received = nullptr;
+  int totals[4] = {0, 0, 0, 0};  // kept, rerouted, dropped, masked: this thread's
+};
+
+/// Shared-memory bytes of a block's tallies (dispatch_stats_kernel's dynamic shared memory).
+[[nodiscard]] constexpr std::size_t fate_tally_bytes(std::int32_t experts,
+                                                     std::int32_t total_experts) {
+  return (4 * static_cast<std::size_t>(experts) + static_cast<std::size_t>(total_experts)) * 4;
+}
+
+/// Widest expert count whose tallies go through shared memory (24 KiB at 1024 + 1 experts).
+inline constexpr std::int32_t tally_max_experts = 1024;
+
+namespace dispatch_detail {
+
+/// Carves the tallies from `smem` (null: no shared tallies) and zeroes them. Block-wide; the
+/// caller syncs before the first count.
+__device__ inline fate_tally begin_tally(const dispatch_state& s, std::int32_t* smem, int threads) {
+  fate_tally t;
+  if (smem == nullptr) return t;
+  const std::int32_t E = s.experts;
+  t.kept = smem;
+  t.rerouted = smem + E;
+  t.dropped = smem + 2 * E;
+  t.skipped = smem + 3 * E;
+  t.received = smem + 4 * E;
+  for (std::int32_t i = threadIdx.x; i < 4 * E + s.total_experts; i += threads) smem[i] = 0;
+  return t;
+}
+
+__device__ inline void bump(std::int32_t* shared, std::int64_t* global, std::int32_t e) {
+  if (shared != nullptr) {
+    atomicAdd(&shared[e], 1);
+  } else {
+    add_count(&global[e], 1);
   }
 }
 
-/// Per-expert and total counts from the final fates (integer atomics: order-independent).
-/// Counters must be zeroed beforehand; requested is written by the capacity kernel.
-template <int Threads>
-__global__ void __launch_bounds__(Threads) dispatch_stats_kernel(const dispatch_state s) {
-  using namespace dispatch_detail;
+/// Counts the final fate of assignment a (integer atomics: order-independent).
+__device__ inline void tally(const dispatch_state& s, fate_tally& t, std::int64_t a) {
   const dispatch_result& o = s.out;
-  const std::int64_t stride = grid_stride();
-  for (std::int64_t base = static_cast<std::int64_t>(blockIdx.x) * Threads; base < s.n;
-       base += stride) {
-    const std::int64_t a = base + threadIdx.x;
-    int kept = 0, rer = 0, drop = 0, mask = 0;
-    if (a < s.n) {
-      const fate f = o.d_fate[a];
-      const std::int32_t e = s.gated.d_ids[a];
-      if (f == fate::kept) {
-        kept = 1;
-        add_count(&o.d_kept[e], 1);
-      } else if (f == fate::rerouted) {
-        rer = 1;
-        add_count(&o.d_rerouted[e], 1);
-        add_count(&o.d_received[o.d_expert[a]], 1);
-      } else if (f == fate::dropped) {
-        drop = 1;
-        add_count(&o.d_dropped[e], 1);
-        if (second_skipped(s, a)) add_count(&o.d_requested[e], 1);  // not in any segment
-      } else {
-        mask = 1;
-      }
-    }
-    // one atomic per warp for the totals (the loop is warp-uniform: base steps by blocks)
-    kept = __reduce_add_sync(0xffffffffu, kept);
-    rer = __reduce_add_sync(0xffffffffu, rer);
-    drop = __reduce_add_sync(0xffffffffu, drop);
-    mask = __reduce_add_sync(0xffffffffu, mask);
-    if ((threadIdx.x & 31) == 0) {
-      if (kept) add_count(&o.d_totals->kept, kept);
-      if (rer) add_count(&o.d_totals->rerouted, rer);
-      if (drop) add_count(&o.d_totals->dropped, drop);
-      if (mask) add_count(&o.d_totals->masked, mask);
-    }
+  const fate f = o.d_fate[a];
+  const std::int32_t e = s.gated.d_ids[a];
+  if (f == fate::kept) {
+    ++t.totals[0];
+    bump(t.kept, o.d_kept, e);
+  } else if (f == fate::rerouted) {
+    ++t.totals[1];
+    bump(t.rerouted, o.d_rerouted, e);
+    bump(t.received, o.d_received, o.d_expert[a]);
+  } else if (f == fate::dropped) {
+    ++t.totals[2];
+    bump(t.dropped, o.d_dropped, e);
+    if (second_skipped(s, a)) bump(t.skipped, o.d_requested, e);  // not in any segment
+  } else {
+    ++t.totals[3];
   }
+}
+
+/// Adds a block's tallies to the global counters: one atomic per nonzero (block, expert), one
+/// per warp for the totals. Block-wide, every thread of the block; syncs first.
+__device__ inline void end_tally(const dispatch_state& s, fate_tally& t, int threads) {
+  const dispatch_result& o = s.out;
+  for (int i = 0; i < 4; ++i) t.totals[i] = __reduce_add_sync(0xffffffffu, t.totals[i]);
+  if ((threadIdx.x & 31) == 0) {
+    std::int64_t* total[4] = {&o.d_totals->kept, &o.d_totals->rerouted, &o.d_totals->dropped,
+                              &o.d_totals->masked};
+    for (int i = 0; i < 4; ++i)
+      if (t.totals[i]) add_count(total[i], t.totals[i]);
+  }
+  if (t.kept == nullptr) return;
+  __syncthreads();
+  for (std::int32_t e = threadIdx.x; e < s.experts; e += threads) {
+    if (t.kept[e]) add_count(&o.d_kept[e], t.kept[e]);
+    if (t.rerouted[e]) add_count(&o.d_rerouted[e], t.rerouted[e]);
+    if (t.dropped[e]) add_count(&o.d_dropped[e], t.dropped[e]);
+    if (t.skipped[e]) add_count(&o.d_requested[e], t.skipped[e]);
+  }
+  for (std::int32_t e = threadIdx.x; e < s.total_experts; e += threads)
+    if (t.received[e]) add_count(&o.d_received[e], t.received[e]);
+}
+
+}  // namespace dispatch_detail
+
+/// Per-expert and total counts from the final fates, tallied per block in shared memory when
+/// `shared` (dynamic shared memory: fate_tally_bytes). Counters must be zeroed beforehand;
+/// requested is written by the capacity kernel.
+template <int Threads>
+__global__ void __launch_bounds__(Threads)
+    dispatch_stats_kernel(const dispatch_state s, bool shared) {
+  using namespace dispatch_detail;
+  fate_tally t = begin_tally(s, shared ? dynamic_shared<std::int32_t>() : nullptr, Threads);
+  __syncthreads();
+  for (std::int64_t a = global_id(); a < s.n; a += grid_stride()) tally(s, t, a);
+  end_tally(s, t, Threads);
 }
 
 }  // namespace moeroute::kernels

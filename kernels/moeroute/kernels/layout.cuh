@@ -18,12 +18,12 @@ namespace moeroute::kernels {
 /// local experts of `map` in local index order (compact only). A map the host cannot check
 /// (device data) with an entry outside [-1, segments), or a local index held twice or by
 /// nobody, gives an empty layout: every segment 0 rows, so every held assignment is nonlocal.
+/// (layout_offsets: the body, block-wide; layout_offsets_kernel launches it.)
 template <int Threads>
-__global__ void __launch_bounds__(Threads)
-    layout_offsets_kernel(bool compact, std::int64_t block_size, std::int32_t experts,
-                          std::int32_t total_experts, std::int64_t capacity_groups,
-                          const std::int32_t* __restrict__ map, std::int32_t segments,
-                          const const_dispatch_result in, const layout_result out) {
+__device__ void layout_offsets(bool compact, std::int64_t block_size, std::int32_t experts,
+                               std::int32_t total_experts, std::int64_t capacity_groups,
+                               const std::int32_t* __restrict__ map, std::int32_t segments,
+                               const const_dispatch_result& in, const layout_result& out) {
   using scan = cub::BlockScan<std::int64_t, Threads>;
   __shared__ typename scan::TempStorage tmp;
   __shared__ std::int64_t s_carry;
@@ -81,29 +81,53 @@ __global__ void __launch_bounds__(Threads)
   }
 }
 
+template <int Threads>
+__global__ void __launch_bounds__(Threads)
+    layout_offsets_kernel(bool compact, std::int64_t block_size, std::int32_t experts,
+                          std::int32_t total_experts, std::int64_t capacity_groups,
+                          const std::int32_t* __restrict__ map, std::int32_t segments,
+                          const const_dispatch_result in, const layout_result out) {
+  layout_offsets<Threads>(compact, block_size, experts, total_experts, capacity_groups, map,
+                          segments, in, out);
+}
+
+namespace layout_detail {
+
+/// The items [first, n) with step `stride` of a grid-stride loop (the whole grid's, or one
+/// block's).
+struct stride_range {
+  std::int64_t first, stride;
+};
+
+__device__ inline stride_range grid_range() {
+  return {static_cast<std::int64_t>(blockIdx.x) * blockDim.x + threadIdx.x,
+          static_cast<std::int64_t>(gridDim.x) * blockDim.x};
+}
+
+}  // namespace layout_detail
+
 /// row_token[r] = -1 for every row of the caller's buffer.
+__device__ inline void clear_rows(layout_detail::stride_range it, std::int64_t max_rows,
+                                  std::int32_t* __restrict__ d_row_token) {
+  for (std::int64_t r = it.first; r < max_rows; r += it.stride) d_row_token[r] = -1;
+}
+
 template <int Threads>
 __global__ void __launch_bounds__(Threads)
     layout_clear_rows_kernel(std::int64_t max_rows, std::int32_t* __restrict__ d_row_token) {
-  const std::int64_t stride = static_cast<std::int64_t>(gridDim.x) * blockDim.x;
-  for (std::int64_t r = static_cast<std::int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
-       r < max_rows; r += stride)
-    d_row_token[r] = -1;
+  clear_rows(layout_detail::grid_range(), max_rows, d_row_token);
 }
 
 /// assignment_row[a] = offsets[segment] + slot (-1 if none); row_token[row] = token. Shared
 /// slots write the same row with the same token, so the result does not depend on order. With
 /// a map, an assignment at an expert not held here (or any, after a bad map: num_rows 0) gets
 /// -1 and is counted in *d_nonlocal (zeroed beforehand; integer atomics).
-template <int Threads>
-__global__ void __launch_bounds__(Threads)
-    layout_rows_kernel(std::int64_t n, std::int32_t k, const std::int32_t* __restrict__ map,
-                       std::int32_t segments, const const_dispatch_result in,
-                       const layout_result out) {
-  const std::int64_t stride = static_cast<std::int64_t>(gridDim.x) * blockDim.x;
+__device__ inline void assignment_rows(layout_detail::stride_range it, std::int64_t n,
+                                       std::int32_t k, const std::int32_t* __restrict__ map,
+                                       std::int32_t segments, const const_dispatch_result& in,
+                                       const layout_result& out) {
   const bool empty = map != nullptr && *out.d_num_rows == 0;
-  for (std::int64_t a = static_cast<std::int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; a < n;
-       a += stride) {
+  for (std::int64_t a = it.first; a < n; a += it.stride) {
     const std::int32_t e = in.d_expert[a];
     std::int64_t row = -1;
     if (e >= 0) {
@@ -116,24 +140,29 @@ __global__ void __launch_bounds__(Threads)
       }
       if (l >= 0) {
         row = out.d_offsets[l] + in.d_slot[a];
-        out.d_row_token[row] = static_cast<std::int32_t>(a / k);
+        out.d_row_token[row] = static_cast<std::int32_t>(static_cast<std::int32_t>(a) / k);
       }
     }
     out.d_assignment_row[a] = row;
   }
 }
 
-/// block_expert[b] = segment (expert, or local index) holding row b * block_size; -1 past
-/// num_rows.
 template <int Threads>
 __global__ void __launch_bounds__(Threads)
-    layout_block_expert_kernel(std::int64_t num_blocks, std::int64_t block_size,
-                               std::int32_t total_experts, const layout_result out) {
+    layout_rows_kernel(std::int64_t n, std::int32_t k, const std::int32_t* __restrict__ map,
+                       std::int32_t segments, const const_dispatch_result in,
+                       const layout_result out) {
+  assignment_rows(layout_detail::grid_range(), n, k, map, segments, in, out);
+}
+
+/// block_expert[b] = segment (expert, or local index) holding row b * block_size; -1 past
+/// num_rows.
+__device__ inline void block_experts(layout_detail::stride_range it, std::int64_t num_blocks,
+                                     std::int64_t block_size, std::int32_t total_experts,
+                                     const layout_result& out) {
   const std::int64_t rows = *out.d_num_rows;
   const std::int64_t* d_offsets = out.d_offsets;
-  const std::int64_t stride = static_cast<std::int64_t>(gridDim.x) * blockDim.x;
-  for (std::int64_t b = static_cast<std::int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
-       b < num_blocks; b += stride) {
+  for (std::int64_t b = it.first; b < num_blocks; b += it.stride) {
     const std::int64_t x = b * block_size;
     std::int32_t e = -1;
     if (x < rows) {
@@ -151,6 +180,40 @@ __global__ void __launch_bounds__(Threads)
     }
     out.d_block_expert[b] = e;
   }
+}
+
+template <int Threads>
+__global__ void __launch_bounds__(Threads)
+    layout_block_expert_kernel(std::int64_t num_blocks, std::int64_t block_size,
+                               std::int32_t total_experts, const layout_result out) {
+  block_experts(layout_detail::grid_range(), num_blocks, block_size, total_experts, out);
+}
+
+/// layout_one_block_kernel's threads, and the most items (assignments + rows + blocks) it
+/// takes: below that one block's few passes beat four launches (a first estimate until a
+/// device run times both across it).
+inline constexpr int layout_one_block_threads = 512;
+inline constexpr std::int64_t layout_one_block_max_items = 16384;
+
+/// The layout of a small batch in one launch: the four kernels above, one after the other in
+/// one block (a sync between phases makes each phase's global writes visible to the next), and
+/// *d_nonlocal zeroed first. num_blocks 0: no block table.
+template <int Threads>
+__global__ void __launch_bounds__(Threads)
+    layout_one_block_kernel(bool compact, std::int64_t block_size, std::int32_t experts,
+                            std::int32_t total_experts, std::int64_t capacity_groups,
+                            const std::int32_t* __restrict__ map, std::int32_t segments,
+                            std::int64_t n, std::int32_t k, std::int64_t max_rows,
+                            std::int64_t num_blocks, const const_dispatch_result in,
+                            const layout_result out) {
+  const layout_detail::stride_range it{threadIdx.x, Threads};
+  if (threadIdx.x == 0 && map != nullptr && out.d_nonlocal != nullptr) *out.d_nonlocal = 0;
+  layout_offsets<Threads>(compact, block_size, experts, total_experts, capacity_groups, map,
+                          segments, in, out);
+  clear_rows(it, max_rows, out.d_row_token);
+  __syncthreads();
+  assignment_rows(it, n, k, map, segments, in, out);
+  if (num_blocks > 0) block_experts(it, num_blocks, block_size, segments, out);
 }
 
 }  // namespace moeroute::kernels

@@ -115,6 +115,16 @@ inline int __reduce_add_sync(unsigned mask, int v) {
   return v;
 }
 
+inline int __popc(unsigned v) { return __builtin_popcount(v); }
+inline int __ffs(int v) { return __builtin_ffs(v); }
+template <class T>
+unsigned __match_any_sync(unsigned, T v) {
+  static_assert(sizeof(T) <= 8, "__match_any_sync of a type wider than 8 bytes");
+  std::uint64_t bits = 0;
+  std::memcpy(&bits, &v, sizeof(T));
+  return emu::ls::match_any(bits);
+}
+
 // ---- the library's seams ---------------------------------------------------------------------
 namespace moeroute_emulation {
 

@@ -186,6 +186,21 @@ T exchange(T v, unsigned src_thread) {
   return r;
 }
 
+/// Bit l set for each lane l of this warp whose value equals ours (__match_any_sync): every lane
+/// posts its value, one barrier, each reads all of its warp's posts.
+inline unsigned match_any(std::uint64_t v) {
+  const unsigned t = sched.current;
+  const std::size_t half = (self().warp_arrivals + 1) % 2 * sched.fibers.size();
+  sched.mailbox[half + t] = v;
+  warp_barrier("__match_any_sync");
+  unsigned first, last;
+  warp_range(t, first, last);
+  unsigned mask = 0;
+  for (unsigned l = first; l < last; ++l)
+    if (sched.mailbox[half + l] == v) mask |= 1u << (l - first);
+  return mask;
+}
+
 /// Set by the emulated cudaStreamBeginCapture (emu_runtime.hpp): work is recorded here instead
 /// of run, and replayed by cudaGraphLaunch.
 inline std::vector<std::function<void()>>* capture = nullptr;

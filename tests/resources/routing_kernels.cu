@@ -1,9 +1,11 @@
 // SPDX-License-Identifier: Apache-2.0
-// Every gating and gating-backward kernel the launchers can pick, for float and bf16 rows: the
-// translation unit cmake/kernel_resources.cmake compiles to a cubin with ptxas' resource report,
-// which bench/kernel_resources.py reads (the kernel_resources ctest: no stack frame, no spill).
+// Every gating and gating-backward kernel the launchers can pick, for float and bf16 rows, and
+// every dispatch kernel: the translation unit cmake/kernel_resources.cmake compiles to a cubin
+// with ptxas' resource report, which bench/kernel_resources.py reads (the kernel_resources
+// ctest: no stack frame, no spill).
 #include <cuda_bf16.h>
 
+#include <moeroute/cuda/dispatch.cuh>
 #include <moeroute/cuda/gating.cuh>
 #include <moeroute/cuda/gating_backward.cuh>
 
@@ -19,3 +21,6 @@
 // hand, when this file was written; the CI build spares its ~20 s)
 MOEROUTE_INSTANTIATE(float)
 MOEROUTE_INSTANTIATE(__nv_bfloat16)
+
+// cuda::dispatch is not a template: a use emits every kernel it launches.
+auto* const moeroute_dispatch_launcher = &moeroute::cuda::dispatch;
