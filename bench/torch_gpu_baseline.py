@@ -8,21 +8,24 @@ hidden states, over the same model shapes and token counts (bench/shapes.hpp).
 Each stage is timed with CUDA events around one call, after warm-up, median of --repeat calls;
 `route_graph` replays gating + aux / z losses + capacity captured in one CUDA graph (the decode
 path). The router itself is also timed under graph replay (`gating_graph`) and, with --compile,
-as torch.compile made it (`gating_compiled`, `gating_compiled_graph`; one compile per model with
-dynamic shapes): the table sets moeroute against the faster of eager and compiled. Writes one
+gating, losses, dispatch and layout as torch.compile made them (`<stage>_compiled`,
+`gating_compiled_graph`, `route_compiled_graph`; one compile per model and stage with dynamic
+shapes): the table sets moeroute against the faster of eager and compiled. Writes one
 JSON object per line to --out; with --ours (bench_kernels_cuda's JSON) it also writes a markdown
 table of both, with the ratio, to --table. --stages and --tokens narrow the run (the short
 `./build.sh gpu-bench`: gating and gating_backward).
 
   python3 bench/torch_gpu_baseline.py --out torch.jsonl --ours bench_kernels_cuda.json \
       --table ratios.md
-Needs torch with CUDA; exits 77 without a device.
+Needs torch with CUDA; exits 77 without a device. `--device cpu` is a dry run of the script
+itself (the ctest torch_gpu_baseline_dry_run): every stage once on the CPU, graph rows as errors.
 """
 import argparse
 import json
 import math
 import statistics
 import sys
+import time
 
 try:
     import torch
@@ -118,6 +121,13 @@ def combine(ye, probs, keep, token_indices, t):
 def time_us(fn, repeat, warmup=3):
     for _ in range(warmup):
         fn()
+    if not torch.cuda.is_available():  # --device cpu: a dry run of the script, wall clock
+        times = []
+        for _ in range(repeat):
+            t0 = time.perf_counter()
+            fn()
+            times.append((time.perf_counter() - t0) * 1e6)
+        return statistics.median(times), min(times)
     torch.cuda.synchronize()
     times = []
     for _ in range(repeat):
@@ -133,6 +143,8 @@ def time_us(fn, repeat, warmup=3):
 
 def time_graph_us(fn, replays):
     """fn captured once in a CUDA graph; median of per-replay times."""
+    if not torch.cuda.is_available():
+        raise RuntimeError("no CUDA graphs without a device")
     s = torch.cuda.Stream()
     s.wait_stream(torch.cuda.current_stream())
     with torch.cuda.stream(s):
@@ -145,20 +157,35 @@ def time_graph_us(fn, replays):
     return time_us(g.replay, replays)
 
 
-def compiled_router(out, name):
-    """torch.compile of the router (dynamic shapes: one compile for every T), or None."""
+# the stages torch.compile makes a variant of (`<stage>_compiled`), and route_graph's
+# (`route_compiled_graph`: the compiled stages captured in one graph)
+COMPILED_STAGES = {"gating": gate, "losses": losses, "dispatch": dispatch, "layout": layout}
+
+
+def compiled_stages(out, name, wanted):
+    """torch.compile of each wanted stage function (dynamic shapes: one compile for every T)."""
     if not hasattr(torch, "compile"):
-        out.append({"stage": "gating_compiled", "model": name, "error": "no torch.compile"})
-        return None
-    return torch.compile(gate, dynamic=True)
+        out.append({"stage": "compiled", "model": name, "error": "no torch.compile"})
+        return {}
+    return {s: torch.compile(f, dynamic=True) for s, f in COMPILED_STAGES.items()
+            if s in wanted or (s != "layout" and "route_graph" in wanted)}
 
 
-def run_model(name, spec, repeat, out, stages_wanted, tokens, compile_router):
+def timed(out, stage, name, T, timer, fn, repeat):
+    """One row: fn timed, or the error a compile or capture torch refused with (not fatal)."""
+    try:
+        med, best = timer(fn, repeat)
+        out.append({"stage": stage, "model": name, "T": T, "us": med, "us_min": best})
+    except Exception as e:  # recorded in the JSON, the run goes on
+        out.append({"stage": stage, "model": name, "T": T, "error": str(e)[:300]})
+
+
+def run_model(name, spec, repeat, out, stages_wanted, tokens, compile_stages, device):
     E, k, d, family = spec
-    dev = torch.device("cuda")
+    dev = torch.device(device)
     gen = torch.Generator(device=dev).manual_seed(1)
     bias = torch.zeros(E, device=dev)
-    compiled = compiled_router(out, name) if compile_router else None
+    compiled = compiled_stages(out, name, stages_wanted) if compile_stages else {}
     for T in tokens:
         logits = torch.randn(T, E, generator=gen, device=dev).to(torch.bfloat16)
         x = torch.randn(T, d, generator=gen, device=dev).to(torch.bfloat16)
@@ -168,10 +195,12 @@ def run_model(name, spec, repeat, out, stages_wanted, tokens, compile_router):
             keep, probs = dispatch(ids, w, E, C)
             tok, counts = layout(keep)
             xe = permute(x, tok)
+            args = {"gating": (logits, k, family, bias), "losses": (logits, ids, lse, E, k),
+                    "dispatch": (ids, w, E, C), "layout": (keep,)}
             stages = {
-                "gating": lambda: gate(logits, k, family, bias),
-                "losses": lambda: losses(logits, ids, lse, E, k),
-                "dispatch": lambda: dispatch(ids, w, E, C),
+                "gating": lambda: gate(*args["gating"]),
+                "losses": lambda: losses(*args["losses"]),
+                "dispatch": lambda: dispatch(*args["dispatch"]),
                 "layout": lambda: layout(keep),
                 "permute": lambda: permute(x, tok),
                 "combine": lambda: combine(xe, probs, keep, tok, T),
@@ -179,37 +208,29 @@ def run_model(name, spec, repeat, out, stages_wanted, tokens, compile_router):
                 .index_add_(0, tok, xe),
             }
             for stage, fn in stages.items():
-                if stage not in stages_wanted:
-                    continue
-                med, best = time_us(fn, repeat)
-                out.append({"stage": stage, "model": name, "T": T, "us": med, "us_min": best})
-            routers = {"gating_graph": lambda: gate(logits, k, family, bias)}
-            if compiled is not None:
-                routers["gating_compiled"] = lambda: compiled(logits, k, family, bias)
-                routers["gating_compiled_graph"] = routers["gating_compiled"]
-            for stage, fn in routers.items() if "gating" in stages_wanted else ():
-                try:
-                    timer = time_graph_us if stage.endswith("_graph") else time_us
-                    med, best = timer(fn, repeat)
-                    out.append({"stage": stage, "model": name, "T": T, "us": med, "us_min": best})
-                except Exception as e:  # a compile or capture torch refuses: recorded
-                    out.append({"stage": stage, "model": name, "T": T, "error": str(e)[:300]})
+                if stage in stages_wanted:
+                    timed(out, stage, name, T, time_us, fn, repeat)
+            for stage, cfn in compiled.items():
+                if stage in stages_wanted:
+                    timed(out, f"{stage}_compiled", name, T, time_us,
+                          lambda cfn=cfn, a=args[stage]: cfn(*a), repeat)
+            if "gating" in stages_wanted:
+                timed(out, "gating_graph", name, T, time_graph_us, stages["gating"], repeat)
+                if "gating" in compiled:
+                    timed(out, "gating_compiled_graph", name, T, time_graph_us,
+                          lambda: compiled["gating"](*args["gating"]), repeat)
 
-            def route():
-                w_, ids_, lse_ = gate(logits, k, family, bias)
-                losses(logits, ids_, lse_, E, k)
-                dispatch(ids_, w_, E, C)
+            def route(f):
+                w_, ids_, lse_ = f["gating"](logits, k, family, bias)
+                f["losses"](logits, ids_, lse_, E, k)
+                f["dispatch"](ids_, w_, E, C)
 
-            try:
-                if "route_graph" not in stages_wanted:
-                    raise LookupError
-                med, best = time_graph_us(route, repeat)
-                out.append({"stage": "route_graph", "model": name, "T": T, "us": med,
-                            "us_min": best})
-            except LookupError:  # not asked for
-                pass
-            except RuntimeError as e:  # a capture torch refuses: recorded, not fatal
-                out.append({"stage": "route_graph", "model": name, "T": T, "error": str(e)})
+            if "route_graph" in stages_wanted:
+                timed(out, "route_graph", name, T, time_graph_us, lambda: route(COMPILED_STAGES),
+                      repeat)
+                if compiled:
+                    timed(out, "route_compiled_graph", name, T, time_graph_us,
+                          lambda: route(compiled), repeat)
         if "gating_backward" not in stages_wanted:
             print(f"torch_gpu_baseline: {name} T={T} done", file=sys.stderr, flush=True)
             continue
@@ -218,10 +239,11 @@ def run_model(name, spec, repeat, out, stages_wanted, tokens, compile_router):
         w_, ids_, lse_ = gate(lg, k, family, bias)
         aux, z = losses(lg, ids_, lse_, E, k)
         total = (w_ * torch.randn_like(w_)).sum() + 1e-2 * aux + 1e-3 * z
-        med, best = time_us(lambda: torch.autograd.grad(total, lg, retain_graph=True), repeat)
-        out.append({"stage": "gating_backward", "model": name, "T": T, "us": med, "us_min": best})
+        timed(out, "gating_backward", name, T, time_us,
+              lambda: torch.autograd.grad(total, lg, retain_graph=True), repeat)
         del lg, w_, total
-        torch.cuda.empty_cache()
+        if torch.cuda.is_available():
+            torch.cuda.empty_cache()
         print(f"torch_gpu_baseline: {name} T={T} done", file=sys.stderr, flush=True)
 
 
@@ -242,7 +264,11 @@ OURS = {
 
 # torch's stages the table sets against one of ours: the faster of eager and compiled
 FASTEST_OF = {"gating": ("gating", "gating_compiled"),
-              "gating_graph": ("gating_graph", "gating_compiled_graph")}
+              "gating_graph": ("gating_graph", "gating_compiled_graph"),
+              "losses": ("losses", "losses_compiled"),
+              "dispatch": ("dispatch", "dispatch_compiled"),
+              "layout": ("layout", "layout_compiled"),
+              "route_graph": ("route_graph", "route_compiled_graph")}
 
 
 def fastest_torch(rows):
@@ -296,22 +322,26 @@ def main():
                          "combine, permute_backward, route_graph, gating_backward) or all")
     ap.add_argument("--tokens", default=",".join(map(str, TOKENS)), help="token counts")
     ap.add_argument("--compile", action="store_true",
-                    help="also time torch.compile of each router (eager and under graph replay)")
+                    help="also time torch.compile of gating, losses, dispatch and layout (the "
+                         "router also under graph replay, and the route's graph of them)")
+    ap.add_argument("--device", default="cuda",
+                    help="cuda, or cpu for a dry run of the script without a GPU (wall-clock "
+                         "times, no graph stages: those rows record the error)")
     a = ap.parse_args()
     stages = set(ALL_STAGES) if a.stages == "all" else set(a.stages.split(","))
     unknown = stages - set(ALL_STAGES)
     if unknown:
         ap.error(f"unknown --stages {sorted(unknown)}")
-    if not torch.cuda.is_available():
+    if a.device == "cuda" and not torch.cuda.is_available():
         print("torch_gpu_baseline.py: no CUDA device", file=sys.stderr)
         sys.exit(77)
     rows = []
     for name in a.models.split(","):
         run_model(name, {**MODELS, **WIDE}[name], a.repeat, rows, stages,
-                  [int(t) for t in a.tokens.split(",")], a.compile)
+                  [int(t) for t in a.tokens.split(",")], a.compile, a.device)
     with open(a.out, "w") as f:
         meta = {"tool": "torch_gpu_baseline", "torch": torch.__version__,
-                "gpu": torch.cuda.get_device_name(0)}
+                "gpu": torch.cuda.get_device_name(0) if a.device == "cuda" else a.device}
         f.write(json.dumps(meta) + "\n")
         for r in rows:
             f.write(json.dumps(r) + "\n")
