@@ -87,13 +87,19 @@ __global__ void __launch_bounds__(Threads)
   const std::int64_t E = s.experts, per_group = d.slabs * d.chunks;
   std::int32_t* counts = s.scratch.d_tile_counts;
   std::int32_t* totals = s.scratch.d_seg;
+  constexpr int batch = 16;  // loads in flight: one at a time, the scan is 256 L2 latencies
   for (std::int64_t g = threadIdx.x; g < s.groups * E; g += Threads) {
-    const std::int64_t q = g / E, e = g - q * E;
+    const std::int64_t q = g / E, e = g - q * E, end = (q + 1) * per_group;
     std::int32_t running = 0;
-    for (std::int64_t i = q * per_group; i < (q + 1) * per_group; ++i) {
-      const std::int32_t c = counts[i * E + e];
-      counts[i * E + e] = running;
-      running += c;
+    for (std::int64_t i0 = q * per_group; i0 < end; i0 += batch) {
+      std::int32_t c[batch];
+#pragma unroll
+      for (int u = 0; u < batch; ++u) c[u] = i0 + u < end ? counts[(i0 + u) * E + e] : 0;
+#pragma unroll
+      for (int u = 0; u < batch; ++u) {
+        if (i0 + u < end) counts[(i0 + u) * E + e] = running;
+        running += c[u];
+      }
     }
     totals[g] = running;
   }
