@@ -105,7 +105,7 @@ class dispatch_run {
     if (cfg.gating.second_expert.policy != second_expert_policy::random)
       s_.gated.d_second_skipped = nullptr;
     // every kernel after the check reads the tokens it found real and well-formed
-    valid_in_ = p.d_valid;
+    s_.given_valid = p.d_valid;
     s_.valid = w.d_usable;
     s_.token_count = p.d_token_count;
     s_.out = p.out;
@@ -122,24 +122,18 @@ class dispatch_run {
                   kernels::dispatch_one_block_kernel<kernels::one_block_threads>,
                   {1, kernels::one_block_threads,
                    kernels::one_block_shared_bytes(s_.experts, s_.total_experts)},
-                  stream_, s_, tiles_, valid_in_, cfg_.dispatch.prio == priority::batch_prioritized,
+                  stream_, s_, tiles_, cfg_.dispatch.prio == priority::batch_prioritized,
                   capacity_rule(), g.renorm == renormalize::after_drop, g.scaling_factor);
   }
 
-  /// Zeroes the accumulated counters, checks the ids, then grants the first C of each (group,
-  /// expert): by counting where the priority order is the assignment order, else by the key sort.
+  /// Checks the ids (and zeroes the counters later kernels add to: no memset), then grants the
+  /// first C of each (group, expert): by counting where the priority order is the assignment
+  /// order, else by the key sort.
   [[nodiscard]] status grant() {
-    const dispatch_result& o = s_.out;
-    const auto E = static_cast<std::size_t>(s_.experts),
-               ET = static_cast<std::size_t>(s_.total_experts);
-    for (auto [ptr, bytes, what] : {zero_item{o.d_kept, E * 8, "d_kept"},
-                                    {o.d_rerouted, E * 8, "d_rerouted"},
-                                    {o.d_dropped, E * 8, "d_dropped"},
-                                    {o.d_received, ET * 8, "d_received"},
-                                    {o.d_totals, sizeof(dispatch_totals), "d_totals"}})
-      if (auto s = from_cuda(cudaMemsetAsync(ptr, 0, bytes, stream_), what); !s) return s;
-    if (auto s = run("dispatch_check_kernel", kernels::dispatch_check_kernel<threads>, s_.tokens,
-                     valid_in_, cfg_.dispatch.prio == priority::batch_prioritized);
+    // the check kernel's grid covers the counters too (ET of them)
+    if (auto s = run("dispatch_check_kernel", kernels::dispatch_check_kernel<threads>,
+                     s_.tokens > s_.total_experts ? s_.tokens : s_.total_experts,
+                     cfg_.dispatch.prio == priority::batch_prioritized);
         !s)
       return s;
     return tiles_.counting() ? grant_by_counts() : grant_by_sort();
@@ -316,12 +310,6 @@ class dispatch_run {
                sorted_vals_, key_bits_);
   }
 
-  struct zero_item {
-    void* ptr;
-    std::size_t bytes;
-    const char* what;
-  };
-
   /// A grid-stride kernel over `items` items, with the state as its first argument.
   template <class... Params, class... Args>
   [[nodiscard]] status run(const char* name, void (*kernel)(Params...), std::int64_t items,
@@ -376,7 +364,6 @@ class dispatch_run {
   cudaStream_t stream_;
   dispatch_tiling tiles_;
   kernels::dispatch_state s_{};
-  const std::uint8_t* valid_in_ = nullptr;  // the caller's d_valid (null: all real)
   int key_bits_ = 32;
   int group_bits_ = 0;
   const std::uint64_t* sorted_keys_ = nullptr;

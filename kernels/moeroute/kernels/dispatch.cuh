@@ -37,6 +37,7 @@ struct dispatch_state {
   const std::uint8_t* valid = nullptr;  ///< [T] or null
   /// [1] or null: tokens [*token_count, T) are padding (a count only the device knows)
   const std::int64_t* token_count = nullptr;
+  const std::uint8_t* given_valid = nullptr;  ///< the caller's [T] validity (null: all real)
   dispatch_result out{};
   dispatch_scratch scratch{};
 };
@@ -127,10 +128,15 @@ __device__ inline std::int64_t granted_count(std::int64_t cap, std::int64_t load
 
 namespace dispatch_detail {
 
+/// A real token by the caller's validity and token count (before the checks).
+__device__ inline bool given_real(const dispatch_state& s, std::int64_t t) {
+  return (s.given_valid == nullptr || s.given_valid[t] != 0) &&
+         (s.token_count == nullptr || t < *s.token_count);
+}
+
 /// Checks token t (see dispatch_check_kernel), writes d_usable[t], and returns 1 for a real
 /// token that is malformed.
-__device__ inline int check_token(const dispatch_state& s, std::int64_t t,
-                                  const std::uint8_t* d_valid, bool priority_read) {
+__device__ inline int check_token(const dispatch_state& s, std::int64_t t, bool priority_read) {
   const std::int32_t k = s.k, reroute = s.reroute;
   const auto candidate = [&](std::int32_t i) {
     return i < k ? s.gated.d_ids[t * k + i] : s.gated.d_reroute_ids[t * reroute + (i - k)];
@@ -143,8 +149,7 @@ __device__ inline int check_token(const dispatch_state& s, std::int64_t t,
   }
   for (std::int32_t j = 0; j < k; ++j) ok = ok && isfinite(s.gated.d_gates[t * k + j]);
   if (priority_read) ok = ok && isfinite(s.gated.d_token_priority[t]);
-  const bool real =
-      (d_valid == nullptr || d_valid[t] != 0) && (s.token_count == nullptr || t < *s.token_count);
+  const bool real = given_real(s, t);
   s.scratch.d_usable[t] = real && ok ? 1 : 0;
   return real && !ok ? 1 : 0;
 }
@@ -154,21 +159,22 @@ __device__ inline int check_token(const dispatch_state& s, std::int64_t t,
 /// The host backends' checks of dispatch's inputs, on the device: a real token whose ids leave
 /// [0, E) or repeat among its k ids and R reroute candidates, or whose gates (or batch
 /// priority, when read) are not finite, is masked for the rest of dispatch — no later kernel
-/// indexes with its ids — and counted in totals.invalid_tokens (the totals are zeroed
-/// before). d_usable[t] = real and well-formed: the validity every later kernel reads.
+/// indexes with its ids — and counted in totals.invalid_tokens (by the counts kernel, which
+/// finds it real and not usable). d_usable[t] = real and well-formed: the validity every later
+/// kernel reads. The first kernel of a call, it also zeroes the counters later kernels add to
+/// (per expert kept, rerouted, dropped, received; the totals): no memset before it.
 template <int Threads>
 __global__ void __launch_bounds__(Threads)
-    dispatch_check_kernel(const dispatch_state s, const std::uint8_t* __restrict__ d_valid,
-                          bool priority_read) {
+    dispatch_check_kernel(const dispatch_state s, bool priority_read) {
   using namespace dispatch_detail;
-  for (std::int64_t base = static_cast<std::int64_t>(blockIdx.x) * Threads; base < s.tokens;
-       base += grid_stride()) {
-    const std::int64_t t = base + threadIdx.x;
-    int bad = t < s.tokens ? check_token(s, t, d_valid, priority_read) : 0;
-    // one atomic per warp (the loop is warp-uniform: base steps by blocks)
-    bad = __reduce_add_sync(0xffffffffu, bad);
-    if ((threadIdx.x & 31) == 0 && bad) add_count(&s.out.d_totals->invalid_tokens, bad);
+  const dispatch_result& o = s.out;
+  for (std::int64_t e = global_id(); e < s.total_experts; e += grid_stride()) {
+    if (e < s.experts) o.d_kept[e] = o.d_rerouted[e] = o.d_dropped[e] = 0;
+    o.d_received[e] = 0;
   }
+  if (global_id() == 0) *o.d_totals = dispatch_totals{};
+  for (std::int64_t t = global_id(); t < s.tokens; t += grid_stride())
+    (void)check_token(s, t, priority_read);
 }
 
 // ----- grant: priority keys, capacity, the first C of each expert -------------------------
@@ -699,7 +705,8 @@ struct fate_tally {
   // shared memory).
   std::int32_t *kept = nullptr, *rerouted = nullptr, *dropped = nullptr, *skipped = nullptr,
                *received = nullptr;
-  int totals[4] = {0, 0, 0, 0};  // kept, rerouted, dropped, masked: this thread's
+  int totals[5] = {0, 0, 0, 0, 0};  // kept, rerouted, dropped, masked, invalid tokens: this
+                                    // thread's
 };
 
 /// Shared-memory bytes of a block's tallies (dispatch_stats_kernel's dynamic shared memory).
@@ -736,9 +743,12 @@ __device__ inline void bump(std::int32_t* shared, std::int64_t* global, std::int
   }
 }
 
-/// Counts the final fate of assignment a (integer atomics: order-independent).
+/// Counts the final fate of assignment a, and at a token's first choice a real token the
+/// checks masked (integer atomics: order-independent).
 __device__ inline void tally(const dispatch_state& s, fate_tally& t, std::int64_t a) {
   const dispatch_result& o = s.out;
+  const std::int64_t token = token_of(s, a);
+  if (a == token * s.k && given_real(s, token) && !token_valid(s, token)) ++t.totals[4];
   const fate f = o.d_fate[a];
   const std::int32_t e = s.gated.d_ids[a];
   if (f == fate::kept) {
@@ -761,11 +771,13 @@ __device__ inline void tally(const dispatch_state& s, fate_tally& t, std::int64_
 /// per warp for the totals. Block-wide, every thread of the block; syncs first.
 __device__ inline void end_tally(const dispatch_state& s, fate_tally& t, int threads) {
   const dispatch_result& o = s.out;
-  for (int i = 0; i < 4; ++i) t.totals[i] = __reduce_add_sync(0xffffffffu, t.totals[i]);
+#pragma unroll
+  for (int i = 0; i < 5; ++i) t.totals[i] = __reduce_add_sync(0xffffffffu, t.totals[i]);
   if ((threadIdx.x & 31) == 0) {
-    std::int64_t* total[4] = {&o.d_totals->kept, &o.d_totals->rerouted, &o.d_totals->dropped,
-                              &o.d_totals->masked};
-    for (int i = 0; i < 4; ++i)
+    std::int64_t* total[5] = {&o.d_totals->kept, &o.d_totals->rerouted, &o.d_totals->dropped,
+                              &o.d_totals->masked, &o.d_totals->invalid_tokens};
+#pragma unroll
+    for (int i = 0; i < 5; ++i)
       if (t.totals[i]) add_count(total[i], t.totals[i]);
   }
   if (t.kept == nullptr) return;
@@ -783,7 +795,7 @@ __device__ inline void end_tally(const dispatch_state& s, fate_tally& t, int thr
 }  // namespace dispatch_detail
 
 /// Per-expert and total counts from the final fates, tallied per block in shared memory when
-/// `shared` (dynamic shared memory: fate_tally_bytes). Counters must be zeroed beforehand;
+/// `shared` (dynamic shared memory: fate_tally_bytes). The check kernel zeroed the counters;
 /// requested is written by the capacity kernel.
 template <int Threads>
 __global__ void __launch_bounds__(Threads)

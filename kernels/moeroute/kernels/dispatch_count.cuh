@@ -32,11 +32,14 @@ struct tile_view {
 
   __device__ tile_view(const dispatch_state& s, const dispatch_tiling& d, std::int64_t i)
       : k(s.k), per_token(!d.choice_major) {
-    const std::int64_t per_group = d.slabs * d.chunks;
-    group = i / per_group;
-    slab = (i / d.chunks) % d.slabs;
+    // 32-bit divisions (tiles < T * k < 2^31): a 64-bit one is a called subroutine
+    const auto tile = static_cast<std::int32_t>(i), chunks = static_cast<std::int32_t>(d.chunks);
+    const auto per_group = static_cast<std::int32_t>(d.slabs) * chunks;
+    group = tile / per_group;
+    const std::int32_t in_group = tile - static_cast<std::int32_t>(group) * per_group;
+    slab = in_group / chunks;
     const std::int64_t group_end = (group + 1) * s.group_tokens;
-    first_token = group * s.group_tokens + (i % d.chunks) * d.chunk_tokens;
+    first_token = group * s.group_tokens + (in_group - slab * chunks) * d.chunk_tokens;
     const std::int64_t end =
         first_token + d.chunk_tokens < group_end ? first_token + d.chunk_tokens : group_end;
     size = (end - first_token) * (per_token ? k : 1);
@@ -240,46 +243,47 @@ inline constexpr std::int32_t one_block_max_experts = 256;
 /// Dynamic shared memory: one_block_shared_bytes.
 template <int Threads>
 __global__ void __launch_bounds__(Threads)
-    dispatch_one_block_kernel(const dispatch_state s, const dispatch_tiling d,
-                              const std::uint8_t* __restrict__ d_valid, bool priority_read,
+    dispatch_one_block_kernel(const dispatch_state s, const dispatch_tiling d, bool priority_read,
                               capacity_rule rule, bool after_drop, float scaling) {
   using namespace dispatch_detail;
   using namespace dispatch_count_detail;
   const std::int32_t E = s.experts;
   std::int32_t* smem = dynamic_shared<std::int32_t>();
-  rank_tables r = begin_ranks<Threads>(smem, E);
-  std::int32_t* tallies = smem + (Threads / 32 + 1) * E;
-  std::int32_t* sums = tallies + 4 * E + s.total_experts;  // kept, rerouted, dropped, masked, bad
-  fate_tally tl = begin_tally(s, tallies, Threads);
-  if (threadIdx.x < 5) sums[threadIdx.x] = 0;
-  for (std::int32_t e = threadIdx.x; e < E; e += Threads) r.base[e] = 0;
-  int bad = 0;
+  // (each table is set up where it is first needed: nothing stays live across the capacity's
+  // 64-bit divisions, which are calls, so nothing spills)
+  std::int32_t* requests = smem;  // [E], then rank_tables::base
+  for (std::int32_t e = threadIdx.x; e < E; e += Threads) requests[e] = 0;
   for (std::int64_t t = threadIdx.x; t < s.tokens; t += Threads)
-    bad += check_token(s, t, d_valid, priority_read);
+    (void)check_token(s, t, priority_read);
   __syncthreads();
   for (std::int64_t a = threadIdx.x; a < s.n; a += Threads) {
     const std::int32_t e = competing_expert(s, a);
-    if (e >= 0) atomicAdd(&r.base[e], 1);  // the requests; integer: order-free
+    if (e >= 0) atomicAdd(&requests[e], 1);  // integer: order-free
   }
   __syncthreads();
-  const std::int32_t* requests = r.base;
   grant_capacity<Threads>(s, rule, [requests](std::int64_t e) -> std::int64_t {
     return requests[e];  // one capacity group: segment e
   });
   __syncthreads();
+  rank_tables r = begin_ranks<Threads>(smem, E);
   for (std::int32_t e = threadIdx.x; e < E; e += Threads) r.base[e] = 0;
   __syncthreads();
   const std::int64_t C = s.out.d_totals->capacity;
   for (std::int64_t i = 0; i < d.tiles; ++i)
     grant_tile<Threads>(s, tile_view(s, d, i), r, C, false);
+  std::int32_t* tallies = smem + (Threads / 32 + 1) * E;
+  std::int32_t* sums = tallies + 4 * E + s.total_experts;  // fate_tally::totals, the block's
+  fate_tally tl = begin_tally(s, tallies, Threads);
+  if (threadIdx.x < 5) sums[threadIdx.x] = 0;
+  __syncthreads();
   for (std::int64_t t = threadIdx.x; t < s.tokens; t += Threads)
     token_weights(s, t, after_drop, scaling);
   for (std::int64_t a = threadIdx.x; a < s.n; a += Threads) tally(s, tl, a);
-  bad = __reduce_add_sync(0xffffffffu, bad);
-  for (int i = 0; i < 4; ++i) tl.totals[i] = __reduce_add_sync(0xffffffffu, tl.totals[i]);
+#pragma unroll
+  for (int i = 0; i < 5; ++i) tl.totals[i] = __reduce_add_sync(0xffffffffu, tl.totals[i]);
   if ((threadIdx.x & 31) == 0) {
-    for (int i = 0; i < 4; ++i) atomicAdd(&sums[i], tl.totals[i]);
-    atomicAdd(&sums[4], bad);
+#pragma unroll
+    for (int i = 0; i < 5; ++i) atomicAdd(&sums[i], tl.totals[i]);
   }
   __syncthreads();
   const dispatch_result& o = s.out;
