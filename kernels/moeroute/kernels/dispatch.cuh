@@ -1,10 +1,11 @@
 // SPDX-License-Identifier: Apache-2.0
-// Capacity assignment kernels (reference::dispatch on the GPU). Every ordering decision is a
-// stable radix sort of (group, priority key) pairs whose input is in assignment order, so ties
-// fall to the lower assignment index a = t * k + j (lower token, then lower rank), exactly as
-// the CPU reference's stable_sort. Ranks inside a sorted segment come from binary searches,
-// competitor ranks from an inclusive scan; the only atomics are integer counters whose final
-// value does not depend on the order they land in.
+// Capacity assignment kernels (reference::dispatch on the GPU). Every ordering decision other
+// than the counting grant's (token- and choice-major, dispatch_count.cuh) is a stable radix sort
+// of (group, priority key) pairs whose input is in assignment order, so ties fall to the lower
+// assignment index a = t * k + j (lower token, then lower rank), exactly as the CPU reference's
+// stable_sort. Ranks inside a sorted segment come from binary searches, competitor ranks from
+// an inclusive scan; the only atomics are integer counters whose final value does not depend
+// on the order they land in.
 //
 // Every kernel takes the dispatch_state (shapes, inputs, outputs, scratch) by value, plus the
 // few values that change from launch to launch (the sorted arrays of the last sort, a target).
