@@ -92,16 +92,7 @@ struct cuda_stages {
     const auto ws = b.get<std::byte>("workspace");
     return cuda::gating(inference, p, ws.data(), ws.size(), s);
   }
-  status losses(cudaStream_t s) {
-    loss_params p;
-    p.tokens = tokens;
-    p.sums = b.gating_out().sums;
-    double* l = b.ptr<double>("losses");
-    p.d_aux_loss = l;
-    p.d_sequence_aux_loss = b.config().loss.sequence_length > 0 ? l + 1 : nullptr;
-    p.d_z_loss = l + 2;
-    return cuda::losses(b.config(), p, s);
-  }
+  status losses(cudaStream_t s) { return cuda::losses(b.config(), b.loss_params_for(tokens), s); }
   status dispatch(cudaStream_t s) {
     dispatch_params p;
     p.tokens = tokens;

@@ -143,6 +143,18 @@ class router_buffers {
     l.out = layout_out();
     return l;
   }
+  /// The losses params for a batch of `tokens`: the gating sums and the three loss slots (aux,
+  /// sequence aux where the config has sequences, z).
+  [[nodiscard]] loss_params loss_params_for(std::int64_t tokens) const noexcept {
+    loss_params lp;
+    lp.tokens = tokens;
+    lp.sums = gating_out().sums;
+    double* losses = ptr<double>("losses");
+    lp.d_aux_loss = losses;
+    lp.d_sequence_aux_loss = cfg_.loss.sequence_length > 0 ? losses + 1 : nullptr;
+    lp.d_z_loss = losses + 2;
+    return lp;
+  }
 
   [[nodiscard]] const routing_config& config() const noexcept { return cfg_; }
   [[nodiscard]] std::int64_t max_tokens() const noexcept { return max_tokens_; }
@@ -285,18 +297,6 @@ class router_core {
   }
   [[nodiscard]] status check_routed(const char* op) const {
     return router_buffers::check_routed(op, routed_);
-  }
-  /// The losses call of a routed batch of `tokens`: the gating sums and the router's three
-  /// loss slots (aux, sequence aux where the config has sequences, z).
-  [[nodiscard]] loss_params loss_params_for(std::int64_t tokens) const noexcept {
-    loss_params lp;
-    lp.tokens = tokens;
-    lp.sums = b_.gating_out().sums;
-    double* losses = b_.ptr<double>("losses");
-    lp.d_aux_loss = losses;
-    lp.d_sequence_aux_loss = b_.config().loss.sequence_length > 0 ? losses + 1 : nullptr;
-    lp.d_z_loss = losses + 2;
-    return lp;
   }
   /// op needs the loss sums, which a router built with options.losses = false does not keep.
   [[nodiscard]] status check_losses_kept(const char* op) const {

@@ -112,7 +112,7 @@ class router : public router_core {
     if (auto s = cpu::dispatch(cfg, d, ws.data(), ws.size(), ex); !s) return s;
     if (auto s = cpu::layout(cfg, b_.layout_params_for(T, d.out), ex); !s) return s;
     if (b_.options().losses)  // (the inference path computes none)
-      if (auto s = cpu::losses(cfg, loss_params_for(T), ex); !s) return s;
+      if (auto s = cpu::losses(cfg, b_.loss_params_for(T), ex); !s) return s;
     routed_ = true;
     return status::success();
   }

@@ -174,7 +174,7 @@ class router : public router_core {
     if (auto s = cuda::dispatch(cfg, d, ws.data(), ws.size(), stream); !s) return s;
     if (auto s = cuda::layout(cfg, b_.layout_params_for(tokens, d.out), stream); !s) return s;
     if (b_.options().losses)  // (the inference path computes none)
-      if (auto s = cuda::losses(cfg, loss_params_for(tokens), stream); !s) return s;
+      if (auto s = cuda::losses(cfg, b_.loss_params_for(tokens), stream); !s) return s;
     routed_ = true;
     return status::success();
   }
