@@ -46,6 +46,16 @@ namespace detail {
   }
 }
 
+/// next_choice with candidates to try (R > 0): without any, it drops as zero_weight does.
+[[nodiscard]] inline bool reroutes_next_choice(const routing_config& cfg) {
+  return cfg.dispatch.dropped == drop_policy::next_choice && cfg.candidates_per_token() > cfg.top_k;
+}
+
+/// A dropped assignment may be rerouted: the reroute order is built, slots appended after C.
+[[nodiscard]] inline bool reroutes(const routing_config& cfg) {
+  return cfg.dispatch.dropped == drop_policy::fallback || reroutes_next_choice(cfg);
+}
+
 /// Bits of the capacity group index in the reroute-order sort (0 without groups).
 [[nodiscard]] inline int dispatch_group_bits(const routing_config& cfg, std::int64_t tokens) {
   const std::int64_t groups = cfg.capacity_groups(tokens);
@@ -284,11 +294,10 @@ class dispatch_run {
                         {1, threads, 0}, stream_, s_, tiles_, capacity_rule());
         !s)
       return s;
-    const drop_policy policy = cfg_.dispatch.dropped;
-    const bool reroutes = policy == drop_policy::fallback || policy == drop_policy::next_choice;
+    // the priority keys are read only by the reroute order's sort
     return launch("count_grant_kernel", kernels::count_grant_kernel<threads>,
                   {grid, threads, kernels::count_grant_shared_bytes(threads, s_.experts)}, stream_,
-                  s_, tiles_, reroutes);
+                  s_, tiles_, reroutes(cfg_));
   }
 
   /// Every other priority: keys, the grant sort, segment starts, capacity, the first C.
@@ -375,12 +384,9 @@ class dispatch_run {
 /// expert count within the one-block kernel's bounds.
 [[nodiscard]] inline bool dispatch_in_one_block(const routing_config& cfg, std::int64_t tokens,
                                                 const dispatch_tiling& tiles) {
-  const drop_policy policy = cfg.dispatch.dropped;
-  const bool reroutes = policy == drop_policy::fallback || (policy == drop_policy::next_choice &&
-                                                            cfg.candidates_per_token() > cfg.top_k);
   const bool slots_granted =
       cfg.dispatch.slots == slot_order::priority || cfg.dispatch.prio == priority::token_major;
-  return tiles.counting() && cfg.capacity_groups(tokens) == 1 && !reroutes && slots_granted &&
+  return tiles.counting() && cfg.capacity_groups(tokens) == 1 && !reroutes(cfg) && slots_granted &&
          tokens * cfg.top_k <= kernels::one_block_max_assignments &&
          cfg.num_experts <= kernels::one_block_max_experts;
 }
@@ -422,20 +428,17 @@ class dispatch_run {
   if (detail::dispatch_in_one_block(cfg, p.tokens, tiles)) return run.one_block();
 
   if (auto s = run.grant(); !s) return s;
-  const drop_policy policy = cfg.dispatch.dropped;
-  const bool next_choice =
-      policy == drop_policy::next_choice && cfg.candidates_per_token() > cfg.top_k;
-  const bool reroutes = policy == drop_policy::fallback || next_choice;
-  if (reroutes)
+  const bool rerouted = detail::reroutes(cfg);
+  if (rerouted)
     if (auto s = run.pending_order(); !s) return s;
-  if (policy == drop_policy::fallback)
+  if (cfg.dispatch.dropped == drop_policy::fallback)
     if (auto s = run.fallback(); !s) return s;
-  if (next_choice)
+  if (detail::reroutes_next_choice(cfg))
     if (auto s = run.next_choice(); !s) return s;
   // token-major grants each expert's slots in token order already; only a reroute, which
   // appends slots in reroute order, needs them renumbered
   const bool renumber = cfg.dispatch.slots == slot_order::token_index &&
-                        (reroutes || cfg.dispatch.prio != priority::token_major);
+                        (rerouted || cfg.dispatch.prio != priority::token_major);
   if (renumber) {
     if (auto s = run.renumber(); !s) return s;
   } else if (cfg.capacity_groups(p.tokens) > 1) {

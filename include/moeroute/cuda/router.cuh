@@ -140,11 +140,8 @@ class router : public router_core {
                                   cudaStream_t stream) {
     const routing_config& cfg = b_.config();
     if (auto s = b_.check_tokens("route", tokens); !s) return s;
-    if (d_count != nullptr && cfg.capacity.group_tokens > 0)
-      return status::make(status_code::invalid_argument,
-                          "route: a device token count with capacity.group_tokens = " +
-                              std::to_string(cfg.capacity.group_tokens) +
-                              " (capacity groups need the count on the host)");
+    // before anything runs (dispatch, after gating, would refuse the same)
+    if (auto s = check_token_count(cfg, d_count != nullptr); !s) return s;
     begin_batch(tokens);
     if (d_count != nullptr && tokens > 0) {  // padding rows out of every stage
       std::uint8_t* mask = b_.ptr<std::uint8_t>("token_mask");

@@ -35,16 +35,22 @@ struct dispatch_params {
   dispatch_result out{};
 };
 
+/// @brief A token count held in memory (d_token_count, or the CUDA router's device_tokens)
+///        needs one capacity group: the groups' sizes come from T on the host.
+[[nodiscard]] inline status check_token_count(const routing_config& cfg, bool counted) {
+  if (!counted || cfg.capacity.group_tokens <= 0) return status::success();
+  return status::make(
+      status_code::invalid_argument,
+      "d_token_count with capacity.group_tokens = " + std::to_string(cfg.capacity.group_tokens) +
+          ": capacity groups need the token count on the host (pass T)");
+}
+
 /// @brief Checks config, shapes and pointers; names the first bad field. Every backend's validate()
 /// runs this first.
 [[nodiscard]] inline status check_params(const routing_config& cfg, const dispatch_params& p) {
   if (auto s = param_checks::validate_extents(cfg, p.tokens); !s) return s;
   if (p.tokens == 0) return status::success();
-  if (p.d_token_count != nullptr && cfg.capacity.group_tokens > 0)
-    return status::make(
-        status_code::invalid_argument,
-        "d_token_count with capacity.group_tokens = " + std::to_string(cfg.capacity.group_tokens) +
-            ": capacity groups need the token count on the host (pass T)");
+  if (auto s = check_token_count(cfg, p.d_token_count != nullptr); !s) return s;
   if (cfg.dispatch.prio == priority::batch_prioritized)
     if (auto s = param_checks::require_pointers(
             "with dispatch.prio = batch_prioritized",

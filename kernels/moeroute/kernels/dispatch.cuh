@@ -135,9 +135,8 @@ __device__ inline bool given_real(const dispatch_state& s, std::int64_t t) {
          (s.token_count == nullptr || t < *s.token_count);
 }
 
-/// Checks token t (see dispatch_check_kernel), writes d_usable[t], and returns 1 for a real
-/// token that is malformed.
-__device__ inline int check_token(const dispatch_state& s, std::int64_t t, bool priority_read) {
+/// Checks token t (see dispatch_check_kernel) and writes d_usable[t].
+__device__ inline void check_token(const dispatch_state& s, std::int64_t t, bool priority_read) {
   const std::int32_t k = s.k, reroute = s.reroute;
   const auto candidate = [&](std::int32_t i) {
     return i < k ? s.gated.d_ids[t * k + i] : s.gated.d_reroute_ids[t * reroute + (i - k)];
@@ -150,9 +149,7 @@ __device__ inline int check_token(const dispatch_state& s, std::int64_t t, bool 
   }
   for (std::int32_t j = 0; j < k; ++j) ok = ok && isfinite(s.gated.d_gates[t * k + j]);
   if (priority_read) ok = ok && isfinite(s.gated.d_token_priority[t]);
-  const bool real = given_real(s, t);
-  s.scratch.d_usable[t] = real && ok ? 1 : 0;
-  return real && !ok ? 1 : 0;
+  s.scratch.d_usable[t] = given_real(s, t) && ok ? 1 : 0;
 }
 
 }  // namespace dispatch_detail
@@ -175,7 +172,7 @@ __global__ void __launch_bounds__(Threads)
   }
   if (global_id() == 0) *o.d_totals = dispatch_totals{};
   for (std::int64_t t = global_id(); t < s.tokens; t += grid_stride())
-    (void)check_token(s, t, priority_read);
+    check_token(s, t, priority_read);
 }
 
 // ----- grant: priority keys, capacity, the first C of each expert -------------------------
@@ -744,12 +741,14 @@ __device__ inline void bump(std::int32_t* shared, std::int64_t* global, std::int
   }
 }
 
-/// Counts the final fate of assignment a, and at a token's first choice a real token the
-/// checks masked (integer atomics: order-independent).
+/// Counts token t if it is real but the checks masked it (totals.invalid_tokens).
+__device__ inline void tally_invalid(const dispatch_state& s, fate_tally& t, std::int64_t token) {
+  if (given_real(s, token) && !token_valid(s, token)) ++t.totals[4];
+}
+
+/// Counts the final fate of assignment a (integer atomics: order-independent).
 __device__ inline void tally(const dispatch_state& s, fate_tally& t, std::int64_t a) {
   const dispatch_result& o = s.out;
-  const std::int64_t token = token_of(s, a);
-  if (a == token * s.k && given_real(s, token) && !token_valid(s, token)) ++t.totals[4];
   const fate f = o.d_fate[a];
   const std::int32_t e = s.gated.d_ids[a];
   if (f == fate::kept) {
@@ -805,6 +804,8 @@ __global__ void __launch_bounds__(Threads)
   fate_tally t = begin_tally(s, shared ? dynamic_shared<std::int32_t>() : nullptr, Threads);
   __syncthreads();
   for (std::int64_t a = global_id(); a < s.n; a += grid_stride()) tally(s, t, a);
+  for (std::int64_t token = global_id(); token < s.tokens; token += grid_stride())
+    tally_invalid(s, t, token);
   end_tally(s, t, Threads);
 }
 

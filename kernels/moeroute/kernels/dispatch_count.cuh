@@ -253,8 +253,7 @@ __global__ void __launch_bounds__(Threads)
   // 64-bit divisions, which are calls, so nothing spills)
   std::int32_t* requests = smem;  // [E], then rank_tables::base
   for (std::int32_t e = threadIdx.x; e < E; e += Threads) requests[e] = 0;
-  for (std::int64_t t = threadIdx.x; t < s.tokens; t += Threads)
-    (void)check_token(s, t, priority_read);
+  for (std::int64_t t = threadIdx.x; t < s.tokens; t += Threads) check_token(s, t, priority_read);
   __syncthreads();
   for (std::int64_t a = threadIdx.x; a < s.n; a += Threads) {
     const std::int32_t e = competing_expert(s, a);
@@ -276,8 +275,10 @@ __global__ void __launch_bounds__(Threads)
   fate_tally tl = begin_tally(s, tallies, Threads);
   if (threadIdx.x < 5) sums[threadIdx.x] = 0;
   __syncthreads();
-  for (std::int64_t t = threadIdx.x; t < s.tokens; t += Threads)
+  for (std::int64_t t = threadIdx.x; t < s.tokens; t += Threads) {
     token_weights(s, t, after_drop, scaling);
+    tally_invalid(s, tl, t);
+  }
   for (std::int64_t a = threadIdx.x; a < s.n; a += Threads) tally(s, tl, a);
 #pragma unroll
   for (int i = 0; i < 5; ++i) tl.totals[i] = __reduce_add_sync(0xffffffffu, tl.totals[i]);
