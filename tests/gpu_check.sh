@@ -219,45 +219,40 @@ run_torch() {
     skip_step "$name" "no torch with CUDA"
   fi
 }
-# run_resources: the kernels' resource table (registers, spills, SASS size) from the bundle
-run_resources() {
+# what the short loop measures: the gating kernels (default) or the routing metadata (dispatch,
+# layout, the whole route under graph replay)
+case "${GPU_BENCH_FOCUS:-gating}" in
+  gating)
+    FOCUS=gating FOCUS_TESTS="[gating],[backward],[invariance]" FOCUS_BENCH='^cuda_gating'
+    FOCUS_TORCH=(--stages gating,gating_backward --tokens 1,16,128,16384
+      --models switch_base,mixtral_8x7b,deepseek_v3,qwen3_moe,olmoe,deepseek_v3_e384,qwen3_e512_k10) ;;
+  routing)
+    FOCUS=routing FOCUS_TESTS="[dispatch],[layout],[router]"
+    FOCUS_BENCH='^cuda_(dispatch|layout|route_graph|losses)'
+    FOCUS_TORCH=(--stages losses,dispatch,layout,route_graph --tokens 1,16,128,4096,16384
+      --models switch_base,mixtral_8x7b,deepseek_v3,qwen3_moe,olmoe) ;;
+  *) echo "GPU_BENCH_FOCUS=$GPU_BENCH_FOCUS: gating or routing" >&2; exit 2 ;;
+esac
+if [ "$DRY" = 1 ] && [ "$MODE" = bench ]; then
+  for s in "${FOCUS}_tests" "bench_$FOCUS" "torch_$FOCUS" kernel_resources; do
+    skip_step "$s" "dry run"
+  done
+elif [ "$MODE" = bench ]; then
+  TESTS="$BIN_TESTS/cuda_tests"
+  if [ -x "$TESTS" ]; then
+    run_step "${FOCUS}_tests" 90 "${RUN[@]}" "$TESTS" "$FOCUS_TESTS" --durations yes
+  else
+    skip_step "${FOCUS}_tests" "not built"
+  fi
+  run_bench "bench_$FOCUS" 60 --benchmark_filter="$FOCUS_BENCH"
+  run_torch "torch_$FOCUS" 120 "${FOCUS_TORCH[@]}" --compile --repeat 10
+  # the kernels' resource table (registers, spills, SASS size) from the bundle
   if [ -f "$RESOURCES/routing_kernels.log" ]; then
     run_step kernel_resources 30 python3 "$ROOT/bench/kernel_resources.py" \
       "$RESOURCES/routing_kernels.log" "$RESOURCES/routing_kernels.cubin"
   else
     skip_step kernel_resources "no resource report (routing_kernel_resources not built)"
   fi
-}
-FOCUS=${GPU_BENCH_FOCUS:-gating}
-case "$FOCUS" in gating | routing) ;; *) echo "GPU_BENCH_FOCUS=$FOCUS: gating or routing" >&2; exit 2 ;; esac
-if [ "$DRY" = 1 ] && [ "$MODE" = bench ]; then
-  for s in "${FOCUS}_tests" "bench_$FOCUS" "torch_$FOCUS" kernel_resources; do
-    skip_step "$s" "dry run"
-  done
-elif [ "$MODE" = bench ] && [ "$FOCUS" = routing ]; then
-  # the routing metadata (dispatch, layout, the whole route under graph replay)
-  TESTS="$BIN_TESTS/cuda_tests"
-  if [ -x "$TESTS" ]; then
-    run_step routing_tests 90 "${RUN[@]}" "$TESTS" "[dispatch],[layout],[router]" --durations yes
-  else
-    skip_step routing_tests "not built"
-  fi
-  run_bench bench_routing 60 --benchmark_filter='^cuda_(dispatch|layout|route_graph|losses)'
-  run_torch torch_routing 120 --stages losses,dispatch,layout,route_graph --tokens 1,16,128,4096,16384 \
-    --compile --repeat 10 --models switch_base,mixtral_8x7b,deepseek_v3,qwen3_moe,olmoe
-  run_resources
-elif [ "$MODE" = bench ]; then
-  TESTS="$BIN_TESTS/cuda_tests"
-  if [ -x "$TESTS" ]; then
-    run_step gating_tests 90 "${RUN[@]}" "$TESTS" "[gating],[backward],[invariance]" --durations yes
-  else
-    skip_step gating_tests "not built"
-  fi
-  run_bench bench_gating 60 --benchmark_filter='^cuda_gating'
-  run_torch torch_gating 120 --stages gating,gating_backward --tokens 1,16,128,16384 --compile \
-    --repeat 10 \
-    --models switch_base,mixtral_8x7b,deepseek_v3,qwen3_moe,olmoe,deepseek_v3_e384,qwen3_e512_k10
-  run_resources
 elif [ "$DRY" = 1 ]; then
   for s in cuda_tests examples ep_nccl_tests bench_kernels_cuda torch_baseline bench_ep_cuda \
     memcheck racecheck initcheck synccheck scale soak; do skip_step "$s" "dry run"; done

@@ -51,6 +51,17 @@ for step in gating_tests bench_gating torch_gating kernel_resources; do
     fail "bench mode lacks the skipped step $step: $(cat "$s")"
 done
 grep -q '"name":"memcheck"' "$s" && fail "bench mode ran a full-check step: $(cat "$s")"
+# ... and its routing focus (GPU_BENCH_FOCUS=routing) its own; an unknown focus exits 2
+GPU_CHECK_MODE=bench GPU_BENCH_FOCUS=routing GPU_CHECK_DRY_RUN=1 tests/gpu_check.sh "$work/outr" \
+  --prebuilt "$bundle" >"$work/log" 2>&1 || fail "routing dry run exited $? (log: $(cat "$work/log"))"
+s="$work/outr/summary.json"
+for step in routing_tests bench_routing torch_routing kernel_resources; do
+  grep -q "\"name\":\"$step\",\"rc\":-1,\"seconds\":0,\"status\":\"skipped\"" "$s" ||
+    fail "the routing focus lacks the skipped step $step: $(cat "$s")"
+done
+GPU_CHECK_MODE=bench GPU_BENCH_FOCUS=speed GPU_CHECK_DRY_RUN=1 tests/gpu_check.sh "$work/outf" \
+  --prebuilt "$bundle" >/dev/null 2>&1
+[ $? -eq 2 ] || fail "an unknown GPU_BENCH_FOCUS must exit 2"
 GPU_CHECK_MODE=fast tests/gpu_check.sh "$work/outc" --prebuilt "$bundle" >/dev/null 2>&1
 [ $? -eq 2 ] || fail "an unknown GPU_CHECK_MODE must exit 2"
 
