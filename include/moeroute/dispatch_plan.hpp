@@ -59,7 +59,7 @@ inline constexpr std::int32_t count_grant_max_experts = 1024;
     return d;
   const std::int64_t n = tokens * k;
   const std::int64_t per_tile =
-      std::int64_t{256} * ((n / 256 + 255) / 256);  // ceil(n/256) up to 256s
+      std::int64_t{256} * ((n / 256 + 255) / 256);  // n / 256, rounded up to 256s
   const std::int64_t tile = per_tile > 512 ? per_tile : 512;
   const std::int64_t group_tokens = tokens / groups;
   d.choice_major = choice_major;
