@@ -5,8 +5,9 @@
 // Each entry becomes one 64-bit key: the float's order in the high half and the complement of
 // its index in the low half. Keys are distinct and a larger key is exactly a better entry, so
 // selection is integer max / min in native vectors with no tie logic and no data-dependent
-// branch: n passes of "the largest key below the last one" (one pass of per-lane max / min for
-// n = 2), or a partial sort of keys for large n.
+// branch: n passes of "the largest key below the last one", or a partial sort of keys for large
+// n. n = 2 without a mask needs no keys: per-lane max / min of the floats, then the ids from
+// equality masks (top2_of_values).
 //
 // Where a vector compare yields a bit mask (AVX2, AVX-512), n of 3 to 16 first take a
 // threshold: the n-th largest of 16 lane maxima bounds the n-th best from below, so only the
@@ -155,31 +156,102 @@ inline void top2_below(const std::int64_t* keys, std::int32_t padded, std::int64
   top.result(out);
 }
 
-/// @brief The two best of v[0, size) (size >= 2, no mask) in one pass over the values, their
-///        keys made in registers (no key array: k = 2 routing reads each row once).
+/// Bit l set where lane l of x equals a (a compare-to-mask where the ISA has one).
+[[nodiscard]] inline std::uint32_t lanes_equal(const math::f32n& x, float a) noexcept {
+#if defined(__AVX512F__)
+  return _mm512_cmpeq_ps_mask(x, _mm512_set1_ps(a));
+#elif defined(__AVX2__)
+  return static_cast<std::uint32_t>(
+      _mm256_movemask_ps(_mm256_cmp_ps(x, _mm256_set1_ps(a), _CMP_EQ_OQ)));
+#else
+  std::uint32_t bits = 0;
+  for (std::int32_t l = 0; l < math::native_lanes; ++l) bits |= (x[l] == a ? 1u : 0u) << l;
+  return bits;
+#endif
+}
+
+/// Lane-wise min and max of values with no NaN: one instruction each (GCC makes the
+/// ?: form a compare and a blend).
+[[nodiscard]] inline math::f32n lanes_min(const math::f32n& a, const math::f32n& b) noexcept {
+#if defined(__AVX512F__)
+  return _mm512_min_ps(a, b);
+#elif defined(__AVX2__)
+  return _mm256_min_ps(a, b);
+#else
+  return a < b ? a : b;
+#endif
+}
+[[nodiscard]] inline math::f32n lanes_max(const math::f32n& a, const math::f32n& b) noexcept {
+#if defined(__AVX512F__)
+  return _mm512_max_ps(a, b);
+#elif defined(__AVX2__)
+  return _mm256_max_ps(a, b);
+#else
+  return a < b ? b : a;
+#endif
+}
+
+/// @brief The two best of v[0, size) (size >= 2, no mask, no NaN): k = 2 routing reads each
+///        row once for the values and once for the ids. The values first, as floats: each
+///        lane's largest and second largest (a max, a min and a max per register, where keys
+///        took compares and blends, and two registers per float register below AVX-512); then
+///        the lowest index holding the best and the lowest other index holding the second,
+///        from equality masks of 64 entries at a time (no branch on where they lie: rows of
+///        up to 64 are one block). Float order with -0 equal to +0 is the keys' order, so the
+///        ids are the keys' (math_test.cpp checks both against a stable sort).
 inline void top2_of_values(const float* v, std::int32_t size, std::int32_t* ids) noexcept {
-  using fk = float __attribute__((vector_size(4 * key_lanes)));
-  using ik = std::int32_t __attribute__((vector_size(4 * key_lanes)));
-  key_vec low = {};  // 2^32 - 1 - index, for the lanes of the chunk at 0
-  for (std::int32_t l = 0; l < key_lanes; ++l) low[l] = 0xffffffffLL - l;
-  lane_top2 top;
-  std::int32_t i = 0;
-  for (; i + key_lanes <= size; i += key_lanes) {
-    fk x;
+  using math::f32n;
+  constexpr std::int32_t W = math::native_lanes;
+  f32n m1 = f32n{} - std::numeric_limits<float>::infinity(), m2 = m1;  // lane l: the two
+  std::int32_t i = 0;                                                  // largest of i % W == l
+  for (; i + W <= size; i += W) {
+    f32n x;
     std::memcpy(&x, v + i, sizeof x);
-    const ik b = (ik)(x + 0.0f);  // -0 folded onto +0, then the bits (as key_of)
-    const ik ordered = b ^ ((b >> 31) & 0x7fffffff);
-    top.offer((__builtin_convertvector(ordered, key_vec) << 32) | (low - i));
+    const f32n lo = lanes_min(m1, x);
+    m1 = lanes_max(m1, x);
+    m2 = lanes_max(m2, lo);
   }
-  if (i < size) {  // the tail, padded with no_key
-    key_vec x = key_vec{} + no_key;
-    for (std::int32_t l = 0; i + l < size; ++l) x[l] = key_of(v[i + l], i + l);
-    top.offer(x);
+  float best = math::max_of_lanes(m1);
+  for (std::int32_t j = i; j < size; ++j) best = std::max(best, v[j]);
+  // the second: the best again when two lanes hold it, else the largest of the other lanes'
+  // largest, the best lane's second and the tail's entries but one holding the best
+  const std::int32_t best_lanes = std::popcount(lanes_equal(m1, best));
+  float second = math::max_of_lanes(m1 == best ? m2 : m1);
+  bool best_seen = best_lanes > 0;
+  for (std::int32_t j = i; j < size; ++j) {
+    if (v[j] == best && !best_seen) {
+      best_seen = true;
+      continue;
+    }
+    second = std::max(second, v[j]);
   }
-  std::int64_t best[2];
-  top.result(best);
-  ids[0] = index_of(best[0]);
-  ids[1] = index_of(best[1]);
+  if (best_lanes > 1) second = best;
+  // the ids (both are found by the last block): with the second equal to the best, the first
+  // two entries holding it
+  const bool tied = second == best;
+  std::int32_t first = -1, next = -1;
+  for (std::int32_t base = 0; first < 0 || next < 0; base += 64) {
+    std::uint64_t eq_best = 0, eq_second = 0;
+    const std::int32_t end = std::min(size, base + 64);
+    std::int32_t j = base;
+    for (; j + W <= end; j += W) {
+      f32n x;
+      std::memcpy(&x, v + j, sizeof x);
+      eq_best |= std::uint64_t{lanes_equal(x, best)} << (j - base);
+      eq_second |= std::uint64_t{lanes_equal(x, second)} << (j - base);
+    }
+    for (; j < end; ++j) {
+      eq_best |= std::uint64_t{v[j] == best} << (j - base);
+      eq_second |= std::uint64_t{v[j] == second} << (j - base);
+    }
+    if (first < 0 && eq_best != 0) {
+      first = base + std::countr_zero(eq_best);
+      if (tied) eq_second &= eq_second - 1;  // the entries after it
+    }
+    if (next < 0 && eq_second != 0) next = base + std::countr_zero(eq_second);
+  }
+  ids[0] = first;
+  ids[1] = next;
 }
 
 #if defined(__AVX512F__) || defined(__AVX2__)
