@@ -19,7 +19,7 @@ from typing import NamedTuple, Optional, Union
 import numpy as np
 import torch
 
-from . import _core
+from . import _arrays, _core
 from . import stages as _st
 from ._core import Config
 
@@ -74,6 +74,31 @@ def _numpy_view(t):
     return t.detach().numpy()
 
 
+_LOSSES = ("aux_loss", "sequence_aux_loss", "z_loss")
+
+
+def _route_host(logits, x, bias, valid, replay_ids, cfg, kind, block_size, replay_ratio):
+    """_route_impl's outputs from the one-call host route (numpy views in), each output
+    wrapped once: a small batch's cost is the objects a call makes (performance.md, "The
+    Python package")."""
+    _st._tokens_of(x, "logits")
+    if replay_ids is not None:
+        replay_ids = _arrays.as_int32(replay_ids, "replay_ids")
+    g, d, lay, lo = _core.route_host(cfg, x, bias, _arrays.as_mask(valid), kind, block_size,
+                                     False, replay_ids, float(replay_ratio), _threads())
+    f = torch.from_numpy
+    loss = np.float64 if logits.dtype == torch.float64 else np.float32
+    aux, seq, z = (f(np.array(lo[n][0], dtype=loss)) for n in _LOSSES)
+    empty = np.zeros(0, dtype=np.int64)
+    return (f(d["weight"]), aux, seq, z,
+            f(g["ids"]), f(g["gates"]), f(d["expert"]), f(d["slot"]), f(d["fate"]),
+            f(lay["row_token"]), f(lay["assignment_row"]), f(lay["num_rows"]),
+            f(lay["offsets"]), f(d["load"]), f(d["requested"]), f(g["aux_count"]),
+            f(g["valid_tokens"]), f(g["seq_count"] if "seq_count" in g else empty),
+            f(g["seq_tokens"] if "seq_tokens" in g else empty.copy()), f(d["totals"]),
+            f(g["replay_replaced"] if "replay_replaced" in g else np.zeros(1, np.int64)))
+
+
 def _route_impl(logits, bias, valid, replay_ids, config: str, kind: str, block_size: int,
                 replay_ratio: float):
     cfg = _config_of(config)
@@ -83,6 +108,8 @@ def _route_impl(logits, bias, valid, replay_ids, config: str, kind: str, block_s
     views = [_numpy_view(t) for t in inputs]
     if all(v is not None or t is None for v, t in zip(views, inputs)):
         inputs = views  # every input a host array numpy holds: the stages on numpy views
+        if not _core.emulated:
+            return _route_host(logits, *views, cfg, kind, block_size, replay_ratio)
     x, bias, valid, replay_ids = inputs
     r = _st.route(x, cfg, bias=bias, valid=valid, kind=kind, block_size=block_size,
                   replay_ids=replay_ids, replay_ratio=replay_ratio, threads=_threads())
@@ -457,11 +484,21 @@ def _constant_result(fn):
     return mark(fn) if mark is not None else fn
 
 
+_prepared_cache: dict = {}
+
+
 @_constant_result
 def _prepared(config, num_experts: int, layout: str):
-    """(config text, layout kind) of a routing call."""
-    cfg = _as_config(config, num_experts)
-    return _text_of(cfg), _st.layout_kind_for(cfg, layout)
+    """(config text, layout kind) of a routing call; kept for a config given as text or a name
+    (immutable, where a Config object may change between calls)."""
+    key = (config, num_experts, layout) if isinstance(config, str) else None
+    got = _prepared_cache.get(key) if key is not None else None
+    if got is None:
+        cfg = _as_config(config, num_experts)
+        got = (_text_of(cfg), _st.layout_kind_for(cfg, layout))
+        if key is not None:
+            _prepared_cache[key] = got
+    return got
 
 
 @_constant_result
