@@ -574,21 +574,25 @@ TEST_CASE("cpu selection of four rows side by side equals a stable sort per row"
 }
 #endif
 
-TEST_CASE("cpu row kernels' 16-column bf16 load and store equal the scalar conversions",
-          "[cpu][math]") {
-  // load16: every bf16 bit pattern widens to to_float's float
-  for (std::uint32_t hi = 0; hi < 65536; hi += 16) {
-    moeroute::bf16_bits in[16];
-    for (std::uint32_t l = 0; l < 16; ++l) in[l].bits = static_cast<std::uint16_t>(hi + l);
-    rows::f32x16 v;
-    rows::load16(in, v);
-    for (std::uint32_t l = 0; l < 16; ++l) {
+namespace {
+/// rows::load_lanes / store_lanes of L columns against dtype's to_float / to_bf16.
+template <int L>
+void check_bf16_lanes() {
+  using vec = typename rows::row_vec<L>::f;
+  INFO("columns " << L);
+  // load: every bf16 bit pattern widens to to_float's float
+  for (std::uint32_t hi = 0; hi < 65536; hi += L) {
+    moeroute::bf16_bits in[L];
+    for (std::uint32_t l = 0; l < L; ++l) in[l].bits = static_cast<std::uint16_t>(hi + l);
+    vec v;
+    rows::load_lanes<L>(in, v);
+    for (std::uint32_t l = 0; l < L; ++l) {
       const float want = moeroute::to_float(in[l]);
       INFO("bf16 bits " << hi + l);
       REQUIRE(std::bit_cast<std::uint32_t>(v[l]) == std::bit_cast<std::uint32_t>(want));
     }
   }
-  // store16: registers of floats around every bf16 value (the rounding boundary 0x8000, its
+  // store: registers of floats around every bf16 value (the rounding boundary 0x8000, its
   // neighbours, NaN payloads, infinities, overflow to inf) against dtype's to_bf16; every
   // fourth register mixes in subnormals and zeros (the AVX512-BF16 path's fallback), the
   // others hold none
@@ -598,9 +602,9 @@ TEST_CASE("cpu row kernels' 16-column bf16 load and store equal the scalar conve
   for (std::uint32_t hi = 0; hi < 65536; ++hi)
     for (const std::uint32_t lo : lows) {
       const std::uint32_t u = hi << 16 | lo;
-      rows::f32x16 v;
+      vec v;
       const bool mixed = (hi + lo) % 4 == 0;
-      for (std::int32_t l = 0; l < 16; ++l) {
+      for (std::int32_t l = 0; l < L; ++l) {
         std::uint32_t b =
             (u + static_cast<std::uint32_t>(l) * 0x10001u * static_cast<std::uint32_t>(rng() % 3)) ^
             (l % 2 == 1 ? 0x80000000u : 0u);
@@ -609,17 +613,25 @@ TEST_CASE("cpu row kernels' 16-column bf16 load and store equal the scalar conve
         v[l] = std::bit_cast<float>(b);
       }
       subnormal_registers += mixed ? 1 : 0;
-      moeroute::bf16_bits out[16];
-      rows::store16(v, out);
-      for (std::int32_t l = 0; l < 16; ++l) {
+      moeroute::bf16_bits out[L];
+      rows::store_lanes<L>(v, out);
+      for (std::int32_t l = 0; l < L; ++l) {
         const std::uint32_t b = std::bit_cast<std::uint32_t>(v[l]);
         INFO("float bits " << b);
         REQUIRE(out[l].bits == moeroute::to_bf16(v[l]).bits);
         ++checked;
       }
     }
-  CHECK(checked == 65536 * 6 * 16);
+  CHECK(checked == 65536 * 6 * L);
   CHECK(subnormal_registers > 90000);
+}
+}  // namespace
+
+TEST_CASE("cpu row kernels' bf16 load and store equal the scalar conversions", "[cpu][math]") {
+  // 16 columns (store16 / load16: the AVX-512 instructions where built for them, halves
+  // below) and the ISA's register, which the kernels take
+  check_bf16_lanes<16>();
+  if constexpr (rows::lanes != 16) check_bf16_lanes<rows::lanes>();
 }
 
 TEST_CASE("cpu row copy moves exactly the bytes asked for, at any size and alignment",

@@ -33,21 +33,22 @@ template <class Element>
 
 namespace detail {
 /// @brief Columns [c, c + 16 Q) of one token's output: y = 0 + w0 v0 + w1 v1 + ... over its
-///        `live` rows, in Q registers side by side (the reference's order and rounding), the
-///        next token's rows asked for along the way (rows::prefetch_along).
+///        `live` rows, in 16 Q / rows::lanes registers side by side (the reference's order and
+///        rounding), the next token's rows asked for along the way (rows::prefetch_along).
 template <std::int32_t Q, class Element>
 [[gnu::always_inline]] inline void combine_step(const Element* const* row_ptr, const float* wt,
                                                 std::int32_t live, const Element* const* next_ptr,
                                                 std::int32_t next, std::int64_t c, Element* y,
                                                 bool stream) noexcept {
+  constexpr std::int32_t L = rows::lanes, V = 16 * Q / L;  // registers a step
   for (std::int32_t j = 0; j < next; ++j)
-    for (std::int32_t q = 0; q < Q; ++q) rows::prefetch_along(next_ptr[j], c + 16 * q);
-  rows::f32x16 a[Q] = {}, x[Q];
+    for (std::int32_t v = 0; v < V; ++v) rows::prefetch_along(next_ptr[j], c + L * v);
+  rows::f32l a[V] = {}, x[V];
   for (std::int32_t j = 0; j < live; ++j) {
-    for (std::int32_t q = 0; q < Q; ++q) rows::load16(row_ptr[j] + c + 16 * q, x[q]);
-    for (std::int32_t q = 0; q < Q; ++q) a[q] += wt[j] * x[q];
+    for (std::int32_t v = 0; v < V; ++v) rows::load_lanes<L>(row_ptr[j] + c + L * v, x[v]);
+    for (std::int32_t v = 0; v < V; ++v) a[v] += wt[j] * x[v];
   }
-  for (std::int32_t q = 0; q < Q; ++q) rows::store16(a[q], y + c + 16 * q, stream);
+  for (std::int32_t v = 0; v < V; ++v) rows::store_lanes<L>(a[v], y + c + L * v, stream);
 }
 }  // namespace detail
 

@@ -86,13 +86,14 @@ template <class Element>
           const std::int32_t t_next = r + 1 < p.rows ? p.layout.d_row_token[r + 1] : -1;
           const Element* dy_next = p.d_dy + (t_next >= 0 ? t_next : 0) * d;
           if (t < 0 || k <= 32)
-            for (; c0 + 16 <= d; c0 += 16) {
-              if (t_next >= 0) rows::prefetch_along(dy_next, c0);
-              rows::f32x16 a = {}, x;
-              if (live > 0) rows::load16(p.d_dy + t * d + c0, x);
-              for (std::int32_t j = 0; j < live; ++j) a += wt[j] * x;
-              rows::store16(a, p.d_grad_expert_out + r * d + c0);
-            }
+            for (; c0 + 16 <= d; c0 += 16)
+              for (std::int64_t c = c0; c < c0 + 16; c += rows::lanes) {  // (registers)
+                if (t_next >= 0) rows::prefetch_along(dy_next, c);
+                rows::f32l a = {}, x;
+                if (live > 0) rows::load_lanes<rows::lanes>(p.d_dy + t * d + c, x);
+                for (std::int32_t j = 0; j < live; ++j) a += wt[j] * x;
+                rows::store_lanes<rows::lanes>(a, p.d_grad_expert_out + r * d + c);
+              }
         }
         for (; c0 < d; c0 += rows::tile) {
           const std::int64_t w = std::min(rows::tile, d - c0);
@@ -133,13 +134,20 @@ template <class Element>
             const std::int64_t next_a = a + 1 < p.tokens * k ? a + 1 : a;
             const std::int64_t next_row = p.layout.d_assignment_row[next_a];
             const Element* ahead = p.d_expert_out + (next_row >= 0 ? next_row : row) * d;
-            rows::f32x16 lanes = {}, g, x;
-            for (; c0 + 16 <= d; c0 += 16) {
-              rows::prefetch_along(ahead, c0);
-              rows::load16(p.d_dy + t * d + c0, g);
-              rows::load16(p.d_expert_out + row * d + c0, x);
-              lanes += g * x;
-            }
+            // (lane l of the 16 sums the columns c with c % 16 == l, held in registers of the
+            // ISA's width: the fold's order, and so its bits, do not depend on the ISA)
+            constexpr std::int32_t P = 16 / rows::lanes;
+            rows::f32l part[P] = {}, g, x;
+            for (; c0 + 16 <= d; c0 += 16)
+              for (std::int32_t q = 0; q < P; ++q) {
+                const std::int64_t c = c0 + q * rows::lanes;
+                rows::prefetch_along(ahead, c);
+                rows::load_lanes<rows::lanes>(p.d_dy + t * d + c, g);
+                rows::load_lanes<rows::lanes>(p.d_expert_out + row * d + c, x);
+                part[q] += g * x;
+              }
+            rows::f32x16 lanes;
+            std::memcpy(&lanes, part, sizeof lanes);
             total = math::fold_sum(lanes);
           }
           for (; c0 < d; c0 += rows::tile) {

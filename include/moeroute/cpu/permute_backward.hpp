@@ -70,16 +70,17 @@ template <class Element>
             if (const std::int64_t row = rows_of[k + j]; row >= 0)
               ahead[next++] = p.d_grad_buf + row * d;
         if (k <= 32)
-          for (; c0 + 16 <= d; c0 += 16) {
-            for (std::int32_t j = 0; j < next; ++j) rows::prefetch_along(ahead[j], c0);
-            rows::f32x16 a = {}, x;
-            if (p.accumulate) rows::load16(p.d_grad_x + t * d + c0, a);
-            for (std::int32_t j = 0; j < live; ++j) {
-              rows::load16(distinct[j] + c0, x);
-              a += x;
+          for (; c0 + 16 <= d; c0 += 16)
+            for (std::int64_t c = c0; c < c0 + 16; c += rows::lanes) {  // (registers)
+              for (std::int32_t j = 0; j < next; ++j) rows::prefetch_along(ahead[j], c);
+              rows::f32l a = {}, x;
+              if (p.accumulate) rows::load_lanes<rows::lanes>(p.d_grad_x + t * d + c, a);
+              for (std::int32_t j = 0; j < live; ++j) {
+                rows::load_lanes<rows::lanes>(distinct[j] + c, x);
+                a += x;
+              }
+              rows::store_lanes<rows::lanes>(a, p.d_grad_x + t * d + c);
             }
-            rows::store16(a, p.d_grad_x + t * d + c0);
-          }
       }
       for (; c0 < d; c0 += rows::tile) {
         const std::int64_t w = std::min(rows::tile, d - c0);

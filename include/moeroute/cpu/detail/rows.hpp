@@ -129,104 +129,169 @@ inline void store(const float* __restrict src, std::int64_t n, Element* __restri
   }
 }
 
-// 16 columns at a time in GCC / Clang generic vectors: bf16 and float rows loaded to float and
-// stored back with the same rounding as load() / store() above; bf16's widening and rounding
-// take AVX-512 / AVX512-BF16 instructions where the compiler targets them (same bits: the
-// "row kernels' 16-column bf16 load and store" test in tests/cpu/math_test.cpp).
-using f32x16 = float __attribute__((vector_size(64)));
-using u32x16 = std::uint32_t __attribute__((vector_size(64)));
-using u16x16 = std::uint16_t __attribute__((vector_size(32)));
+// L columns at a time in GCC / Clang generic vectors: bf16 and float rows loaded to float and
+// stored back with the same rounding as load() / store() above. The kernels take L = lanes,
+// the ISA's register (16 on AVX-512, 8 on AVX2, 4 on SSE2): GCC lowers a wider generic
+// vector to memory and a compare on one to scalar code, which ran combine at 3 GB/s on an
+// AVX2 machine. bf16's widening and rounding take AVX-512 / AVX512-BF16 instructions where the
+// compiler targets them (same bits: the "row kernels' bf16 load and store" test in
+// tests/cpu/math_test.cpp, at 16 columns and at lanes).
 
-/// Element types with a 16-column vector path.
+/// Vectors of L lanes: float (f), its bits (u), as signed (i), and bf16 bits (h).
+template <int L>
+struct row_vec;
+template <>
+struct row_vec<16> {
+  using f = float __attribute__((vector_size(64)));
+  using u = std::uint32_t __attribute__((vector_size(64)));
+  using i = std::int32_t __attribute__((vector_size(64)));
+  using h = std::uint16_t __attribute__((vector_size(32)));
+};
+template <>
+struct row_vec<8> {
+  using f = float __attribute__((vector_size(32)));
+  using u = std::uint32_t __attribute__((vector_size(32)));
+  using i = std::int32_t __attribute__((vector_size(32)));
+  using h = std::uint16_t __attribute__((vector_size(16)));
+};
+template <>
+struct row_vec<4> {
+  using f = float __attribute__((vector_size(16)));
+  using u = std::uint32_t __attribute__((vector_size(16)));
+  using i = std::int32_t __attribute__((vector_size(16)));
+  using h = std::uint16_t __attribute__((vector_size(8)));
+};
+
+/// The kernels' width: one register of floats.
+inline constexpr std::int32_t lanes = math::native_lanes;
+using f32l = row_vec<lanes>::f;
+using f32x16 = row_vec<16>::f;
+
+/// Element types with a vector path.
 template <class Element>
 inline constexpr bool has_vec16 =
     std::is_same_v<Element, float> || std::is_same_v<Element, bf16_bits>;
 
-/// r = float(src[0, 16))
-template <class Element>
-inline void load16(const Element* src, f32x16& r) noexcept {
+/// r = float(src[0, L))
+template <int L, class Element>
+inline void load_lanes(const Element* src, typename row_vec<L>::f& r) noexcept {
+  using V = row_vec<L>;
   if constexpr (std::is_same_v<Element, float>) {
     std::memcpy(&r, src, sizeof r);
   } else {
 #if defined(__AVX512F__)
-    // one widening load and a shift (GCC makes the generic conversion below two half-width
-    // widenings and an insert); the maskz forms: the plain ones trip GCC 12's
-    // -Wmaybe-uninitialized
-    r = (f32x16)_mm512_maskz_slli_epi32(
-        0xffff,
-        _mm512_maskz_cvtepu16_epi32(0xffff,
-                                    _mm256_loadu_si256(reinterpret_cast<const __m256i*>(src))),
-        16);
-#else
-    u16x16 h;
-    std::memcpy(&h, src, sizeof h);
-    r = (f32x16)(__builtin_convertvector(h, u32x16) << 16);
+    if constexpr (L == 16) {
+      // one widening load and a shift (GCC makes the generic conversion below two half-width
+      // widenings and an insert); the maskz forms: the plain ones trip GCC 12's
+      // -Wmaybe-uninitialized
+      r = (typename V::f)_mm512_maskz_slli_epi32(
+          0xffff,
+          _mm512_maskz_cvtepu16_epi32(0xffff,
+                                      _mm256_loadu_si256(reinterpret_cast<const __m256i*>(src))),
+          16);
+      return;
+    }
 #endif
+    typename V::h h;
+    std::memcpy(&h, src, sizeof h);
+    r = (typename V::f)(__builtin_convertvector(h, typename V::u) << 16);
   }
 }
+template <class Element>
+inline void load16(const Element* src, f32x16& r) noexcept {
+  load_lanes<16>(src, r);
+}
 
-/// Element(v) of 16 columns, as stored: float as is, bf16 rounded to nearest even (a NaN stays
+/// to_bf16_fast of each lane of float bits. The NaN test is a signed compare (the magnitude's
+/// bits are below 2^31; AVX2 has no unsigned compare, and GCC made one a lane at a time).
+template <int L>
+[[nodiscard]] inline typename row_vec<L>::h bf16_of_bits(const typename row_vec<L>::u& u) noexcept {
+  using V = row_vec<L>;
+  using U = typename V::u;
+  const U rounded = (u + 0x7FFFu + ((u >> 16) & 1u)) >> 16;
+  const U nan = (U)((typename V::i)(u & 0x7FFFFFFFu) > 0x7F800000);
+  const U bits = (nan & ((u >> 16) | 0x40u)) | (~nan & rounded);
+  return __builtin_convertvector(bits, typename V::h);
+}
+
+/// Element(v) of L columns, as stored: float as is, bf16 rounded to nearest even (a NaN stays
 /// a quiet NaN). (Results by reference: vectors by value would change the ABI per ISA.)
-template <class Element>
-using packed16 = std::conditional_t<std::is_same_v<Element, float>, f32x16, u16x16>;
-template <class Element>
-inline void pack16(const f32x16& v, packed16<Element>& out) noexcept {
+template <int L, class Element>
+using packed = std::conditional_t<std::is_same_v<Element, float>, typename row_vec<L>::f,
+                                  typename row_vec<L>::h>;
+template <int L, class Element>
+inline void pack_lanes(const typename row_vec<L>::f& v, packed<L, Element>& out) noexcept {
   if constexpr (std::is_same_v<Element, float>) {
     out = v;
   } else {
 #if defined(__AVX512BF16__) && defined(__AVX512VL__)
-    // vcvtneps2bf16 rounds to nearest even and keeps a NaN quiet as to_bf16_fast does (one
-    // instruction for the eleven below), but reads a subnormal input as zero: a register
-    // holding one (rare) takes the integer path
-    const __m512i b = (__m512i)v;
-    const __mmask16 subnormal =
-        _mm512_mask_test_epi32_mask(_mm512_testn_epi32_mask(b, _mm512_set1_epi32(0x7F800000)), b,
-                                    _mm512_set1_epi32(0x007FFFFF));
-    if (subnormal == 0) {
-      out = (u16x16)_mm512_cvtneps_pbh((__m512)v);
-      return;
+    if constexpr (L == 16) {
+      // vcvtneps2bf16 rounds to nearest even and keeps a NaN quiet as to_bf16_fast does (one
+      // instruction for the eleven below), but reads a subnormal input as zero: a register
+      // holding one (rare) takes the integer path
+      const __m512i b = (__m512i)v;
+      const __mmask16 subnormal =
+          _mm512_mask_test_epi32_mask(_mm512_testn_epi32_mask(b, _mm512_set1_epi32(0x7F800000)), b,
+                                      _mm512_set1_epi32(0x007FFFFF));
+      if (subnormal == 0) {
+        out = (typename row_vec<16>::h)_mm512_cvtneps_pbh((__m512)v);
+        return;
+      }
     }
 #endif
-    const u32x16 u = (u32x16)v;
-    const u32x16 rounded = (u + 0x7FFFu + ((u >> 16) & 1u)) >> 16;
-    const u32x16 nan = (u32x16)((u & 0x7FFFFFFFu) > 0x7F800000u);
-    const u32x16 bits = (nan & ((u >> 16) | 0x40u)) | (~nan & rounded);
-    out = __builtin_convertvector(bits, u16x16);
+    if constexpr (L <= lanes) {
+      out = bf16_of_bits<L>((typename row_vec<L>::u)v);
+    } else {  // (16 columns below AVX-512, for callers of store16: two halves)
+      using half = row_vec<L / 2>;
+      typename half::f lo, hi;
+      std::memcpy(&lo, &v, sizeof lo);
+      std::memcpy(&hi, reinterpret_cast<const char*>(&v) + sizeof lo, sizeof hi);
+      const typename half::h a = bf16_of_bits<L / 2>((typename half::u)lo);
+      const typename half::h b = bf16_of_bits<L / 2>((typename half::u)hi);
+      std::memcpy(&out, &a, sizeof a);
+      std::memcpy(reinterpret_cast<char*>(&out) + sizeof a, &b, sizeof b);
+    }
   }
 }
 
 /// Outputs of at least this many bytes are written past the caches where a row op can
-/// (store16's `stream`), as memcpy writes a large copy (glibc: above 3/4 of the shared cache a
-/// thread): an output this large is evicted by the op's own reads before anything reads it
-/// back, and a normal store first reads each line it writes.
+/// (store_lanes' `stream`), as memcpy writes a large copy (glibc: above 3/4 of the shared
+/// cache a thread): an output this large is evicted by the op's own reads before anything
+/// reads it back, and a normal store first reads each line it writes.
 inline constexpr std::int64_t stream_min_bytes = std::int64_t{8} << 20;
 
-/// True when a streamed store16 can write at `row` (aligned to 16 * sizeof(Element)).
+/// True when a streamed store can write at `row` (aligned to 16 * sizeof(Element)).
 template <class Element>
 [[nodiscard]] inline bool stream_aligned(const Element* row) noexcept {
   return reinterpret_cast<std::uintptr_t>(row) % (16 * sizeof(Element)) == 0;
 }
 
-/// @brief dst[0, 16) = Element(v) (round to nearest even; a NaN stays a quiet NaN). With
-///        `stream` (dst then aligned to 16 * sizeof(Element)) by a non-temporal store where
-///        the ISA has one (AVX-512): weakly ordered, so the writer calls stream_fence before
-///        its results are read.
+/// @brief dst[0, L) = Element(v) (round to nearest even; a NaN stays a quiet NaN). With
+///        `stream` (dst then aligned to 16 * sizeof(Element)) and L = 16, by a non-temporal
+///        store where the ISA has one (AVX-512): weakly ordered, so the writer calls
+///        stream_fence before its results are read.
+template <int L, class Element>
+inline void store_lanes(const typename row_vec<L>::f& v, Element* dst,
+                        bool stream = false) noexcept {
+  packed<L, Element> h;
+  pack_lanes<L, Element>(v, h);
+#if defined(__AVX512F__)
+  if constexpr (L == 16) {
+    if (stream) {
+      if constexpr (std::is_same_v<Element, float>)
+        _mm512_stream_ps(reinterpret_cast<float*>(dst), (__m512)h);
+      else
+        _mm256_stream_si256(reinterpret_cast<__m256i*>(dst), (__m256i)h);
+      return;
+    }
+  }
+#endif
+  (void)stream;
+  std::memcpy(static_cast<void*>(dst), &h, sizeof h);
+}
 template <class Element>
 inline void store16(const f32x16& v, Element* dst, bool stream = false) noexcept {
-  packed16<Element> h;
-  pack16<Element>(v, h);
-#if defined(__AVX512F__)
-  if (stream) {
-    if constexpr (std::is_same_v<Element, float>)
-      _mm512_stream_ps(reinterpret_cast<float*>(dst), (__m512)h);
-    else
-      _mm256_stream_si256(reinterpret_cast<__m256i*>(dst), (__m256i)h);
-    return;
-  }
-#else
-  (void)stream;
-#endif
-  std::memcpy(static_cast<void*>(dst), &h, sizeof h);
+  store_lanes<16>(v, dst, stream);
 }
 
 /// Orders a thread's streamed stores before what it does next (its task's end).
