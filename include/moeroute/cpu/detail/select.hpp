@@ -171,10 +171,11 @@ inline void top2_below(const std::int64_t* keys, std::int32_t padded, std::int64
 }
 
 /// Lane-wise min and max of values with no NaN: one instruction each (GCC makes the
-/// ?: form a compare and a blend).
+/// ?: form a compare and a blend; the maskz forms: the plain ones trip GCC 12's
+/// -Wmaybe-uninitialized).
 [[nodiscard]] inline math::f32n lanes_min(const math::f32n& a, const math::f32n& b) noexcept {
 #if defined(__AVX512F__)
-  return _mm512_min_ps(a, b);
+  return _mm512_maskz_min_ps(0xffff, a, b);
 #elif defined(__AVX2__)
   return _mm256_min_ps(a, b);
 #else
@@ -183,7 +184,7 @@ inline void top2_below(const std::int64_t* keys, std::int32_t padded, std::int64
 }
 [[nodiscard]] inline math::f32n lanes_max(const math::f32n& a, const math::f32n& b) noexcept {
 #if defined(__AVX512F__)
-  return _mm512_max_ps(a, b);
+  return _mm512_maskz_max_ps(0xffff, a, b);
 #elif defined(__AVX2__)
   return _mm256_max_ps(a, b);
 #else
