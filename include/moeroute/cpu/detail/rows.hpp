@@ -135,7 +135,7 @@ inline void store(const float* __restrict src, std::int64_t n, Element* __restri
 // vector to memory and a compare on one to scalar code, which ran combine at 3 GB/s on an
 // AVX2 machine. bf16's widening and rounding take AVX-512 / AVX512-BF16 instructions where the
 // compiler targets them (same bits: the "row kernels' bf16 load and store" test in
-// tests/cpu/math_test.cpp, at 16 columns and at lanes).
+// tests/cpu/math_test.cpp).
 
 /// Vectors of L lanes: float (f), its bits (u), as signed (i), and bf16 bits (h).
 template <int L>
@@ -175,6 +175,7 @@ inline constexpr bool has_vec16 =
 /// r = float(src[0, L))
 template <int L, class Element>
 inline void load_lanes(const Element* src, typename row_vec<L>::f& r) noexcept {
+  static_assert(L <= lanes, "wider than a register: GCC would keep the vector in memory");
   using V = row_vec<L>;
   if constexpr (std::is_same_v<Element, float>) {
     std::memcpy(&r, src, sizeof r);
@@ -197,10 +198,6 @@ inline void load_lanes(const Element* src, typename row_vec<L>::f& r) noexcept {
     r = (typename V::f)(__builtin_convertvector(h, typename V::u) << 16);
   }
 }
-template <class Element>
-inline void load16(const Element* src, f32x16& r) noexcept {
-  load_lanes<16>(src, r);
-}
 
 /// to_bf16_fast of each lane of float bits. The NaN test is a signed compare (the magnitude's
 /// bits are below 2^31; AVX2 has no unsigned compare, and GCC made one a lane at a time).
@@ -221,6 +218,7 @@ using packed = std::conditional_t<std::is_same_v<Element, float>, typename row_v
                                   typename row_vec<L>::h>;
 template <int L, class Element>
 inline void pack_lanes(const typename row_vec<L>::f& v, packed<L, Element>& out) noexcept {
+  static_assert(L <= lanes, "wider than a register: GCC would keep the vector in memory");
   if constexpr (std::is_same_v<Element, float>) {
     out = v;
   } else {
@@ -239,18 +237,7 @@ inline void pack_lanes(const typename row_vec<L>::f& v, packed<L, Element>& out)
       }
     }
 #endif
-    if constexpr (L <= lanes) {
-      out = bf16_of_bits<L>((typename row_vec<L>::u)v);
-    } else {  // (16 columns below AVX-512, for callers of store16: two halves)
-      using half = row_vec<L / 2>;
-      typename half::f lo, hi;
-      std::memcpy(&lo, &v, sizeof lo);
-      std::memcpy(&hi, reinterpret_cast<const char*>(&v) + sizeof lo, sizeof hi);
-      const typename half::h a = bf16_of_bits<L / 2>((typename half::u)lo);
-      const typename half::h b = bf16_of_bits<L / 2>((typename half::u)hi);
-      std::memcpy(&out, &a, sizeof a);
-      std::memcpy(reinterpret_cast<char*>(&out) + sizeof a, &b, sizeof b);
-    }
+    out = bf16_of_bits<L>((typename row_vec<L>::u)v);
   }
 }
 
@@ -288,10 +275,6 @@ inline void store_lanes(const typename row_vec<L>::f& v, Element* dst,
 #endif
   (void)stream;
   std::memcpy(static_cast<void*>(dst), &h, sizeof h);
-}
-template <class Element>
-inline void store16(const f32x16& v, Element* dst, bool stream = false) noexcept {
-  store_lanes<16>(v, dst, stream);
 }
 
 /// Orders a thread's streamed stores before what it does next (its task's end).
