@@ -11,8 +11,9 @@ module that drops in for a Megatron- or HF-style router.
 
 On torch >= 2.4 the three operations are registered as custom operators (moeroute::route,
 moeroute::permute, moeroute::combine) with fake implementations, so torch.compile traces
-them; on older torch they are plain autograd functions. float64 tensors are computed in
-float32 (the library's widest element type) and their results cast back."""
+them; on older torch they are plain autograd functions. An eager call that records no graph
+(inference) runs the implementation directly, with neither wrapper. float64 tensors are
+computed in float32 (the library's widest element type) and their results cast back."""
 
 from typing import NamedTuple, Optional, Union
 
@@ -174,8 +175,20 @@ def _route_backward_impl(logits, valid, ids, fate, aux_count, valid_tokens, seq_
 def _permute_impl(x, row_token, num_rows, config: str):
     cfg = _config_of(config)
     xc = _compute(x.detach())
-    lay = _st.Laid({"row_token": row_token, "num_rows": num_rows}, "", 1, int(row_token.shape[0]))
-    return _st.permute(xc, lay, cfg, threads=_threads()).to(x.dtype)
+    views = (_numpy_view(xc), _numpy_view(row_token), _numpy_view(num_rows))
+    if all(v is not None for v in views) and not _core.emulated:
+        # host arrays numpy holds: the buffer and its zeroed tail in numpy (torch's indexing
+        # costs more than a small batch's permute)
+        xn, rt, nr = views
+        out = np.empty((rt.shape[0], xn.shape[1]), dtype=xn.dtype)
+        out[int(nr[0]):] = 0
+        _core.permute(cfg, dict(x=xn, row_token=rt, num_rows=nr, out=out), _threads(), None)
+        y = torch.from_numpy(out)
+    else:
+        lay = _st.Laid({"row_token": row_token, "num_rows": num_rows}, "", 1,
+                       int(row_token.shape[0]))
+        y = _st.permute(xc, lay, cfg, threads=_threads())
+    return y if y.dtype == x.dtype else y.to(x.dtype)
 
 
 def _permute_backward_impl(grad_buf, assignment_row, config: str, dtype):
@@ -190,7 +203,8 @@ def _combine_impl(expert_out, weight, x, assignment_row, fate, config: str):
     lay = _st.Laid({"assignment_row": assignment_row}, "", 1, int(eo.shape[0]))
     d = _st.Dispatched({"weight": weight.detach().float().contiguous(), "fate": fate})
     xr = None if x is None else _compute(x.detach()).to(eo.dtype)
-    return _st.combine(eo, lay, d, cfg, x=xr, threads=_threads()).to(expert_out.dtype)
+    y = _st.combine(eo, lay, d, cfg, x=xr, threads=_threads())
+    return y if y.dtype == expert_out.dtype else y.to(expert_out.dtype)
 
 
 def _combine_backward_impl(dy, expert_out, weight, row_token, assignment_row, fate,
@@ -520,6 +534,17 @@ def _compiling() -> bool:
     return bool(dynamo is not None and hasattr(dynamo, "is_compiling") and dynamo.is_compiling())
 
 
+def _eager_inference(*tensors) -> bool:
+    """True when a call records no graph and is not being traced: no input needs a gradient
+    (or grad mode is off) and torch.compile is not compiling. Such a call runs the
+    implementation directly, with no custom operator's dispatch or autograd.Function around
+    it (each costs more than a small batch's routing; performance.md, "The Python package");
+    the outputs are the same."""
+    if torch.is_grad_enabled() and any(t is not None and t.requires_grad for t in tensors):
+        return False
+    return not _compiling()
+
+
 @_constant_result
 def _residual(text: str) -> bool:
     return _config_of(text)["dispatch.dropped"] == "residual"
@@ -552,17 +577,16 @@ def route(logits: torch.Tensor, config: Union[Config, str], *, bias=None, valid=
             replay_ids = replay_ids.to(torch.int32)
         replay_ids = replay_ids.contiguous()
     ratio = float(replay_ratio)
+    if _eager_inference(flat):
+        return RouterOutput(*_route_impl(flat, bias, valid, replay_ids, text, kind,
+                                         int(block_size), ratio), text, shape)
     if custom_ops:
         outs = _route_op(flat, bias, valid, replay_ids, text, kind, int(block_size), ratio)
         # Only weight and the losses carry gradients: the pre-drop gates are routing data
         # here (a custom operator cannot mark an output non-differentiable, so detach them).
         return RouterOutput(*outs[:4], *(t.detach() for t in outs[4:]), text, shape)
-    if torch.is_grad_enabled() and flat.requires_grad:
-        return RouterOutput(*_RouteFn.apply(flat, bias, valid, replay_ids, text, kind,
-                                            int(block_size), ratio), text, shape)
-    # inference: no graph to record, so no autograd.Function around the call
-    return RouterOutput(*_route_impl(flat, bias, valid, replay_ids, text, kind, int(block_size),
-                                     ratio), text, shape)
+    return RouterOutput(*_RouteFn.apply(flat, bias, valid, replay_ids, text, kind,
+                                        int(block_size), ratio), text, shape)
 
 
 def _no_autograd(op: str, *tensors) -> None:
@@ -587,6 +611,8 @@ def permute(x: torch.Tensor, routing: RouterOutput, *,
                        int(routing.row_token.shape[0]))
         return _st.permute(_compute(flat), lay, _config_of(routing.config_text), out=out,
                            threads=_threads())
+    if _eager_inference(flat):
+        return _permute_impl(flat, routing.row_token, routing.num_rows, routing.config_text)
     args = (flat, routing.row_token, routing.num_rows, routing.assignment_row,
             routing.config_text)
     return _permute_op(*args) if custom_ops else _PermuteFn.apply(*args)
@@ -613,6 +639,10 @@ def combine(expert_out: torch.Tensor, routing: RouterOutput, *, x: Optional[torc
                         x=None if xf is None else _compute(xf), out=out.view(-1, out.shape[-1]),
                         threads=_threads())
         return y.view(*routing.token_shape, y.shape[-1]) if routing.token_shape else y
+    if _eager_inference(expert_out, routing.weight, xf):
+        y = _combine_impl(expert_out, routing.weight, xf, routing.assignment_row, routing.fate,
+                          routing.config_text)
+        return y.reshape(*routing.token_shape, y.shape[-1]) if routing.token_shape else y
     args = (expert_out, routing.weight, xf, routing.row_token, routing.assignment_row,
             routing.fate, routing.config_text)
     y = _combine_op(*args) if custom_ops else _CombineFn.apply(*args)
