@@ -200,10 +200,21 @@ def _permute_backward_impl(grad_buf, assignment_row, config: str, dtype):
 def _combine_impl(expert_out, weight, x, assignment_row, fate, config: str):
     cfg = _config_of(config)
     eo = _compute(expert_out.detach())
-    lay = _st.Laid({"assignment_row": assignment_row}, "", 1, int(eo.shape[0]))
-    d = _st.Dispatched({"weight": weight.detach().float().contiguous(), "fate": fate})
+    w = weight.detach().float().contiguous()
     xr = None if x is None else _compute(x.detach()).to(eo.dtype)
-    y = _st.combine(eo, lay, d, cfg, x=xr, threads=_threads())
+    inputs = (eo, w, assignment_row, fate, xr)
+    views = [_numpy_view(t) for t in inputs]
+    if all(v is not None or t is None for v, t in zip(views, inputs)) and not _core.emulated:
+        # host arrays numpy holds: no DLPack hand-over per array (as _permute_impl)
+        eon, wn, ar, fn, xn = views
+        out = np.empty((wn.shape[0], eon.shape[1]), dtype=eon.dtype)
+        _core.combine(cfg, dict(expert_out=eon, assignment_row=ar, weight=wn, fate=fn, x=xn,
+                                y=out), _threads(), None)
+        y = torch.from_numpy(out)
+    else:
+        lay = _st.Laid({"assignment_row": assignment_row}, "", 1, int(eo.shape[0]))
+        d = _st.Dispatched({"weight": w, "fate": fate})
+        y = _st.combine(eo, lay, d, cfg, x=xr, threads=_threads())
     return y if y.dtype == expert_out.dtype else y.to(expert_out.dtype)
 
 
