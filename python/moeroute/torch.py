@@ -172,18 +172,39 @@ def _route_backward_impl(logits, valid, ids, fate, aux_count, valid_tokens, seq_
     return grad.to(logits.dtype)
 
 
+def _host_arrays(*tensors):
+    """The host call's arrays, or None when a tensor is on a device (or the build is the
+    emulated one): each CPU tensor as its numpy view where numpy holds its dtype, else as
+    itself (bf16, taken through DLPack); None stays None."""
+    if _core.emulated or any(t is not None and t.device.type != "cpu" for t in tensors):
+        return None
+    return [t if t is None else (_numpy_view(t) if t.dtype != torch.bfloat16 else t)
+            for t in tensors]
+
+
+def _empty_like(a, shape):
+    """An uninitialised host array of a's dtype: numpy's for a numpy array, else torch's."""
+    if isinstance(a, np.ndarray):
+        return np.empty(shape, dtype=a.dtype)
+    return torch.empty(shape, dtype=a.dtype)
+
+
 def _permute_impl(x, row_token, num_rows, config: str):
     cfg = _config_of(config)
     xc = _compute(x.detach())
-    views = (_numpy_view(xc), _numpy_view(row_token), _numpy_view(num_rows))
-    if all(v is not None for v in views) and not _core.emulated:
-        # host arrays numpy holds: the buffer and its zeroed tail in numpy (torch's indexing
-        # costs more than a small batch's permute)
-        xn, rt, nr = views
-        out = np.empty((rt.shape[0], xn.shape[1]), dtype=xn.dtype)
-        out[int(nr[0]):] = 0
+    host = _host_arrays(xc, row_token, num_rows)
+    if host is not None:
+        # on the host: the buffer allocated and its tail zeroed here (numpy where it holds the
+        # dtype), the call made with no stage object (each costs more than a decode step)
+        xn, rt, nr = host
+        rows, n = int(rt.shape[0]), int(nr[0])
+        out = _empty_like(xn, (rows, int(xn.shape[1])))
+        if isinstance(out, np.ndarray):
+            out[n:] = 0
+        else:
+            out.narrow(0, n, rows - n).zero_()
         _core.permute(cfg, dict(x=xn, row_token=rt, num_rows=nr, out=out), _threads(), None)
-        y = torch.from_numpy(out)
+        y = torch.from_numpy(out) if isinstance(out, np.ndarray) else out
     else:
         lay = _st.Laid({"row_token": row_token, "num_rows": num_rows}, "", 1,
                        int(row_token.shape[0]))
@@ -202,15 +223,13 @@ def _combine_impl(expert_out, weight, x, assignment_row, fate, config: str):
     eo = _compute(expert_out.detach())
     w = weight.detach().float().contiguous()
     xr = None if x is None else _compute(x.detach()).to(eo.dtype)
-    inputs = (eo, w, assignment_row, fate, xr)
-    views = [_numpy_view(t) for t in inputs]
-    if all(v is not None or t is None for v, t in zip(views, inputs)) and not _core.emulated:
-        # host arrays numpy holds: no DLPack hand-over per array (as _permute_impl)
-        eon, wn, ar, fn, xn = views
-        out = np.empty((wn.shape[0], eon.shape[1]), dtype=eon.dtype)
+    host = _host_arrays(eo, w, assignment_row, fate, xr)
+    if host is not None:  # (as _permute_impl)
+        eon, wn, ar, fn, xn = host
+        out = _empty_like(eon, (int(wn.shape[0]), int(eon.shape[1])))
         _core.combine(cfg, dict(expert_out=eon, assignment_row=ar, weight=wn, fate=fn, x=xn,
                                 y=out), _threads(), None)
-        y = torch.from_numpy(out)
+        y = torch.from_numpy(out) if isinstance(out, np.ndarray) else out
     else:
         lay = _st.Laid({"assignment_row": assignment_row}, "", 1, int(eo.shape[0]))
         d = _st.Dispatched({"weight": w, "fate": fate})

@@ -216,6 +216,35 @@ def test_cuda_matches_cpu():
             assert torch.equal(a, b.cpu())
 
 
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_inference_calls_equal_recorded_calls(dtype):
+    # an eager call that records no graph runs the implementation directly (no custom
+    # operator, no autograd.Function): every output equals the recorded call's, bit for bit
+    cfg = Config.megatron(8, 2, capacity_factor=1.0)
+    cfg["loss.aux_coefficient"] = 1e-2
+    cfg["loss.z_coefficient"] = 1e-3
+    cfg["dispatch.dropped"] = "residual"
+    logits = torch.from_numpy(logits_grid(40, 8, seed=5))
+    x = torch.randn(40, 16).to(dtype)
+    with torch.no_grad():
+        a = mt.route(logits, cfg)
+        pa = mt.permute(x, a)
+        ca = mt.combine(pa * 2, a, x=x)
+    b = mt.route(logits.clone().requires_grad_(), cfg)
+    xb = x.clone().requires_grad_()
+    pb = mt.permute(xb, b)
+    cb = mt.combine(pb * 2, b, x=xb)
+    assert pb.requires_grad and cb.requires_grad  # (the recorded path)
+    for name in mt.RouterOutput._fields:
+        got, want = getattr(a, name), getattr(b, name)
+        if isinstance(want, torch.Tensor):
+            assert got.dtype == want.dtype and torch.equal(got, want.detach()), name
+        else:
+            assert got == want, name
+    assert pa.dtype == dtype and torch.equal(pa, pb.detach())
+    assert ca.dtype == dtype and torch.equal(ca, cb.detach())
+
+
 def test_permute_and_combine_into_reused_buffers():
     # inference: out= writes the caller's buffers (no allocation), the same values as a fresh
     # call; with autograd on, out= is refused, naming the op
