@@ -75,9 +75,6 @@ def _numpy_view(t):
     return t.detach().numpy()
 
 
-_LOSSES = ("aux_loss", "sequence_aux_loss", "z_loss")
-
-
 def _route_host(logits, x, bias, valid, replay_ids, cfg, kind, block_size, replay_ratio):
     """_route_impl's outputs from the one-call host route (numpy views in), each output
     wrapped once: a small batch's cost is the objects a call makes (performance.md, "The
@@ -89,7 +86,7 @@ def _route_host(logits, x, bias, valid, replay_ids, cfg, kind, block_size, repla
                                      False, replay_ids, float(replay_ratio), _threads())
     f = torch.from_numpy
     loss = np.float64 if logits.dtype == torch.float64 else np.float32
-    aux, seq, z = (f(np.array(lo[n][0], dtype=loss)) for n in _LOSSES)
+    aux, seq, z = (f(np.array(lo[n][0], dtype=loss)) for n in _st.LOSSES)
     empty = np.zeros(0, dtype=np.int64)
     return (f(d["weight"]), aux, seq, z,
             f(g["ids"]), f(g["gates"]), f(d["expert"]), f(d["slot"]), f(d["fate"]),
@@ -120,11 +117,9 @@ def _route_impl(logits, bias, valid, replay_ids, config: str, kind: str, block_s
         return logits.new_zeros((0,), dtype=torch.int64)
 
     if isinstance(r.losses["aux_loss"], np.ndarray):  # host: each loss a 0-d tensor at once
-        aux, seq, z = (torch.tensor(float(r.losses[n][0]), dtype=loss_dtype) for n in
-                       ("aux_loss", "sequence_aux_loss", "z_loss"))
+        aux, seq, z = (torch.tensor(float(r.losses[n][0]), dtype=loss_dtype) for n in _st.LOSSES)
     else:
-        aux, seq, z = (r.losses[n].to(loss_dtype).reshape(()) for n in
-                       ("aux_loss", "sequence_aux_loss", "z_loss"))
+        aux, seq, z = (r.losses[n].to(loss_dtype).reshape(()) for n in _st.LOSSES)
     return (d["weight"], aux, seq, z,
             g["ids"], g["gates"], d["expert"], d["slot"], d["fate"], lay["row_token"],
             lay["assignment_row"], lay["num_rows"], lay["offsets"], d["load"], d["requested"],
