@@ -3,6 +3,7 @@
 
 #include <pybind11/stl.h>
 
+#include <algorithm>
 #include <utility>
 
 namespace moeroute::python {
@@ -213,15 +214,12 @@ array_view call_arrays::view(const std::string& name, const std::vector<std::int
                              const std::vector<elem>& allowed, bool writable) {
   if (!has(name)) fail(name + ": required here, but not given");
   array_view v = look(name, writable);
-  bool ok = false;
-  std::string names;
-  for (elem e : allowed) {
-    ok = ok || e == v.dtype;
-    names += (names.empty() ? "" : ", ") + std::string(elem_name(e));
-  }
-  if (!ok)
+  if (std::find(allowed.begin(), allowed.end(), v.dtype) == allowed.end()) {
+    std::string names;  // (the message only when it is needed: a call views ~50 arrays)
+    for (elem e : allowed) names += (names.empty() ? "" : ", ") + std::string(elem_name(e));
     fail(name + ": dtype " + elem_name(v.dtype) + ", expected " +
          (allowed.size() > 1 ? "one of " : "") + names);
+  }
   bool shape_ok = v.shape.size() == shape.size();
   for (std::size_t i = 0; shape_ok && i < shape.size(); ++i)
     shape_ok = shape[i] < 0 || shape[i] == v.shape[i];
