@@ -79,7 +79,7 @@ std::optional<elem> elem_from_name(const std::string& s) noexcept {
   return std::nullopt;
 }
 
-std::string shape_text(const std::vector<std::int64_t>& s) {
+std::string shape_text(const extents& s) {
   std::string t = "[";
   for (std::size_t i = 0; i < s.size(); ++i)
     t += (i ? ", " : "") + (s[i] < 0 ? std::string("*") : std::to_string(s[i]));
@@ -95,34 +95,56 @@ call_arrays::call_arrays(std::string op, py::dict arrays, std::optional<std::int
     : op_(std::move(op)),
       arrays_(std::move(arrays)),
       stream_(stream),
-      device_arrays_(device_arrays) {}
+      device_arrays_(device_arrays) {
+  preset_keys_.reserve(64);  // a fused route presets ~40: no regrowth
+  presets_.reserve(64);
+}
 
 void call_arrays::fail(const std::string& what) const { throw binding_error(op_ + ": " + what); }
 
-bool call_arrays::has(const std::string& name) const {
-  for (const auto& [n, v] : presets_)
-    if (n == name) return true;
-  return arrays_.contains(name) && !arrays_[py::str(name)].is_none();
+std::uint64_t call_arrays::key_of(std::string_view name) noexcept {
+  std::uint64_t k = static_cast<std::uint64_t>(std::min<std::size_t>(name.size(), 255)) << 56;
+  for (std::size_t i = 0; i < name.size() && i < 7; ++i)
+    k |= static_cast<std::uint64_t>(static_cast<unsigned char>(name[i])) << (8 * i);
+  return k;
 }
 
-void call_arrays::preset(const std::string& name, const array_view& v) {
-  for (auto& [n, old] : presets_)
-    if (n == name) {
-      old = v;
-      return;
-    }
-  presets_.emplace_back(name, v);
+std::size_t call_arrays::preset_index(std::string_view name) const noexcept {
+  const std::uint64_t key = key_of(name);
+  for (std::size_t i = 0; i < preset_keys_.size(); ++i)
+    if (preset_keys_[i] == key && presets_[i].name == name) return i;
+  return presets_.size();
 }
 
-array_view call_arrays::look(const std::string& name, bool writable) {
-  for (const auto& [n, v] : presets_)
-    if (n == name) {
-      if (!placed_) {
-        place_ = v.place;
-        placed_ = true;
-      }
-      return v;
+const array_view* call_arrays::preset_of(std::string_view name) const noexcept {
+  const std::size_t i = preset_index(name);
+  return i < presets_.size() ? &presets_[i].view : nullptr;
+}
+
+bool call_arrays::has(std::string_view name) const {
+  if (preset_of(name) != nullptr) return true;
+  const py::str key(name.data(), name.size());
+  return arrays_.contains(key) && !arrays_[key].is_none();
+}
+
+void call_arrays::preset(std::string_view name, const array_view& v) {
+  if (const std::size_t i = preset_index(name); i < presets_.size()) {
+    presets_[i].view = v;
+    return;
+  }
+  preset_keys_.push_back(key_of(name));
+  presets_.push_back({std::string(name), v});
+}
+
+array_view call_arrays::look(std::string_view name_view, bool writable) {
+  if (const array_view* v = preset_of(name_view)) {
+    if (!placed_) {
+      place_ = v->place;
+      placed_ = true;
     }
+    return *v;
+  }
+  const std::string name(name_view);
   py::object obj = arrays_[py::str(name)];
   // an input that requires grad (a stage is not differentiable; moeroute.torch is): its values
   if (!writable && py::hasattr(obj, "requires_grad") && obj.attr("requires_grad").cast<bool>())
@@ -159,7 +181,8 @@ array_view call_arrays::look(const std::string& name, bool writable) {
     const auto e = from_dl(t.dtype);
     if (!e) fail(name + ": unsupported dtype (DLPack " + dl_type_text(t.dtype) + ")");
     v.dtype = *e;
-    v.shape.assign(t.shape, t.shape + t.ndim);
+    if (!v.shape.assign(t.shape, t.shape + t.ndim))
+      fail(name + ": more than " + std::to_string(extents::max_rank) + " dimensions");
     if (!row_major(t.shape, t.strides, static_cast<std::size_t>(t.ndim), 1))
       fail(name +
            ": must be contiguous (row-major); call .contiguous() or "
@@ -172,7 +195,8 @@ array_view call_arrays::look(const std::string& name, bool writable) {
     const auto e = from_buffer_format(b.format, b.itemsize);
     if (!e) fail(name + ": unsupported dtype (buffer format '" + b.format + "')");
     v.dtype = *e;
-    v.shape.assign(b.shape.begin(), b.shape.end());
+    if (!v.shape.assign(b.shape.begin(), b.shape.end()))
+      fail(name + ": more than " + std::to_string(extents::max_rank) + " dimensions");
     if (!row_major(b.shape.data(), b.strides.data(), b.shape.size(), b.itemsize))
       fail(name + ": must be contiguous (row-major); call numpy.ascontiguousarray() first");
     v.data = b.ptr;
@@ -207,23 +231,25 @@ void* call_arrays::get(const spec& s, bool required, bool writable) {
     if (required) fail(s.name + ": required here, but not given");
     return nullptr;
   }
-  return view(s.name, s.shape, {s.dtype}, writable).data;
+  return view(s.name, s.shape, s.dtype, writable).data;
 }
 
-array_view call_arrays::view(const std::string& name, const std::vector<std::int64_t>& shape,
-                             const std::vector<elem>& allowed, bool writable) {
-  if (!has(name)) fail(name + ": required here, but not given");
+array_view call_arrays::view(std::string_view name, const extents& shape, elem_set allowed,
+                             bool writable) {
+  if (!has(name)) fail(std::string(name) + ": required here, but not given");
   array_view v = look(name, writable);
-  if (std::find(allowed.begin(), allowed.end(), v.dtype) == allowed.end()) {
+  if (!allowed.has(v.dtype)) {
     std::string names;  // (the message only when it is needed: a call views ~50 arrays)
-    for (elem e : allowed) names += (names.empty() ? "" : ", ") + std::string(elem_name(e));
-    fail(name + ": dtype " + elem_name(v.dtype) + ", expected " +
-         (allowed.size() > 1 ? "one of " : "") + names);
+    for (const auto& i : elems)
+      if (allowed.has(i.e)) names += (names.empty() ? "" : ", ") + std::string(i.name);
+    fail(std::string(name) + ": dtype " + elem_name(v.dtype) + ", expected " +
+         (allowed.several() ? "one of " : "") + names);
   }
   bool shape_ok = v.shape.size() == shape.size();
   for (std::size_t i = 0; shape_ok && i < shape.size(); ++i)
     shape_ok = shape[i] < 0 || shape[i] == v.shape[i];
-  if (!shape_ok) fail(name + ": shape " + shape_text(v.shape) + ", expected " + shape_text(shape));
+  if (!shape_ok)
+    fail(std::string(name) + ": shape " + shape_text(v.shape) + ", expected " + shape_text(shape));
   return v;
 }
 

@@ -8,10 +8,13 @@
 
 #include <pybind11/pybind11.h>
 
+#include <algorithm>
 #include <cstdint>
+#include <initializer_list>
 #include <optional>
 #include <stdexcept>
 #include <string>
+#include <string_view>
 #include <utility>
 #include <vector>
 
@@ -38,10 +41,57 @@ enum class elem : std::uint8_t { f32, f16, bf16, f64, i32, i64, u8 };
 /// numpy / torch dtype name -> elem (float32, float16, bfloat16, float64, int32, int64, uint8).
 [[nodiscard]] std::optional<elem> elem_from_name(const std::string& s) noexcept;
 
+/// An array's extents, held inline (a call looks at ~50 arrays: a heap vector each was most
+/// of a small batch's binding cost). An array of more than max_rank dimensions is refused.
+class extents {
+ public:
+  static constexpr std::size_t max_rank = 8;
+  extents() = default;
+  extents(std::initializer_list<std::int64_t> e) { assign(e.begin(), e.end()); }
+  explicit extents(const std::vector<std::int64_t>& e) { assign(e.begin(), e.end()); }
+  /// Copies [first, last); false (and empty) when there are more than max_rank.
+  template <class It>
+  bool assign(It first, It last) {
+    n_ = 0;
+    for (; first != last; ++first) {
+      if (n_ == max_rank) {
+        n_ = 0;
+        return false;
+      }
+      d_[n_++] = static_cast<std::int64_t>(*first);
+    }
+    return true;
+  }
+  [[nodiscard]] std::size_t size() const noexcept { return n_; }
+  [[nodiscard]] const std::int64_t* begin() const noexcept { return d_; }
+  [[nodiscard]] const std::int64_t* end() const noexcept { return d_ + n_; }
+  [[nodiscard]] std::int64_t operator[](std::size_t i) const noexcept { return d_[i]; }
+  [[nodiscard]] std::vector<std::int64_t> vector() const { return {begin(), end()}; }
+
+ private:
+  std::int64_t d_[max_rank] = {};
+  std::size_t n_ = 0;
+};
+
+/// The dtypes an argument may have (a templated op takes several), as a bit set.
+class elem_set {
+ public:
+  constexpr elem_set(elem e) noexcept : bits_(bit(e)) {}  // NOLINT: one dtype is a set
+  constexpr elem_set(std::initializer_list<elem> es) noexcept {
+    for (elem e : es) bits_ |= bit(e);
+  }
+  [[nodiscard]] constexpr bool has(elem e) const noexcept { return (bits_ & bit(e)) != 0; }
+  [[nodiscard]] constexpr bool several() const noexcept { return (bits_ & (bits_ - 1)) != 0; }
+
+ private:
+  static constexpr std::uint32_t bit(elem e) noexcept { return 1u << static_cast<unsigned>(e); }
+  std::uint32_t bits_ = 0;
+};
+
 /// What an operation needs of one array: its name, shape and dtype.
 struct spec {
   std::string name;
-  std::vector<std::int64_t> shape;
+  extents shape;
   elem dtype = elem::f32;
 };
 
@@ -56,7 +106,7 @@ struct device_place {
 struct array_view {
   void* data = nullptr;
   elem dtype = elem::f32;
-  std::vector<std::int64_t> shape;
+  extents shape;
   device_place place;
 };
 
@@ -71,12 +121,12 @@ class call_arrays {
               bool device_arrays = false);
 
   /// True when `name` is given (and not None), or preset.
-  [[nodiscard]] bool has(const std::string& name) const;
+  [[nodiscard]] bool has(std::string_view name) const;
 
   /// @brief Gives `name` as an array already looked at: later reads take `v` without a
   ///        DLPack or buffer hand-over (fused route: an input read once for four stages, and
   ///        the outputs it carved from its one buffer). Replaces an earlier preset of `name`.
-  void preset(const std::string& name, const array_view& v);
+  void preset(std::string_view name, const array_view& v);
 
   /// @brief The array `s.name`: exactly shape `s.shape` and dtype `s.dtype`, or null when it
   ///        is absent and not `required`. `writable`: the call writes it.
@@ -93,8 +143,8 @@ class call_arrays {
 
   /// @brief An array whose dtype is one of `allowed` (the element type of a templated op) and
   ///        whose shape is `shape` (-1 = any extent there, read back from the array).
-  [[nodiscard]] array_view view(const std::string& name, const std::vector<std::int64_t>& shape,
-                                const std::vector<elem>& allowed, bool writable);
+  [[nodiscard]] array_view view(std::string_view name, const extents& shape, elem_set allowed,
+                                bool writable);
 
   /// The device every array seen so far lives on (CPU before the first).
   [[nodiscard]] device_place place() const noexcept { return place_; }
@@ -103,20 +153,30 @@ class call_arrays {
   [[noreturn]] void fail(const std::string& what) const;
 
  private:
-  array_view look(const std::string& name, bool writable);
+  [[nodiscard]] std::size_t preset_index(std::string_view name) const noexcept;  // or size
+  [[nodiscard]] const array_view* preset_of(std::string_view name) const noexcept;
+  array_view look(std::string_view name, bool writable);
 
   std::string op_;
   py::dict arrays_;
   std::optional<std::intptr_t> stream_;
   std::vector<py::object> keep_;       // capsules and buffer owners, alive for the call
   std::vector<py::buffer_info> bufs_;  // buffer-protocol views of read-only inputs
-  std::vector<std::pair<std::string, array_view>> presets_;
+  /// A preset's name as a number (its length and first 7 bytes): a lookup compares these
+  /// before names (~50 presets, ~100 lookups a fused route).
+  [[nodiscard]] static std::uint64_t key_of(std::string_view name) noexcept;
+  struct preset_entry {
+    std::string name;
+    array_view view;
+  };
+  std::vector<std::uint64_t> preset_keys_;  // key_of each preset's name, scanned first
+  std::vector<preset_entry> presets_;
   device_place place_{};
   bool placed_ = false;
   bool device_arrays_ = false;
 };
 
 /// "[2, 3]"; a negative extent (any, in an expected shape) prints as *.
-[[nodiscard]] std::string shape_text(const std::vector<std::int64_t>& s);
+[[nodiscard]] std::string shape_text(const extents& s);
 
 }  // namespace moeroute::python

@@ -62,7 +62,7 @@ py::object field_value(const routing_config& c, const std::string& name) {
 py::list specs_list(const std::vector<spec>& specs) {
   py::list l;
   for (const auto& s : specs)
-    l.append(py::make_tuple(s.name, py::tuple(py::cast(s.shape)), elem_name(s.dtype)));
+    l.append(py::make_tuple(s.name, py::tuple(py::cast(s.shape.vector())), elem_name(s.dtype)));
   return l;
 }
 

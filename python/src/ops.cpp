@@ -15,6 +15,9 @@
 
 #include <algorithm>
 #include <cstddef>
+#include <cstring>
+#include <memory>
+#include <type_traits>
 #include <utility>
 
 #include "launch.hpp"
@@ -25,7 +28,7 @@ namespace moeroute::python {
 namespace {
 
 constexpr std::int64_t any = -1;
-const std::vector<elem> element_types = {elem::f32, elem::f16, elem::bf16};
+constexpr elem_set element_types{elem::f32, elem::f16, elem::bf16};
 
 /// Calls f(Element{}) for the C++ element type of `e` (f32, f16, bf16).
 template <class F>
@@ -356,6 +359,68 @@ std::size_t bytes_of(const spec& s) {
   return n;
 }
 
+/// Where route_host puts everything for one (config, T, layout, replay) call: the outputs'
+/// specs by stage, each output's byte offset in the buffer, and the sizes (no Python objects:
+/// a thread's plans outlive the interpreter). Made once and kept (route_host_plans): at decode
+/// sizes making it was a third of the call.
+struct route_host_plan {
+  routing_config cfg;  // compared bit for bit: equal bits are an equal config (a miss else)
+  std::int64_t T = 0, block_size = 0;
+  layout_kind kind = layout_kind::padded;
+  bool per_token_aux = false, replay = false;
+  std::vector<spec> groups[4];
+  std::vector<std::size_t> offsets[4];
+  std::size_t gating_ws = 0, dispatch_ws = 0, ws_bytes = 0, total = 0;
+
+  [[nodiscard]] bool matches(const routing_config& c, std::int64_t t, layout_kind k, std::int64_t b,
+                             bool aux, bool r) const noexcept {
+    return T == t && kind == k && block_size == b && per_token_aux == aux && replay == r &&
+           std::memcmp(&cfg, &c, sizeof(routing_config)) == 0;
+  }
+};
+
+/// The last few plans made (decode steps repeat one shape per layer config): a lookup compares
+/// a handful of bytes. Per thread, so a call never sees another thread's half-made plan.
+const route_host_plan& route_host_plan_of(const routing_config& cfg, std::int64_t T,
+                                          layout_kind kind, std::int64_t block_size,
+                                          bool per_token_aux, bool replay, bool cuda) {
+  static_assert(std::is_trivially_copyable_v<routing_config>);
+  constexpr std::size_t kept = 8;
+  thread_local std::vector<std::unique_ptr<route_host_plan>> plans;  // most recent last
+  for (std::size_t i = plans.size(); i-- > 0;)
+    if (plans[i]->matches(cfg, T, kind, block_size, per_token_aux, replay)) {
+      if (i + 1 != plans.size()) std::rotate(plans.begin() + i, plans.begin() + i + 1, plans.end());
+      return *plans.back();
+    }
+  auto p = std::make_unique<route_host_plan>();
+  std::memcpy(static_cast<void*>(&p->cfg), &cfg, sizeof(routing_config));
+  p->T = T;
+  p->kind = kind;
+  p->block_size = block_size;
+  p->per_token_aux = per_token_aux;
+  p->replay = replay;
+  p->groups[0] = gating_outputs(cfg, T, per_token_aux, replay);
+  p->groups[1] = dispatch_outputs(cfg, T);
+  p->groups[2] = layout_outputs(cfg, T, kind, block_size, 0);
+  p->groups[3] = {{"aux_loss", {1}, elem::f64},
+                  {"sequence_aux_loss", {1}, elem::f64},
+                  {"z_loss", {1}, elem::f64}};
+  p->gating_ws = gating_workspace_bytes(cfg, T, cuda);
+  p->dispatch_ws = dispatch_workspace_bytes(cfg, T, cuda);
+  const auto aligned = [](std::size_t n) { return align_up(n, 64); };
+  p->ws_bytes = aligned(std::max(p->gating_ws, p->dispatch_ws));
+  std::size_t at = p->ws_bytes;
+  for (int g = 0; g < 4; ++g)
+    for (const spec& s : p->groups[g]) {
+      p->offsets[g].push_back(at);
+      at += aligned(bytes_of(s));
+    }
+  p->total = at;
+  if (plans.size() == kept) plans.erase(plans.begin());
+  plans.push_back(std::move(p));
+  return *plans.back();
+}
+
 }  // namespace
 
 py::tuple route_host(routing_config cfg, py::object logits, py::object bias, py::object valid,
@@ -377,28 +442,20 @@ py::tuple route_host(routing_config cfg, py::object logits, py::object bias, py:
   if (a.has("bias")) a.preset("bias", a.view("bias", {cfg.num_experts}, {elem::f32}, false));
   const run_on on = where(a, threads, std::nullopt);
   // every output, and the workspace the stages take in turn, carved from one buffer
-  const std::vector<spec> groups[4] = {gating_outputs(cfg, T, per_token_aux, a.has("replay_ids")),
-                                       dispatch_outputs(cfg, T),
-                                       layout_outputs(cfg, T, kind, block_size, 0),
-                                       {{"aux_loss", {1}, elem::f64},
-                                        {"sequence_aux_loss", {1}, elem::f64},
-                                        {"z_loss", {1}, elem::f64}}};
-  const std::size_t gating_ws = gating_workspace_bytes(cfg, T, on.cuda);
-  const std::size_t dispatch_ws = dispatch_workspace_bytes(cfg, T, on.cuda);
-  const auto aligned = [](std::size_t n) { return align_up(n, 64); };
-  const std::size_t ws_bytes = aligned(std::max(gating_ws, dispatch_ws));
-  std::size_t total = ws_bytes;
-  for (const auto& group : groups)
-    for (const spec& s : group) total += aligned(bytes_of(s));
-  py::array_t<std::uint8_t> buffer(static_cast<py::ssize_t>(total + 64));
+  const route_host_plan& plan =
+      route_host_plan_of(cfg, T, kind, block_size, per_token_aux, a.has("replay_ids"), on.cuda);
+  const auto& groups = plan.groups;
+  const std::size_t gating_ws = plan.gating_ws, dispatch_ws = plan.dispatch_ws;
+  py::array_t<std::uint8_t> buffer(static_cast<py::ssize_t>(plan.total + 64));
   auto* base = reinterpret_cast<std::byte*>(buffer.mutable_data());
   base += (64 - reinterpret_cast<std::uintptr_t>(base) % 64) % 64;
   // an empty batch writes nothing, and the losses only what the config has: zero first
-  std::byte* at = base + ws_bytes;
-  if (T == 0) std::fill(at, base + total, std::byte{0});
+  if (T == 0) std::fill(base + plan.ws_bytes, base + plan.total, std::byte{0});
   py::dict out[4];
   for (int g = 0; g < 4; ++g)
-    for (const spec& s : groups[g]) {
+    for (std::size_t i = 0; i < groups[g].size(); ++i) {
+      const spec& s = groups[g][i];
+      std::byte* at = base + plan.offsets[g][i];
       if (g == 3) std::fill(at, at + bytes_of(s), std::byte{0});
       // C-order strides from the element size: pybind11 before 2.12 reads a dtype's itemsize
       // at numpy 1's offset and made 0 strides under numpy 2
@@ -408,9 +465,9 @@ py::tuple route_host(routing_config cfg, py::object logits, py::object bias, py:
         strides[d] = stride;
         stride *= shape[d];
       }
-      out[g][py::str(s.name)] = py::array(numpy_dtype(s.dtype), shape, strides, at, buffer);
+      out[g][py::str(s.name)] =
+          py::array(numpy_dtype(s.dtype), std::move(shape), std::move(strides), at, buffer);
       a.preset(s.name, array_view{at, s.dtype, s.shape, {dl::cpu, 0}});
-      at += aligned(bytes_of(s));
     }
   const auto workspace = [&](std::size_t bytes) {
     array_view v;

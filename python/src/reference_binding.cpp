@@ -91,8 +91,7 @@ void bind_reference(py::module_& m) {
         const std::int32_t k = cfg.top_k, E = cfg.num_experts, R = cfg.reroute_candidates();
         const array_view ids = a.view("ids", {-1, k}, {elem::i32}, false);
         const std::int64_t T = ids.shape[0];
-        const auto span_of = [&](const char* name, elem type, std::vector<std::int64_t> shape,
-                                 auto* tag) {
+        const auto span_of = [&](const char* name, elem type, const extents& shape, auto* tag) {
           using V = std::remove_pointer_t<decltype(tag)>;
           const V* p = a.in<V>({name, shape, type}, false);
           std::size_t n = 1;

@@ -24,7 +24,8 @@ elem elem_of(buffer_type t) {
 std::vector<spec> specs_of(const std::vector<buffer_shape>& shapes) {
   std::vector<spec> out;
   out.reserve(shapes.size());
-  for (const auto& b : shapes) out.push_back({std::string(b.name), b.extents, elem_of(b.type)});
+  for (const auto& b : shapes)
+    out.push_back({std::string(b.name), extents(b.extents), elem_of(b.type)});
   return out;
 }
 }  // namespace
@@ -52,13 +53,13 @@ std::vector<spec> layout_outputs(const routing_config& cfg, std::int64_t T, layo
   return specs_of(layout_buffers(cfg, T, kind, block_size, rows, local_experts));
 }
 
-const spec& find_spec(const std::vector<spec>& specs, const std::string& name) {
+const spec& find_spec(const std::vector<spec>& specs, std::string_view name) {
   for (const auto& s : specs)
     if (s.name == name) return s;
-  throw std::logic_error("moeroute binding: no spec named " + name);
+  throw std::logic_error("moeroute binding: no spec named " + std::string(name));
 }
 
-bool lists(const std::vector<spec>& specs, const std::string& name) {
+bool lists(const std::vector<spec>& specs, std::string_view name) {
   for (const auto& s : specs)
     if (s.name == name) return true;
   return false;

@@ -8,6 +8,7 @@
 
 #include <cstdint>
 #include <string>
+#include <string_view>
 #include <vector>
 
 #include <moeroute/config.hpp>
@@ -32,9 +33,9 @@ namespace moeroute::python {
                                                layout_kind kind, std::int64_t block_size,
                                                std::int32_t local_experts);
 /// The spec named `name` of `specs` (a bug in the binding when absent).
-[[nodiscard]] const spec& find_spec(const std::vector<spec>& specs, const std::string& name);
+[[nodiscard]] const spec& find_spec(const std::vector<spec>& specs, std::string_view name);
 /// True when `specs` lists `name`.
-[[nodiscard]] bool lists(const std::vector<spec>& specs, const std::string& name);
+[[nodiscard]] bool lists(const std::vector<spec>& specs, std::string_view name);
 
 /// The rows of a layout of `kind`; raises moeroute.Error naming the combination that has none.
 [[nodiscard]] std::int64_t max_rows_of(const routing_config& cfg, std::int64_t tokens,

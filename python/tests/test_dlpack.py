@@ -100,3 +100,16 @@ def test_outputs_must_be_writable():
     out.setflags(write=False)
     with pytest.raises(Error, match="permute: out: cannot be exported through DLPack"):
         moeroute.permute(np.zeros((16, 4), np.float32), r.laid, CFG, out=out)
+
+
+def test_more_dimensions_than_the_binding_holds():
+    """An array's extents are held inline (8 of them): a ninth is refused by name, through
+    DLPack and through the buffer protocol alike, never read past."""
+    x = np.zeros((1,) * 8 + (8,), np.float32)
+    with pytest.raises(Error, match="logits: more than 8 dimensions"):
+        _core.route_host(CFG, x)
+    x.setflags(write=False)  # (numpy hands read-only arrays over through the buffer protocol)
+    with pytest.raises(Error, match="logits: more than 8 dimensions"):
+        _core.route_host(CFG, x)
+    with pytest.raises(Error, match=r"logits: shape \[1, 1, 1, 1, 1, 1, 1, 8\], expected \[\*, 8\]"):
+        _core.route_host(CFG, np.zeros((1,) * 7 + (8,), np.float32))

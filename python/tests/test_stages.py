@@ -364,6 +364,36 @@ def staged_route(x, cfg, **kw):
     return g, d, lay, moeroute.losses(g, cfg)
 
 
+def test_fused_host_route_keeps_a_plan_per_config_and_batch():
+    """The fused host route keeps the buffer plans of its last 8 (config, T, layout) calls and
+    reuses one only for a bit-equal config: configs that differ in one field that changes an
+    output's shape (capacity factor: the padded rows; top_k; sequence length), batch sizes, and
+    more of them than are kept, in turns — each call equal to the stages called one by one."""
+    base = Config.preset("olmoe", 16, 4)
+    variants = []
+    for factor in (1.0, 1.25, 2.0, 4.0):
+        for k in (2, 4):
+            c = base.copy()
+            c["capacity.factor"] = factor
+            c["top_k"] = k
+            variants.append(c)
+    seq = base.copy()
+    seq["loss.sequence_length"] = 5
+    variants.append(seq)
+    for turn in range(3):
+        for i, cfg in enumerate(variants):
+            T = (5, 20, 35)[(i + turn) % 3]
+            x = logits_grid(T, cfg.num_experts, seed=i + 10 * turn)
+            fused = moeroute.route(x, cfg)
+            g, d, lay, losses = staged_route(x, cfg)
+            for got, want in ((fused.gated.arrays, g.arrays), (fused.dispatched.arrays, d.arrays),
+                              (fused.laid.arrays, lay.arrays), (fused.losses, losses)):
+                assert sorted(got) == sorted(want)
+                for key in want:
+                    assert got[key].shape == want[key].shape, (turn, i, key)
+                    np.testing.assert_array_equal(got[key], want[key], err_msg=key)
+
+
 @pytest.mark.parametrize("case", ["plain", "bool_valid", "per_token_aux", "replay", "compact",
                                   "sequences", "empty"])
 @pytest.mark.parametrize("name,cfg", CONFIGS[::4], ids=[n for n, _ in CONFIGS[::4]])
