@@ -107,6 +107,8 @@ if [ -n "$PY" ] && "$PY" -c "import torch" 2>/dev/null; then
   if [ -d "$BUILD/python/moeroute" ]; then
     log "the Python package (moeroute.torch) vs torch ops, one thread"
     PYTHONPATH="$BUILD/python" "$PY" "$ROOT/bench/bench_python.py" --json "$OUT/python_vs_torch.json"
+    log "a decode step's calls from Python (T = 1)"
+    PYTHONPATH="$BUILD/python" "$PY" "$ROOT/bench/bench_python_decode.py" --json "$OUT/python_decode.json"
   fi
 else
   echo "no python3 with torch: the PyTorch comparison is skipped (apt-get install python3-torch)" >&2
