@@ -143,15 +143,21 @@ template <class F>
   for (std::int32_t j = 0; j < k; ++j) acc[j & 7] += f(j);
   return ((acc[0] + acc[4]) + (acc[2] + acc[6])) + ((acc[1] + acc[5]) + (acc[3] + acc[7]));
 }
-/// The largest of the row x (pads -FLT_MAX), from -FLT_MAX as the reference's: exact.
+/// The largest of the row x (pads -FLT_MAX; n a multiple of 8), from -FLT_MAX as the
+/// reference's: exact. One running maximum per vector of a block of 8 (below AVX-512 one
+/// chain of compare + select per vector was the pass's whole cost); the order a maximum is
+/// taken in cannot change it (no NaN here, and a -0 / +0 tie gives the same exps).
 inline double max_row(const double* x, std::int32_t n) {
-  f64w mv = f64w{} - static_cast<double>(FLT_MAX);
-  for (std::int32_t i = 0; i < n; i += W) {
-    const f64w v = block(x + i);
-    select_lanes(mv, v > mv, v);
-  }
-  double m = mv[0];
-  for (std::int32_t l = 1; l < W; ++l) m = mv[l] > m ? mv[l] : m;
+  f64w mv[8 / W];
+  for (auto& m : mv) m = f64w{} - static_cast<double>(FLT_MAX);
+  for (std::int32_t e = 0; e < n; e += 8)
+    for (std::int32_t h = 0; h < 8 / W; ++h) {
+      const f64w v = block(x + e + h * W);
+      select_lanes(mv[h], v > mv[h], v);
+    }
+  for (std::int32_t h = 1; h < 8 / W; ++h) select_lanes(mv[0], mv[h] > mv[0], mv[h]);
+  double m = mv[0][0];
+  for (std::int32_t l = 1; l < W; ++l) m = mv[0][l] > m ? mv[0][l] : m;
   return m;
 }
 /// out = exp(x - m) over the row (pads 0); returns the sum of out in lanes8. With `gp`, also
