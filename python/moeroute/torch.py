@@ -100,7 +100,7 @@ def _route_host(logits, x, bias, valid, replay_ids, cfg, kind, block_size, repla
 def _route_impl(logits, bias, valid, replay_ids, config: str, kind: str, block_size: int,
                 replay_ratio: float):
     cfg = _config_of(config)
-    x = _compute(logits.detach())
+    x = _compute(logits.detach() if logits.requires_grad else logits)
     bias = None if bias is None else bias.detach().float().contiguous()
     inputs = (x, bias, valid, replay_ids)
     views = [_numpy_view(t) for t in inputs]
@@ -559,13 +559,22 @@ def _router_text(config: Config, training: bool) -> str:
     return _text_of(cfg)
 
 
+_is_compiling = None  # torch's is_compiling, found on the first call (a lookup a call cost)
+
+
 def _compiling() -> bool:
     """True while torch.compile traces (torch >= 2.0); False on older torch."""
-    compiler = getattr(torch, "compiler", None)
-    if compiler is not None and hasattr(compiler, "is_compiling"):
-        return compiler.is_compiling()
-    dynamo = getattr(torch, "_dynamo", None)
-    return bool(dynamo is not None and hasattr(dynamo, "is_compiling") and dynamo.is_compiling())
+    global _is_compiling
+    if _is_compiling is None:
+        compiler = getattr(torch, "compiler", None)
+        dynamo = getattr(torch, "_dynamo", None)
+        if compiler is not None and hasattr(compiler, "is_compiling"):
+            _is_compiling = compiler.is_compiling
+        elif dynamo is not None and hasattr(dynamo, "is_compiling"):
+            _is_compiling = dynamo.is_compiling
+        else:
+            _is_compiling = lambda: False  # noqa: E731 (no torch.compile on this torch)
+    return bool(_is_compiling())
 
 
 def _eager_inference(*tensors) -> bool:
@@ -600,7 +609,7 @@ def route(logits: torch.Tensor, config: Union[Config, str], *, bias=None, valid=
     [0, 1] gives back replayed experts scoring below that fraction of the router's weakest own
     top-k score (counted in replay_replaced)."""
     text, kind = _prepared(config, int(logits.shape[-1]), layout)
-    flat = logits.reshape(-1, logits.shape[-1])
+    flat = logits if logits.dim() == 2 else logits.reshape(-1, logits.shape[-1])
     shape = tuple(logits.shape[:-1])
     if valid is not None:
         valid = valid.reshape(-1)
