@@ -44,6 +44,12 @@ def _text_of(config: Config) -> str:
     return config.__getstate__()
 
 
+def _detached(t: torch.Tensor) -> torch.Tensor:
+    """t without its autograd history: t itself when it has none (detach() makes a new
+    tensor object, a microsecond of a decode call)."""
+    return t.detach() if t.requires_grad else t
+
+
 def _compute(t: torch.Tensor) -> torch.Tensor:
     """The tensor the library reads: contiguous, float64 narrowed to float32."""
     t = t.contiguous()
@@ -100,7 +106,7 @@ def _route_host(logits, x, bias, valid, replay_ids, cfg, kind, block_size, repla
 def _route_impl(logits, bias, valid, replay_ids, config: str, kind: str, block_size: int,
                 replay_ratio: float):
     cfg = _config_of(config)
-    x = _compute(logits.detach() if logits.requires_grad else logits)
+    x = _compute(_detached(logits))
     bias = None if bias is None else bias.detach().float().contiguous()
     inputs = (x, bias, valid, replay_ids)
     views = [_numpy_view(t) for t in inputs]
@@ -135,7 +141,7 @@ def _route_backward_impl(logits, valid, ids, fate, aux_count, valid_tokens, seq_
                          seq_tokens, grad_weight, grad_aux, grad_seq, grad_z, config: str):
     """dL/dlogits from dL/dweight and the three loss gradients (0-d tensors)."""
     cfg = _config_of(config)
-    x = _compute(logits.detach())
+    x = _compute(_detached(logits))
     arrays = {"ids": ids, "aux_count": aux_count, "valid_tokens": valid_tokens}
     if cfg["loss.sequence_length"] > 0:
         arrays.update(seq_count=seq_count, seq_tokens=seq_tokens)
@@ -195,7 +201,7 @@ def _empty_like(a, shape):
 
 def _permute_impl(x, row_token, num_rows, config: str):
     cfg = _config_of(config)
-    xc = _compute(x.detach())
+    xc = _compute(_detached(x))
     host = _host_arrays(xc, row_token, num_rows)
     if host is not None:
         # on the host: the buffer allocated and its tail zeroed here (numpy where it holds the
@@ -224,9 +230,9 @@ def _permute_backward_impl(grad_buf, assignment_row, config: str, dtype):
 
 def _combine_impl(expert_out, weight, x, assignment_row, fate, config: str):
     cfg = _config_of(config)
-    eo = _compute(expert_out.detach())
-    w = weight.detach().float().contiguous()
-    xr = None if x is None else _compute(x.detach()).to(eo.dtype)
+    eo = _compute(_detached(expert_out))
+    w = _detached(weight).float().contiguous()
+    xr = None if x is None else _compute(_detached(x)).to(eo.dtype)
     host = _host_arrays(eo, w, assignment_row, fate, xr)
     if host is not None:  # (as _permute_impl)
         eon, wn, ar, fn, xn = host
@@ -244,7 +250,7 @@ def _combine_impl(expert_out, weight, x, assignment_row, fate, config: str):
 def _combine_backward_impl(dy, expert_out, weight, row_token, assignment_row, fate,
                            config: str, want_x: bool):
     cfg = _config_of(config)
-    eo = _compute(expert_out.detach())
+    eo = _compute(_detached(expert_out))
     lay = _st.Laid({"row_token": row_token, "assignment_row": assignment_row}, "", 1,
                    int(eo.shape[0]))
     d = _st.Dispatched({"weight": weight.detach().float().contiguous(), "fate": fate})
@@ -647,7 +653,7 @@ def permute(x: torch.Tensor, routing: RouterOutput, *,
     out: a [max_rows, d] buffer of x's dtype reused across calls (inference): no allocation;
     rows below routing.num_rows are written (padding rows as 0), the rest keep what they held
     (zero it once)."""
-    flat = x.reshape(-1, x.shape[-1])
+    flat = x if x.dim() == 2 else x.reshape(-1, x.shape[-1])
     if out is not None:
         _no_autograd("permute", x)
         lay = _st.Laid({"row_token": routing.row_token, "num_rows": routing.num_rows}, "", 1,
@@ -671,7 +677,7 @@ def combine(expert_out: torch.Tensor, routing: RouterOutput, *, x: Optional[torc
     out: a [T, d] buffer of expert_out's dtype reused across calls (inference): every row is
     written, no allocation; returned in the routed logits' leading dims."""
     xf = None if x is None or not _residual(routing.config_text) else \
-        x.reshape(-1, x.shape[-1])
+        x if x.dim() == 2 else x.reshape(-1, x.shape[-1])
     if out is not None:
         _no_autograd("combine", expert_out, routing.weight, x)
         eo = _compute(expert_out)
