@@ -47,8 +47,8 @@ class extents {
  public:
   static constexpr std::size_t max_rank = 8;
   extents() = default;
-  extents(std::initializer_list<std::int64_t> e) { assign(e.begin(), e.end()); }
-  explicit extents(const std::vector<std::int64_t>& e) { assign(e.begin(), e.end()); }
+  extents(std::initializer_list<std::int64_t> e) { must_assign(e.begin(), e.end()); }
+  explicit extents(const std::vector<std::int64_t>& e) { must_assign(e.begin(), e.end()); }
   /// Copies [first, last); false (and empty) when there are more than max_rank.
   template <class It>
   bool assign(It first, It last) {
@@ -69,6 +69,11 @@ class extents {
   [[nodiscard]] std::vector<std::int64_t> vector() const { return {begin(), end()}; }
 
  private:
+  template <class It>
+  void must_assign(It first, It last) {  // a shape the binding writes itself: a bug if too long
+    if (!assign(first, last)) throw std::length_error("moeroute binding: a shape of > 8 extents");
+  }
+
   std::int64_t d_[max_rank] = {};
   std::size_t n_ = 0;
 };

@@ -361,21 +361,21 @@ std::size_t bytes_of(const spec& s) {
 
 /// Where route_host puts everything for one (config, T, layout, replay) call: the outputs'
 /// specs by stage, each output's byte offset in the buffer, and the sizes (no Python objects:
-/// a thread's plans outlive the interpreter). Made once and kept (route_host_plans): at decode
-/// sizes making it was a third of the call.
+/// a thread's plans outlive the interpreter). Made once and kept (route_host_plan_of): at
+/// decode sizes making it was a third of the call.
 struct route_host_plan {
   routing_config cfg;  // compared bit for bit: equal bits are an equal config (a miss else)
   std::int64_t T = 0, block_size = 0;
   layout_kind kind = layout_kind::padded;
-  bool per_token_aux = false, replay = false;
+  bool per_token_aux = false, replay = false, cuda = false;
   std::vector<spec> groups[4];
   std::vector<std::size_t> offsets[4];
   std::size_t gating_ws = 0, dispatch_ws = 0, ws_bytes = 0, total = 0;
 
   [[nodiscard]] bool matches(const routing_config& c, std::int64_t t, layout_kind k, std::int64_t b,
-                             bool aux, bool r) const noexcept {
+                             bool aux, bool r, bool on_device) const noexcept {
     return T == t && kind == k && block_size == b && per_token_aux == aux && replay == r &&
-           std::memcmp(&cfg, &c, sizeof(routing_config)) == 0;
+           cuda == on_device && std::memcmp(&cfg, &c, sizeof(routing_config)) == 0;
   }
 };
 
@@ -388,7 +388,7 @@ const route_host_plan& route_host_plan_of(const routing_config& cfg, std::int64_
   constexpr std::size_t kept = 8;
   thread_local std::vector<std::unique_ptr<route_host_plan>> plans;  // most recent last
   for (std::size_t i = plans.size(); i-- > 0;)
-    if (plans[i]->matches(cfg, T, kind, block_size, per_token_aux, replay)) {
+    if (plans[i]->matches(cfg, T, kind, block_size, per_token_aux, replay, cuda)) {
       if (i + 1 != plans.size()) std::rotate(plans.begin() + i, plans.begin() + i + 1, plans.end());
       return *plans.back();
     }
@@ -399,6 +399,7 @@ const route_host_plan& route_host_plan_of(const routing_config& cfg, std::int64_
   p->block_size = block_size;
   p->per_token_aux = per_token_aux;
   p->replay = replay;
+  p->cuda = cuda;
   p->groups[0] = gating_outputs(cfg, T, per_token_aux, replay);
   p->groups[1] = dispatch_outputs(cfg, T);
   p->groups[2] = layout_outputs(cfg, T, kind, block_size, 0);
