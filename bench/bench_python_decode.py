@@ -2,7 +2,8 @@
 # SPDX-License-Identifier: Apache-2.0
 """A decode step's calls from Python on the CPU (T = 1, no grad, one thread): the fixed cost
 of each call, which a serving loop pays per layer. Megatron (64, 2) routing with capacity
-factor 1.25, d = 2048; us per call, the best of 5 runs of --calls calls.
+factor 1.25 (the padded layout) and the aux and z losses, as bench_python.py routes; d = 2048;
+us per call, the best of 5 runs of --calls calls.
 
     PYTHONPATH=build/release/python python3 bench/bench_python_decode.py [--calls 3000]
 
@@ -40,8 +41,9 @@ def main():
     a = p.parse_args()
     torch.set_num_threads(1)
     E, k, d = 64, 2, 2048
-    cfg = moeroute.Config.preset("megatron", E, k)
-    cfg["capacity.factor"] = 1.25
+    cfg = moeroute.Config.megatron(E, k, capacity_factor=1.25)  # bench_python.py's routing
+    cfg["loss.aux_coefficient"] = 1e-2
+    cfg["loss.z_coefficient"] = 1e-3
     text = str(cfg)
     logits = torch.randn(1, E)
     logits_np = logits.numpy()
