@@ -96,24 +96,23 @@ call_arrays::call_arrays(std::string op, py::dict arrays, std::optional<std::int
       arrays_(std::move(arrays)),
       stream_(stream),
       device_arrays_(device_arrays) {
-  preset_keys_.reserve(64);  // a fused route presets ~40: no regrowth
-  presets_.reserve(64);
+  presets_.reserve(64);  // a fused route presets ~40: no regrowth
 }
 
 void call_arrays::fail(const std::string& what) const { throw binding_error(op_ + ": " + what); }
 
-std::uint64_t call_arrays::key_of(std::string_view name) noexcept {
-  std::uint64_t k = static_cast<std::uint64_t>(std::min<std::size_t>(name.size(), 255)) << 56;
-  for (std::size_t i = 0; i < name.size() && i < 7; ++i)
-    k |= static_cast<std::uint64_t>(static_cast<unsigned char>(name[i])) << (8 * i);
-  return k;
+std::size_t call_arrays::slot_of(std::string_view name) noexcept {
+  std::uint64_t h = 14695981039346656037ull;  // FNV-1a
+  for (const char c : name) h = (h ^ static_cast<unsigned char>(c)) * 1099511628211ull;
+  return static_cast<std::size_t>(h ^ (h >> 32)) & (preset_slots - 1);
 }
 
 std::size_t call_arrays::preset_index(std::string_view name) const noexcept {
-  const std::uint64_t key = key_of(name);
-  for (std::size_t i = 0; i < preset_keys_.size(); ++i)
-    if (preset_keys_[i] == key && presets_[i].name == name) return i;
-  return presets_.size();
+  for (std::size_t s = slot_of(name);; s = (s + 1) & (preset_slots - 1)) {
+    const std::size_t i = preset_table_[s];
+    if (i == 0) return presets_.size();  // an empty slot: not preset
+    if (presets_[i - 1].name == name) return i - 1;
+  }
 }
 
 const array_view* call_arrays::preset_of(std::string_view name) const noexcept {
@@ -132,8 +131,12 @@ void call_arrays::preset(std::string_view name, const array_view& v) {
     presets_[i].view = v;
     return;
   }
-  preset_keys_.push_back(key_of(name));
+  if (presets_.size() >= preset_slots / 2)  // (a fused route makes ~40)
+    throw std::logic_error("moeroute binding: more than 128 preset arrays in one call");
+  std::size_t s = slot_of(name);
+  while (preset_table_[s] != 0) s = (s + 1) & (preset_slots - 1);
   presets_.push_back({std::string(name), v});
+  preset_table_[s] = static_cast<std::uint16_t>(presets_.size());
 }
 
 array_view call_arrays::look(std::string_view name_view, bool writable) {
