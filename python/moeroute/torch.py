@@ -565,21 +565,23 @@ def _router_text(config: Config, training: bool) -> str:
     return _text_of(cfg)
 
 
-_is_compiling = None  # torch's is_compiling, found on the first call (a lookup a call cost)
+def _find_is_compiling():
+    """torch's is_compiling (torch >= 2.0), else a function returning False. Found once, at
+    import (a lookup per call cost a decode call 2 us), so a traced call never sets it."""
+    compiler = getattr(torch, "compiler", None)
+    if compiler is not None and hasattr(compiler, "is_compiling"):
+        return compiler.is_compiling
+    dynamo = getattr(torch, "_dynamo", None)  # (only here: on torch 2.x reading it imports it)
+    if dynamo is not None and hasattr(dynamo, "is_compiling"):
+        return dynamo.is_compiling
+    return lambda: False  # no torch.compile on this torch
+
+
+_is_compiling = _find_is_compiling()
 
 
 def _compiling() -> bool:
     """True while torch.compile traces (torch >= 2.0); False on older torch."""
-    global _is_compiling
-    if _is_compiling is None:
-        compiler = getattr(torch, "compiler", None)
-        dynamo = getattr(torch, "_dynamo", None)
-        if compiler is not None and hasattr(compiler, "is_compiling"):
-            _is_compiling = compiler.is_compiling
-        elif dynamo is not None and hasattr(dynamo, "is_compiling"):
-            _is_compiling = dynamo.is_compiling
-        else:
-            _is_compiling = lambda: False  # noqa: E731 (no torch.compile on this torch)
     return bool(_is_compiling())
 
 
