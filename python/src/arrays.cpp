@@ -120,10 +120,13 @@ const array_view* call_arrays::preset_of(std::string_view name) const noexcept {
   return i < presets_.size() ? &presets_[i].view : nullptr;
 }
 
-bool call_arrays::has(std::string_view name) const {
-  if (preset_of(name) != nullptr) return true;
+bool call_arrays::given(std::string_view name) const {
   const py::str key(name.data(), name.size());
   return arrays_.contains(key) && !arrays_[key].is_none();
+}
+
+bool call_arrays::has(std::string_view name) const {
+  return preset_of(name) != nullptr || given(name);
 }
 
 void call_arrays::preset(std::string_view name, const array_view& v) {
@@ -139,14 +142,15 @@ void call_arrays::preset(std::string_view name, const array_view& v) {
   preset_table_[s] = static_cast<std::uint16_t>(presets_.size());
 }
 
-array_view call_arrays::look(std::string_view name_view, bool writable) {
-  if (const array_view* v = preset_of(name_view)) {
-    if (!placed_) {
-      place_ = v->place;
-      placed_ = true;
-    }
-    return *v;
+const array_view& call_arrays::placed(const array_view& v) {
+  if (!placed_) {
+    place_ = v.place;
+    placed_ = true;
   }
+  return v;
+}
+
+array_view call_arrays::look(std::string_view name_view, bool writable) {
   const std::string name(name_view);
   py::object obj = arrays_[py::str(name)];
   // an input that requires grad (a stage is not differentiable; moeroute.torch is): its values
@@ -230,17 +234,24 @@ array_view call_arrays::look(std::string_view name_view, bool writable) {
 }
 
 void* call_arrays::get(const spec& s, bool required, bool writable) {
-  if (!has(s.name)) {
+  if (const array_view* p = preset_of(s.name))
+    return checked(s.name, placed(*p), s.shape, s.dtype).data;
+  if (!given(s.name)) {
     if (required) fail(s.name + ": required here, but not given");
     return nullptr;
   }
-  return view(s.name, s.shape, s.dtype, writable).data;
+  return checked(s.name, look(s.name, writable), s.shape, s.dtype).data;
 }
 
 array_view call_arrays::view(std::string_view name, const extents& shape, elem_set allowed,
                              bool writable) {
-  if (!has(name)) fail(std::string(name) + ": required here, but not given");
-  array_view v = look(name, writable);
+  if (const array_view* p = preset_of(name)) return checked(name, placed(*p), shape, allowed);
+  if (!given(name)) fail(std::string(name) + ": required here, but not given");
+  return checked(name, look(name, writable), shape, allowed);
+}
+
+array_view call_arrays::checked(std::string_view name, const array_view& v, const extents& shape,
+                                elem_set allowed) const {
   if (!allowed.has(v.dtype)) {
     std::string names;  // (the message only when it is needed: a call views ~50 arrays)
     for (const auto& i : elems)

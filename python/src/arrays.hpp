@@ -160,7 +160,15 @@ class call_arrays {
  private:
   [[nodiscard]] std::size_t preset_index(std::string_view name) const noexcept;  // or size
   [[nodiscard]] const array_view* preset_of(std::string_view name) const noexcept;
+  /// True when the caller's dict gives `name` (not None).
+  [[nodiscard]] bool given(std::string_view name) const;
+  /// `v` (a preset), the call's device taken from it if it is the first array seen.
+  const array_view& placed(const array_view& v);
+  /// The caller's array `name` (given) through DLPack or the buffer protocol.
   array_view look(std::string_view name, bool writable);
+  /// `v` when its dtype is one of `allowed` and its shape `shape`; else raises, naming `name`.
+  [[nodiscard]] array_view checked(std::string_view name, const array_view& v, const extents& shape,
+                                   elem_set allowed) const;
 
   std::string op_;
   py::dict arrays_;
