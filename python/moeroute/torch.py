@@ -78,7 +78,7 @@ def _numpy_view(t):
     small call (performance.md, "The Python package")."""
     if t is None or not t.is_cpu or t.dtype == torch.bfloat16:
         return None
-    return t.detach().numpy() if t.requires_grad else t.numpy()  # (detach: a tensor's cost)
+    return _detached(t).numpy()
 
 
 def _route_host(logits, x, bias, valid, replay_ids, cfg, kind, block_size, replay_ratio):
@@ -188,7 +188,7 @@ def _host_arrays(*tensors):
         elif t.dtype == torch.bfloat16:
             out.append(t)
         else:
-            out.append(t.detach().numpy() if t.requires_grad else t.numpy())
+            out.append(_detached(t).numpy())
     return out
 
 
