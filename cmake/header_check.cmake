@@ -20,7 +20,7 @@ function(_moeroute_header_check target ext link)
   target_link_libraries(${target} PRIVATE ${link})
   if(ext STREQUAL "cu")
     # one architecture is enough to prove a header compiles alone
-    set_target_properties(${target} PROPERTIES CUDA_ARCHITECTURES "${MOEROUTE_DEV_CUDA_ARCHITECTURES}")
+    moeroute_dev_cuda_binary(${target})
   else()
     target_compile_options(${target} PRIVATE -Wall -Wextra -Wpedantic -Werror)
   endif()
