@@ -221,7 +221,7 @@ TEST_CASE("cpu math::sigmoid_row_fused equals its separate passes", "[cpu][math]
 // 8 only), the chains added (0 + 1) + (2 + 3), the lanes folded (j + j+4), (j + j+2), (0 + 1),
 // then the tail one by one — the same bits on every ISA build (this file runs on the default
 // ISA, AVX2 and the machine's), and exp_row's sum is sum_row of the exps it wrote.
-TEST_CASE("cpu math::sum_row adds in its documented order; exp_row's sum is sum_row's",
+TEST_CASE("cpu math::sum_row adds in its documented order, exp_row's sum is sum_row's",
           "[cpu][math]") {
   std::mt19937 rng(5);
   std::normal_distribution<float> normal(0.0f, 3.0f);
@@ -256,7 +256,7 @@ namespace {
 }  // namespace
 MOEROUTE_PRECISE_FP_END
 
-TEST_CASE("cpu math::exp(double) is within 2.5e-16 of exp; exp_lanes gives its bits",
+TEST_CASE("cpu math::exp(double) is within 2.5e-16 of exp, exp_lanes gives its bits",
           "[cpu][math]") {
   std::mt19937_64 rng(11);
   double worst = 0.0, worst_at = 0.0;

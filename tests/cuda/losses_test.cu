@@ -172,7 +172,7 @@ TEST_CASE("losses through the GPU gating match the reference, E = 384", "[cuda][
   check_losses_through_gating(384);
 }
 
-TEST_CASE("losses: zero valid tokens give 0; bad params are rejected; T = 0 writes nothing",
+TEST_CASE("losses: zero valid tokens give 0, bad params are rejected, T = 0 writes nothing",
           "[cuda][losses][quick]") {
   const auto cfg = presets::mixtral();
   const std::vector<double> sums(8, 1.0);

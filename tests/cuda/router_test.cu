@@ -134,7 +134,7 @@ TEST_CASE("cuda::router equals the reference, batch after batch", "[cuda][router
   }
 }
 
-TEST_CASE("cuda::router: one device allocation; misuse named", "[cuda][router][quick]") {
+TEST_CASE("cuda::router: one device allocation, misuse named", "[cuda][router][quick]") {
   const routing_config cfg = presets::deepspeed_top2(8, 1.0);
   int allocations = 0;
   {

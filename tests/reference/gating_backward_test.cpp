@@ -228,7 +228,7 @@ TEST_CASE("backward: gating gradient through capacity drops and every drop polic
   }
 }
 
-TEST_CASE("backward: noise is a constant; gates from noisy logits pass the gradient to x",
+TEST_CASE("backward: noise is a constant, gates from noisy logits pass the gradient to x",
           "[backward][gating][noise]") {
   auto c = plain(6, 2);
   c.gating.renorm = renormalize::before_drop;
@@ -312,7 +312,7 @@ TEST_CASE("backward: non-finite logits get zero gradient, the rest stays finite"
   CHECK(dl[0] != 0.0f);  // row 0 still has a real gradient
 }
 
-TEST_CASE("backward: zero tokens is a no-op; wrong shapes throw", "[backward][shapes]") {
+TEST_CASE("backward: zero tokens is a no-op, wrong shapes throw", "[backward][shapes]") {
   auto c = presets::mixtral(4, 2);
   std::vector<float> none;
   const auto g = ref::gating(c, none, 0);

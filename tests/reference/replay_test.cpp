@@ -43,7 +43,7 @@ std::string throws_message(const std::function<void()>& f) {
 
 }  // namespace
 
-TEST_CASE("replay: a -1 slot takes the best expert not replayed; gates from the live logits",
+TEST_CASE("replay: a -1 slot takes the best expert not replayed, gates from the live logits",
           "[replay]") {
   // softmax over all, top-2 on the scores, renormalised (Qwen3): one token, logits 3 1 2 0
   const routing_config cfg = presets::qwen_moe(4, 2);

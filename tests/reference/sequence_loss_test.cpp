@@ -216,7 +216,7 @@ TEST_CASE("sequence aux: an all-padding sequence adds nothing and leaves the mea
   CHECK(ref::sequence_aux_loss(c, g) == Approx(per[0] + per[2]).epsilon(1e-14));
 }
 
-TEST_CASE("per-token aux outputs add up to the sums; padding rows count for nothing",
+TEST_CASE("per-token aux outputs add up to the sums, padding rows count for nothing",
           "[reference][gating][losses]") {
   const std::int32_t E = 12;
   const std::int64_t T = 40;

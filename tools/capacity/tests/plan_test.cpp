@@ -66,7 +66,7 @@ std::vector<float> random_logits(std::size_t n, std::uint32_t seed) {
 
 }  // namespace
 
-TEST_CASE("plan: quantiles are exact nearest ranks; mean and max direct", "[plan][stats]") {
+TEST_CASE("plan: quantiles are exact nearest ranks, mean and max direct", "[plan][stats]") {
   std::mt19937 g(3);
   for (std::size_t n : {1u, 2u, 3u, 7u, 16u, 100u, 101u, 1000u}) {
     std::vector<double> v(n);
