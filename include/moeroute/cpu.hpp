@@ -18,4 +18,5 @@
 #include <moeroute/cpu/permute_backward.hpp>
 #include <moeroute/cpu/record.hpp>
 #include <moeroute/cpu/router.hpp>
+#include <moeroute/cpu/token_mask.hpp>
 #include <moeroute/layout_rows.hpp>

@@ -19,3 +19,4 @@
 #include <moeroute/cuda/permute_backward.cuh>
 #include <moeroute/cuda/record.cuh>
 #include <moeroute/cuda/router.cuh>
+#include <moeroute/cuda/token_mask.cuh>

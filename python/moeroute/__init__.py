@@ -20,7 +20,7 @@ from .planning import plan, plan_frames
 from .replay import RoutingRecord, agreement
 from .stages import (Dispatched, Gated, Laid, Routing, combine, combine_backward, dispatch,
                      expert_bias_update, gating, gating_backward, layout, losses, permute,
-                     permute_backward, route)
+                     permute_backward, route, token_mask)
 
 Config.from_hf = staticmethod(_from_hf)  # Config.from_hf(model.config): see hf_config.py
 
@@ -32,6 +32,7 @@ Config.__module__ = Error.__module__ = "moeroute"  # pickles name moeroute.Confi
 __all__ = [
     "Config", "Error", "presets", "plan", "plan_frames", "Gated", "Dispatched", "Laid", "Routing",
     "gating", "dispatch", "layout", "permute", "combine", "losses", "gating_backward",
-    "combine_backward", "permute_backward", "expert_bias_update", "route", "RoutingRecord",
+    "combine_backward", "permute_backward", "expert_bias_update", "route", "token_mask",
+    "RoutingRecord",
     "agreement", "isa",
 ]

@@ -138,20 +138,71 @@ def gating(logits, config: Config, *, bias=None, valid=None, per_token_aux: bool
     return Gated(out, T)
 
 
-def dispatch(gated: Gated, config: Config, *, valid=None, threads: int = 0) -> Dispatched:
+def _count_of(token_count, like, tokens: int):
+    """token_count as the [1] int64 array the C++ side reads, in `like`'s framework and on its
+    device: a Python int is checked against [0, tokens] and written into one; an array (0-d or
+    [1], int64) is taken as it is, its value never read here (on a device it stays there)."""
+    if isinstance(token_count, (int, np.integer)) and not isinstance(token_count, bool):
+        n = int(token_count)
+        if not 0 <= n <= tokens:
+            raise _core.Error(f"token_count = {n}: must be in [0, tokens = {tokens}]")
+        out = _arrays.empty_like_framework(like, (1,), "int64")
+        out[0] = n
+        return out
+    if (not hasattr(token_count, "shape") or not hasattr(token_count, "dtype")
+            or tuple(token_count.shape) not in ((), (1,))
+            or _arrays.dtype_name(token_count) != "int64"):
+        got = (f"{_arrays.dtype_name(token_count)} of shape {tuple(token_count.shape)}"
+               if hasattr(token_count, "shape") and hasattr(token_count, "dtype")
+               else type(token_count).__name__)
+        raise _core.Error(f"token_count: expected an int or a [1] int64 array, got {got}")
+    return token_count.reshape(1)
+
+
+def _named_count(message: str) -> str:
+    """A C++ message's count (token_mask's *d_count, dispatch's *d_token_count) by the name the
+    Python call took it under."""
+    return message.replace("*d_token_count", "token_count").replace("*d_count", "token_count")
+
+
+def token_mask(token_count, tokens: int, *, valid=None):
+    """The [tokens] uint8 padding mask of a batch whose first n rows are real:
+    mask[t] = t < n and valid[t] (valid: [T] bool / uint8, optional). `token_count` is n: an
+    int, or a [1] int64 array — on a device it is read there, never on the host (an engine's
+    CUDA graph captured once for the largest batch, the count written before each replay; the
+    device clamps n to [0, T], the CPU raises outside it). route(token_count=) applies it; pass
+    it as valid= to gating, dispatch and the backward passes of a batch routed stage by stage."""
+    T = int(tokens)
+    like = token_count if hasattr(token_count, "shape") else np.empty(0)
+    count = _count_of(token_count, like, T)
+    mask = _arrays.empty_like_framework(count, (T,), "uint8")
+    try:
+        _core.token_mask(dict(token_count=count, valid=_arrays.as_mask(valid), mask=mask),
+                         _arrays.stream_of(count))
+    except _core.Error as e:
+        raise _core.Error(_named_count(str(e))) from None
+    return mask
+
+
+def dispatch(gated: Gated, config: Config, *, valid=None, token_count=None,
+             threads: int = 0) -> Dispatched:
     """Capacity assignment: each (token, choice) kept, rerouted or dropped, its slot and
-    combine weight, and the per-expert counts."""
+    combine weight, and the per-expert counts. `token_count` (an int or a [1] int64 array,
+    optional): only the first n rows are real — C is the capacity of n tokens and the result
+    that of dispatching those n alone; rows [n, T) must be masked in `valid` too (token_mask)."""
     like = gated.ids
     T = gated.tokens
     out = _arrays.allocate(like, _core.dispatch_outputs(config, T), T == 0)
     args = dict(gated.arrays)
     cuda = _arrays.on_cuda(like) or _core.emulated
+    if token_count is not None:
+        args["token_count"] = _count_of(token_count, like, T)
     args.update(out, valid=_arrays.as_mask(valid),
                 workspace=_arrays.workspace(like, _core.dispatch_workspace_bytes(config, T, cuda)))
     try:
         _core.dispatch(config, args, threads, _arrays.stream_of(like))
     except _core.Error as e:
-        raise _core.Error(_python_indices(str(e), config)) from None
+        raise _core.Error(_named_count(_python_indices(str(e), config))) from None
     return Dispatched(out)
 
 
@@ -323,25 +374,39 @@ def layout_kind_for(config: Config, kind: str = "auto") -> str:
 
 def route(logits, config: Config, *, bias=None, valid=None, kind: str = "auto",
           block_size: int = 1, per_token_aux: bool = False, replay_ids=None,
-          replay_ratio: float = 0.0, threads: int = 0) -> Routing:
+          replay_ratio: float = 0.0, token_count=None, threads: int = 0) -> Routing:
     """gating -> dispatch -> layout -> losses on one batch of router logits [T, E]. kind:
     "padded", "compact" or "auto" (padded when the capacity is bounded, else compact).
-    replay_ids / replay_ratio: routing replay, as in gating()."""
+    replay_ids / replay_ratio: routing replay, as in gating().
+
+    token_count (an int, or a [1] int64 array on the logits' device): only the first n rows
+    are real tokens, the rest padding — every buffer keeps the shape of T rows, and the first n
+    route exactly as route(logits[:n]) would (C of n tokens, the losses over them); rows
+    [n, T) are masked. A device count is read on the device only: one CUDA graph captured for
+    the largest batch serves every n (docs/python.md)."""
     kind = layout_kind_for(config, kind)
+    count = None
+    if token_count is not None:
+        T = _tokens_of(logits, "logits")
+        count = _count_of(token_count, logits, T)
+        valid = token_mask(count, T, valid=valid)
     if not _core.emulated and all(v is None or type(v) is np.ndarray
-                                  for v in (logits, bias, valid, replay_ids)):
+                                  for v in (logits, bias, valid, replay_ids, count)):
         # host numpy arrays: the four stages in one call, every output carved from one
         # buffer (a small batch's fixed cost: performance.md, "The Python package")
         T = _tokens_of(logits, "logits")
         if replay_ids is not None:
             replay_ids = _arrays.as_int32(replay_ids, "replay_ids")
-        g, d, lay, lo = _core.route_host(config, logits, bias, _arrays.as_mask(valid), kind,
-                                         block_size, per_token_aux, replay_ids,
-                                         float(replay_ratio), threads)
+        try:
+            g, d, lay, lo = _core.route_host(config, logits, bias, _arrays.as_mask(valid), kind,
+                                             block_size, per_token_aux, replay_ids,
+                                             float(replay_ratio), threads, count)
+        except _core.Error as e:
+            raise _core.Error(_named_count(str(e))) from None
         return Routing(Gated(g, T), Dispatched(d),
                        Laid(lay, kind, block_size, int(lay["row_token"].shape[0])), lo)
     g = gating(logits, config, bias=bias, valid=valid, per_token_aux=per_token_aux,
                replay_ids=replay_ids, replay_ratio=replay_ratio, threads=threads)
-    d = dispatch(g, config, valid=valid, threads=threads)
+    d = dispatch(g, config, valid=valid, token_count=count, threads=threads)
     lay = layout(d, config, kind=kind, block_size=block_size, threads=threads)
     return Routing(g, d, lay, losses(g, config, threads=threads))

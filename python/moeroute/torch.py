@@ -81,15 +81,20 @@ def _numpy_view(t):
     return _detached(t).numpy()
 
 
-def _route_host(logits, x, bias, valid, replay_ids, cfg, kind, block_size, replay_ratio):
+def _route_host(logits, x, bias, valid, replay_ids, token_count, cfg, kind, block_size,
+                replay_ratio):
     """_route_impl's outputs from the one-call host route (numpy views in), each output
     wrapped once: a small batch's cost is the objects a call makes (performance.md, "The
     Python package")."""
     _st._tokens_of(x, "logits")
     if replay_ids is not None:
         replay_ids = _arrays.as_int32(replay_ids, "replay_ids")
-    g, d, lay, lo = _core.route_host(cfg, x, bias, _arrays.as_mask(valid), kind, block_size,
-                                     False, replay_ids, float(replay_ratio), _threads())
+    try:
+        g, d, lay, lo = _core.route_host(cfg, x, bias, _arrays.as_mask(valid), kind, block_size,
+                                         False, replay_ids, float(replay_ratio), _threads(),
+                                         token_count)
+    except _core.Error as e:
+        raise _core.Error(_st._named_count(str(e))) from None
     f = torch.from_numpy
     loss = np.float64 if logits.dtype == torch.float64 else np.float32
     aux, seq, z = (f(np.array(lo[n][0], dtype=loss)) for n in _st.LOSSES)
@@ -104,19 +109,22 @@ def _route_host(logits, x, bias, valid, replay_ids, cfg, kind, block_size, repla
 
 
 def _route_impl(logits, bias, valid, replay_ids, config: str, kind: str, block_size: int,
-                replay_ratio: float):
+                replay_ratio: float, token_count=None):
+    """route's outputs; with token_count ([1] int64 on the logits' device) `valid` already
+    masks rows [n, T) (route made it) and dispatch takes the count (C of n tokens)."""
     cfg = _config_of(config)
     x = _compute(_detached(logits))
     bias = None if bias is None else bias.detach().float().contiguous()
-    inputs = (x, bias, valid, replay_ids)
+    inputs = (x, bias, valid, replay_ids, token_count)
     views = [_numpy_view(t) for t in inputs]
     if all(v is not None or t is None for v, t in zip(views, inputs)):
         inputs = views  # every input a host array numpy holds: the stages on numpy views
         if not _core.emulated:
             return _route_host(logits, *views, cfg, kind, block_size, replay_ratio)
-    x, bias, valid, replay_ids = inputs
+    x, bias, valid, replay_ids, token_count = inputs
     r = _st.route(x, cfg, bias=bias, valid=valid, kind=kind, block_size=block_size,
-                  replay_ids=replay_ids, replay_ratio=replay_ratio, threads=_threads())
+                  replay_ids=replay_ids, replay_ratio=replay_ratio, token_count=token_count,
+                  threads=_threads())
     g, d, lay = _Wrapped(r.gated.arrays), _Wrapped(r.dispatched.arrays), _Wrapped(r.laid.arrays)
     loss_dtype = logits.dtype if logits.dtype in (torch.float32, torch.float64) else torch.float32
     def empty():  # a fresh one each time: a custom operator's outputs may not alias
@@ -265,9 +273,10 @@ def _combine_backward_impl(dy, expert_out, weight, row_token, assignment_row, fa
 
 class _RouteFn(torch.autograd.Function):
     @staticmethod
-    def forward(ctx, logits, bias, valid, replay_ids, config, kind, block_size, replay_ratio):
+    def forward(ctx, logits, bias, valid, replay_ids, config, kind, block_size, replay_ratio,
+                token_count):
         outs = _route_impl(logits, bias, valid, replay_ids, config, kind, block_size,
-                           replay_ratio)
+                           replay_ratio, token_count)
         (_, _, _, _, ids, _, _, _, fate, _, _, _, _, _, _, aux_count, valid_tokens, seq_count,
          seq_tokens, _, _) = outs
         ctx.config = config
@@ -287,7 +296,7 @@ class _RouteFn(torch.autograd.Function):
             logits, valid, ids, fate, aux_count, valid_tokens, seq_count, seq_tokens, grad_weight,
             zero if grad_aux is None else grad_aux, zero if grad_seq is None else grad_seq,
             zero if grad_z is None else grad_z, ctx.config)
-        return grad, None, None, None, None, None, None, None
+        return grad, None, None, None, None, None, None, None, None
 
 
 class _PermuteFn(torch.autograd.Function):
@@ -335,12 +344,12 @@ if custom_ops:
     @torch.library.custom_op("moeroute::route", mutates_args=())
     def _route_op(logits: Tensor, bias: Optional[Tensor], valid: Optional[Tensor],
                   replay_ids: Optional[Tensor], config: str, kind: str, block_size: int,
-                  replay_ratio: float) -> _RouteOutputs:
+                  replay_ratio: float, token_count: Optional[Tensor]) -> _RouteOutputs:
         return _route_impl(logits, bias, valid, replay_ids, config, kind, block_size,
-                           replay_ratio)
+                           replay_ratio, token_count)
 
     @_route_op.register_fake
-    def _(logits, bias, valid, replay_ids, config, kind, block_size, replay_ratio):
+    def _(logits, bias, valid, replay_ids, config, kind, block_size, replay_ratio, token_count):
         cfg = _config_of(config)
         T = logits.shape[0]
         g = {n: (s, d) for n, s, d in _core.gating_outputs(cfg, T, False)}
@@ -378,7 +387,7 @@ if custom_ops:
         return torch.empty_like(logits)
 
     def _route_setup(ctx, inputs, output):
-        logits, _, valid, _, config, _, _, _ = inputs
+        logits, _, valid, _, config, _, _, _, _ = inputs
         ctx.config = config
         ctx.save_for_backward(logits, valid if valid is not None else logits.new_empty(0),
                               output[4], output[8], output[15], output[16], output[17],
@@ -394,7 +403,7 @@ if custom_ops:
                                   zero if grad_aux is None else grad_aux,
                                   zero if grad_seq is None else grad_seq,
                                   zero if grad_z is None else grad_z, ctx.config)
-        return grad, None, None, None, None, None, None, None
+        return grad, None, None, None, None, None, None, None, None
 
     _route_op.register_autograd(_route_grad, setup_context=_route_setup)
 
@@ -601,9 +610,27 @@ def _residual(text: str) -> bool:
     return _config_of(text)["dispatch.dropped"] == "residual"
 
 
+def _count_tensor(token_count, rows: int, like: torch.Tensor) -> torch.Tensor:
+    """token_count as a [1] int64 tensor on like's device: an int checked against [0, rows]
+    (and copied there), a 0-d / [1] int64 tensor on that device taken as it is."""
+    if isinstance(token_count, int) and not isinstance(token_count, bool):
+        if not 0 <= token_count <= rows:
+            raise _core.Error(f"token_count = {token_count}: must be in [0, tokens = {rows}]")
+        return torch.tensor([token_count], dtype=torch.int64, device=like.device)
+    if (not isinstance(token_count, torch.Tensor) or token_count.dtype != torch.int64
+            or token_count.numel() != 1 or token_count.dim() > 1
+            or token_count.device != like.device):
+        got = (f"{token_count.dtype} of shape {tuple(token_count.shape)} on "
+               f"{token_count.device}" if isinstance(token_count, torch.Tensor)
+               else type(token_count).__name__)
+        raise _core.Error(f"token_count: expected an int or a [1] int64 tensor on the logits' "
+                          f"device ({like.device}), got {got}")
+    return token_count.reshape(1)
+
+
 def route(logits: torch.Tensor, config: Union[Config, str], *, bias=None, valid=None,
           layout: str = "auto", block_size: int = 1, replay_ids=None,
-          replay_ratio: float = 0.0) -> RouterOutput:
+          replay_ratio: float = 0.0, token_count=None) -> RouterOutput:
     """Routes router logits [..., E] (float32 / float16 / bfloat16 / float64) under `config`
     (a Config, its text str(config), or a preset name): gating, capacity dispatch, the
     expert-buffer layout and the losses, differentiable through weight and the losses.
@@ -615,13 +642,27 @@ def route(logits: torch.Tensor, config: Union[Config, str], *, bias=None, valid=
     chooses) forces each slot's expert — a rollout engine's recorded choice — while weight is
     recomputed from these logits, so the gradient still reaches the router; replay_ratio in
     [0, 1] gives back replayed experts scoring below that fraction of the router's weakest own
-    top-k score (counted in replay_replaced)."""
+    top-k score (counted in replay_replaced).
+
+    token_count (an int, or a [1] int64 tensor on the logits' device): only the first n of the
+    T token rows are real, the rest padding — an engine's batch padded to a fixed size. Every
+    output keeps the shape of T rows; the first n route exactly as route(logits[:n]) would
+    (C of n tokens, the losses over them), rows [n, T) are masked (weight 0, fate 3). A
+    tensor count is never read on the host: one CUDA graph captured for the largest batch
+    serves every n, the count written before each replay (docs/python.md)."""
     text, kind = _prepared(config, int(logits.shape[-1]), layout)
     flat = logits if logits.dim() == 2 else logits.reshape(-1, logits.shape[-1])
     shape = tuple(logits.shape[:-1])
     if valid is not None:
         valid = valid.reshape(-1)
         valid = valid.view(torch.uint8) if valid.dtype == torch.bool else valid
+    count = None
+    if token_count is not None:
+        # the padding rows out of every stage (and of the backward pass, which reads valid):
+        # torch's own ops, so a traced or captured call keeps the count on the device
+        count = _count_tensor(token_count, int(flat.shape[0]), flat)
+        real = torch.arange(flat.shape[0], device=flat.device) < count
+        valid = (real if valid is None else real & (valid != 0)).to(torch.uint8)
     if replay_ids is not None:
         replay_ids = replay_ids.reshape(flat.shape[0], -1)
         if replay_ids.dtype != torch.int32:
@@ -630,14 +671,15 @@ def route(logits: torch.Tensor, config: Union[Config, str], *, bias=None, valid=
     ratio = float(replay_ratio)
     if _eager_inference(flat):
         return RouterOutput(*_route_impl(flat, bias, valid, replay_ids, text, kind,
-                                         int(block_size), ratio), text, shape)
+                                         int(block_size), ratio, count), text, shape)
     if custom_ops:
-        outs = _route_op(flat, bias, valid, replay_ids, text, kind, int(block_size), ratio)
+        outs = _route_op(flat, bias, valid, replay_ids, text, kind, int(block_size), ratio,
+                         count)
         # Only weight and the losses carry gradients: the pre-drop gates are routing data
         # here (a custom operator cannot mark an output non-differentiable, so detach them).
         return RouterOutput(*outs[:4], *(t.detach() for t in outs[4:]), text, shape)
     return RouterOutput(*_RouteFn.apply(flat, bias, valid, replay_ids, text, kind,
-                                        int(block_size), ratio), text, shape)
+                                        int(block_size), ratio, count), text, shape)
 
 
 def _no_autograd(op: str, *tensors) -> None:
@@ -792,15 +834,16 @@ class Router(torch.nn.Module):
         return self.config.top_k
 
     def route_logits(self, logits: torch.Tensor, valid=None, micro_batch: Optional[int] = None,
-                     replay_ids=None) -> RouterOutput:
+                     replay_ids=None, token_count=None) -> RouterOutput:
         """Routes logits the engine computed. In training with an expert bias, the batch's
         loads join those of the step; a `micro_batch` id already seen since the last
         update_expert_bias (the forward activation checkpointing recomputes) is not counted
-        again, as reference::expert_load_accumulator does."""
+        again, as reference::expert_load_accumulator does. token_count: as route's."""
         out = route(logits, self._text(), bias=self.expert_bias,
                     valid=valid, layout=self.layout, block_size=self.block_size,
                     replay_ids=replay_ids,
-                    replay_ratio=self.replay_ratio if replay_ids is not None else 0.0)
+                    replay_ratio=self.replay_ratio if replay_ids is not None else 0.0,
+                    token_count=token_count)
         if micro_batch is not None:
             if micro_batch in self._seen_micro_batches:
                 return out
@@ -811,10 +854,11 @@ class Router(torch.nn.Module):
         return out
 
     def forward(self, hidden_states: torch.Tensor, valid=None,
-                micro_batch: Optional[int] = None, replay_ids=None) -> RouterOutput:
+                micro_batch: Optional[int] = None, replay_ids=None,
+                token_count=None) -> RouterOutput:
         logits = torch.nn.functional.linear(hidden_states.reshape(-1, hidden_states.shape[-1]),
                                             self.weight, self.bias)
-        return self.route_logits(logits, valid, micro_batch, replay_ids)
+        return self.route_logits(logits, valid, micro_batch, replay_ids, token_count)
 
     @torch.no_grad()
     def update_expert_bias(self) -> None:

@@ -21,6 +21,7 @@
 #include <moeroute/params/losses.hpp>
 #include <moeroute/params/permute.hpp>
 #include <moeroute/params/permute_backward.hpp>
+#include <moeroute/params/token_mask.hpp>
 #include <moeroute/status.hpp>
 
 namespace moeroute::python {
@@ -73,6 +74,7 @@ template <class Element>
                                       std::intptr_t stream);
 [[nodiscard]] status expert_bias_update(const routing_config& cfg,
                                         const expert_bias_update_params& p, std::intptr_t stream);
+[[nodiscard]] status token_mask(const token_mask_params& p, std::intptr_t stream);
 }  // namespace cuda_launch
 
 /// The element-typed launches a launch file defines, instantiated for one element type (used

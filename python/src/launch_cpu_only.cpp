@@ -52,6 +52,7 @@ status permute_backward(const routing_config&, const permute_backward_params<E>&
 status expert_bias_update(const routing_config&, const expert_bias_update_params&, std::intptr_t) {
   return none();
 }
+status token_mask(const token_mask_params&, std::intptr_t) { return none(); }
 
 MOEROUTE_PYTHON_LAUNCH_INSTANTIATE(float)
 MOEROUTE_PYTHON_LAUNCH_INSTANTIATE(half_bits)

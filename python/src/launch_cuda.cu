@@ -111,6 +111,10 @@ status expert_bias_update(const routing_config& cfg, const expert_bias_update_pa
   return cuda::expert_bias_update(cfg, p, stream_of(stream));
 }
 
+status token_mask(const token_mask_params& p, std::intptr_t stream) {
+  return cuda::token_mask(p, stream_of(stream));
+}
+
 MOEROUTE_PYTHON_LAUNCH_INSTANTIATE(float)
 MOEROUTE_PYTHON_LAUNCH_INSTANTIATE(half_bits)
 MOEROUTE_PYTHON_LAUNCH_INSTANTIATE(bf16_bits)

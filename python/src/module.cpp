@@ -34,14 +34,15 @@ void bind_ops(py::module_& m) {
       "route_host",
       [](const routing_config& c, py::object logits, py::object bias, py::object valid,
          const std::string& kind, std::int64_t block_size, bool per_token_aux,
-         py::object replay_ids, float replay_ratio, int t) {
+         py::object replay_ids, float replay_ratio, int t, py::object token_count) {
         return route_host(c, std::move(logits), std::move(bias), std::move(valid),
                           parse_layout_kind(kind), block_size, per_token_aux, std::move(replay_ids),
-                          replay_ratio, t);
+                          replay_ratio, t, std::move(token_count));
       },
       cfg, py::arg("logits"), py::arg("bias") = py::none(), py::arg("valid") = py::none(),
       py::arg("layout") = "padded", py::arg("block_size") = 1, py::arg("per_token_aux") = false,
-      py::arg("replay_ids") = py::none(), py::arg("replay_ratio") = 0.0f, threads);
+      py::arg("replay_ids") = py::none(), py::arg("replay_ratio") = 0.0f, threads,
+      py::arg("token_count") = py::none());
   m.def("permute", &permute, cfg, arrays, threads, stream);
   m.def("combine", &combine, cfg, arrays, threads, stream);
   m.def("losses", &losses, cfg, arrays, py::arg("tokens"), threads, stream);
@@ -57,6 +58,7 @@ void bind_ops(py::module_& m) {
   m.def("combine_backward", &combine_backward, cfg, arrays, threads, stream);
   m.def("permute_backward", &permute_backward, cfg, arrays, py::arg("accumulate"), threads, stream);
   m.def("expert_bias_update", &expert_bias_update, cfg, arrays, stream);
+  m.def("token_mask", &token_mask, arrays, stream);
 }
 
 void init_module(py::module_& m) {

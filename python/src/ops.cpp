@@ -212,6 +212,7 @@ void dispatch_on(const routing_config& cfg, call_arrays& a, int threads,
   p.tokens = T;
   p.gated = gated_of(a, cfg, T, gspecs);
   p.d_valid = valid_of(a, T);
+  p.d_token_count = a.in<std::int64_t>({"token_count", {1}, elem::i64}, false);
   p.out.d_expert = a.out<std::int32_t>(find_spec(specs, "expert"), true);
   p.out.d_slot = a.out<std::int32_t>(find_spec(specs, "slot"), true);
   p.out.d_weight = a.out<float>(find_spec(specs, "weight"), true);
@@ -426,12 +427,14 @@ const route_host_plan& route_host_plan_of(const routing_config& cfg, std::int64_
 
 py::tuple route_host(routing_config cfg, py::object logits, py::object bias, py::object valid,
                      layout_kind kind, std::int64_t block_size, bool per_token_aux,
-                     py::object replay_ids, float replay_ratio, int threads) {
+                     py::object replay_ids, float replay_ratio, int threads,
+                     py::object token_count) {
   py::dict given;
   given["logits"] = std::move(logits);
   given["bias"] = std::move(bias);
   given["valid"] = std::move(valid);
   given["replay_ids"] = std::move(replay_ids);
+  given["token_count"] = std::move(token_count);
   call_arrays a("route", std::move(given), std::nullopt, false);
   raise_if(validate(cfg), "route");
   // the inputs read once, for every stage
@@ -663,6 +666,19 @@ void expert_bias_update(routing_config cfg, py::dict arrays, std::optional<std::
     return on.cuda ? cuda_launch::expert_bias_update(cfg, p, on.stream)
                    : cpu::expert_bias_update(cfg, p);
   });
+}
+
+void token_mask(py::dict arrays, std::optional<std::intptr_t> stream) {
+  call_arrays a = arrays_of("token_mask", std::move(arrays), stream);
+  const array_view mask = a.view("mask", {any}, {elem::u8}, true);
+  const run_on on = where(a, 0, stream);
+  token_mask_params p;
+  p.tokens = mask.shape[0];
+  p.d_count = a.in<std::int64_t>({"token_count", {1}, elem::i64}, true);
+  p.d_valid = valid_of(a, p.tokens);
+  p.d_mask = static_cast<std::uint8_t*>(mask.data);
+  run("token_mask",
+      [&] { return on.cuda ? cuda_launch::token_mask(p, on.stream) : cpu::token_mask(p); });
 }
 
 }  // namespace moeroute::python

@@ -43,9 +43,12 @@ void layout(routing_config cfg, py::dict arrays, layout_kind kind, std::int64_t 
 ///        once. Returns the four stages' outputs as dicts of numpy arrays (gating, dispatch,
 ///        layout, losses), as the stages' own bindings fill them. The fixed cost of a small
 ///        batch from Python (performance.md, "The Python package").
+///        token_count: [1] int64 or None, the real tokens n of a padded batch (dispatch's
+///        d_token_count; the caller's valid mask already leaves rows [n, T) out).
 py::tuple route_host(routing_config cfg, py::object logits, py::object bias, py::object valid,
                      layout_kind kind, std::int64_t block_size, bool per_token_aux,
-                     py::object replay_ids, float replay_ratio, int threads);
+                     py::object replay_ids, float replay_ratio, int threads,
+                     py::object token_count);
 void permute(routing_config cfg, py::dict arrays, int threads, stream_arg stream);
 void combine(routing_config cfg, py::dict arrays, int threads, stream_arg stream);
 void losses(routing_config cfg, py::dict arrays, std::int64_t tokens, int threads,
@@ -56,5 +59,7 @@ void combine_backward(routing_config cfg, py::dict arrays, int threads, stream_a
 void permute_backward(routing_config cfg, py::dict arrays, bool accumulate, int threads,
                       stream_arg stream);
 void expert_bias_update(routing_config cfg, py::dict arrays, stream_arg stream);
+/// arrays: "token_count" [1] int64, "valid" [T] uint8 (optional), "mask" [T] uint8 (written)
+void token_mask(py::dict arrays, stream_arg stream);
 
 }  // namespace moeroute::python

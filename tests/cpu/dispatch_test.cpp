@@ -15,6 +15,7 @@
 #include <vector>
 
 #include <moeroute/cpu/dispatch.hpp>
+#include <moeroute/cpu/token_mask.hpp>
 #include <moeroute/reference.hpp>
 
 #include "../common/dispatch_cases.hpp"
@@ -104,6 +105,32 @@ TEST_CASE("cpu dispatch: a token count is the dispatch of the first n tokens", "
         REQUIRE(st.message.find("d_token_count") != std::string::npos);
       }
     }
+}
+
+TEST_CASE("cpu token_mask: the first n rows that valid marks, n outside [0, T] refused",
+          "[cpu][dispatch]") {
+  const std::int64_t T = 37;
+  std::vector<std::uint8_t> valid(T), mask(T, 7);
+  for (std::int64_t t = 0; t < T; ++t) valid[t] = t % 3 == 1 ? 0 : 1;
+  for (const bool with_valid : {false, true})
+    for (const std::int64_t n : {std::int64_t{0}, std::int64_t{1}, std::int64_t{20}, T}) {
+      INFO("n = " << n << (with_valid ? ", with valid" : ""));
+      const cpu::token_mask_params p{T, &n, with_valid ? valid.data() : nullptr, mask.data()};
+      REQUIRE(cpu::token_mask(p).ok());
+      for (std::int64_t t = 0; t < T; ++t)
+        REQUIRE(mask[t] == (t < n && (!with_valid || valid[t] != 0) ? 1 : 0));
+    }
+  for (const std::int64_t n : {std::int64_t{-1}, T + 1}) {
+    const status st = cpu::token_mask({T, &n, nullptr, mask.data()});
+    REQUIRE(st.code == status_code::invalid_argument);
+    REQUIRE(st.message.find("d_count") != std::string::npos);
+  }
+  const std::int64_t n = 1;
+  REQUIRE(cpu::token_mask({T, nullptr, nullptr, mask.data()}).message.find("d_count") !=
+          std::string::npos);
+  REQUIRE(cpu::token_mask({T, &n, nullptr, nullptr}).message.find("d_mask") != std::string::npos);
+  REQUIRE(cpu::token_mask({-1, &n, nullptr, mask.data()}).code == status_code::invalid_shape);
+  REQUIRE(cpu::token_mask({0, nullptr, nullptr, nullptr}).ok());  // nothing to mask
 }
 
 TEST_CASE("cpu dispatch: shape grid T x E x k", "[cpu][dispatch]") {

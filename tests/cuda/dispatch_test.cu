@@ -12,6 +12,7 @@
 #include <vector>
 
 #include <moeroute/cuda/dispatch.cuh>
+#include <moeroute/cuda/token_mask.cuh>
 #include <moeroute/reference.hpp>
 
 #include <moeroute/cuda/device_buffer.cuh>
@@ -109,6 +110,30 @@ TEST_CASE("dispatch: a device token count is the dispatch of the first n tokens"
   const auto st = c.gpu.run();
   REQUIRE(st.code == status_code::invalid_argument);
   REQUIRE(st.message.find("d_token_count") != std::string::npos);
+}
+
+TEST_CASE("token_mask: the first n rows valid marks, n read and clamped on the device",
+          "[cuda][dispatch][quick]") {
+  const std::int64_t T = 1000;  // (several blocks)
+  std::vector<std::uint8_t> valid(T);
+  for (std::int64_t t = 0; t < T; ++t) valid[t] = t % 7 == 3 ? 0 : 1;
+  device_buffer<std::uint8_t> d_valid(valid), d_mask(std::vector<std::uint8_t>(T, 9));
+  for (const bool with_valid : {false, true})
+    for (const std::int64_t n :
+         {std::int64_t{0}, std::int64_t{1}, std::int64_t{513}, T, T + 5, std::int64_t{-3}}) {
+      INFO("n = " << n << (with_valid ? ", with valid" : ""));
+      device_buffer<std::int64_t> d_n(std::vector<std::int64_t>{n});
+      const cuda::token_mask_params p{T, d_n.get(), with_valid ? d_valid.get() : nullptr,
+                                      d_mask.get()};
+      REQUIRE(cuda::token_mask(p).ok());
+      const auto mask = d_mask.download();
+      const std::int64_t real = std::clamp<std::int64_t>(n, 0, T);
+      for (std::int64_t t = 0; t < T; ++t)
+        REQUIRE(mask[t] == (t < real && (!with_valid || valid[t] != 0) ? 1 : 0));
+    }
+  REQUIRE(cuda::token_mask({T, nullptr, nullptr, d_mask.get()}).message.find("d_count") !=
+          std::string::npos);
+  REQUIRE(cuda::token_mask({0, nullptr, nullptr, nullptr}).ok());
 }
 
 TEST_CASE("dispatch: shape grid T x E x k", "[cuda][dispatch]") {

@@ -30,7 +30,7 @@
 #include <moeroute/cuda/losses.cuh>
 #include <moeroute/cuda/permute.cuh>
 #include <moeroute/cuda/permute_backward.cuh>
-#include <moeroute/kernels/token_mask.cuh>
+#include <moeroute/cuda/token_mask.cuh>
 #include <moeroute/router_buffers.hpp>
 #include <moeroute/status.hpp>
 #include <moeroute/types.hpp>
@@ -145,12 +145,7 @@ class router : public router_core {
     begin_batch(tokens);
     if (d_count != nullptr && tokens > 0) {  // padding rows out of every stage
       std::uint8_t* mask = b_.ptr<std::uint8_t>("token_mask");
-      constexpr int threads = 256;
-      if (auto s = launch("token_mask_kernel", kernels::token_mask_kernel<threads>,
-                          {grid_for(tokens, threads), threads, 0}, stream, tokens, d_count, d_valid,
-                          mask);
-          !s)
-        return s;
+      if (auto s = cuda::token_mask({tokens, d_count, d_valid, mask}, stream); !s) return s;
       d_valid = mask;
     }
     gating_params<Logit> g;
