@@ -141,7 +141,8 @@ def gating(logits, config: Config, *, bias=None, valid=None, per_token_aux: bool
 def _count_of(token_count, like, tokens: int):
     """token_count as the [1] int64 array the C++ side reads, in `like`'s framework and on its
     device: a Python int is checked against [0, tokens] and written into one; an array (0-d or
-    [1], int64) is taken as it is, its value never read here (on a device it stays there)."""
+    [1], int64; a torch tensor on like's device) is taken as it is, its value never read here
+    (on a device it stays there)."""
     if isinstance(token_count, (int, np.integer)) and not isinstance(token_count, bool):
         n = int(token_count)
         if not 0 <= n <= tokens:
@@ -156,6 +157,10 @@ def _count_of(token_count, like, tokens: int):
                if hasattr(token_count, "shape") and hasattr(token_count, "dtype")
                else type(token_count).__name__)
         raise _core.Error(f"token_count: expected an int or a [1] int64 array, got {got}")
+    if _arrays.is_torch(like) and _arrays.is_torch(token_count) and \
+            token_count.device != like.device:
+        raise _core.Error(f"token_count: on {token_count.device}, the logits on {like.device}: "
+                          "pass it on the logits' device")
     return token_count.reshape(1)
 
 

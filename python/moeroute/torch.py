@@ -610,24 +610,6 @@ def _residual(text: str) -> bool:
     return _config_of(text)["dispatch.dropped"] == "residual"
 
 
-def _count_tensor(token_count, rows: int, like: torch.Tensor) -> torch.Tensor:
-    """token_count as a [1] int64 tensor on like's device: an int checked against [0, rows]
-    (and copied there), a 0-d / [1] int64 tensor on that device taken as it is."""
-    if isinstance(token_count, int) and not isinstance(token_count, bool):
-        if not 0 <= token_count <= rows:
-            raise _core.Error(f"token_count = {token_count}: must be in [0, tokens = {rows}]")
-        return torch.tensor([token_count], dtype=torch.int64, device=like.device)
-    if (not isinstance(token_count, torch.Tensor) or token_count.dtype != torch.int64
-            or token_count.numel() != 1 or token_count.dim() > 1
-            or token_count.device != like.device):
-        got = (f"{token_count.dtype} of shape {tuple(token_count.shape)} on "
-               f"{token_count.device}" if isinstance(token_count, torch.Tensor)
-               else type(token_count).__name__)
-        raise _core.Error(f"token_count: expected an int or a [1] int64 tensor on the logits' "
-                          f"device ({like.device}), got {got}")
-    return token_count.reshape(1)
-
-
 def route(logits: torch.Tensor, config: Union[Config, str], *, bias=None, valid=None,
           layout: str = "auto", block_size: int = 1, replay_ids=None,
           replay_ratio: float = 0.0, token_count=None) -> RouterOutput:
@@ -660,7 +642,7 @@ def route(logits: torch.Tensor, config: Union[Config, str], *, bias=None, valid=
     if token_count is not None:
         # the padding rows out of every stage (and of the backward pass, which reads valid):
         # torch's own ops, so a traced or captured call keeps the count on the device
-        count = _count_tensor(token_count, int(flat.shape[0]), flat)
+        count = _st._count_of(token_count, flat, int(flat.shape[0]))
         real = torch.arange(flat.shape[0], device=flat.device) < count
         valid = (real if valid is None else real & (valid != 0)).to(torch.uint8)
     if replay_ids is not None:
