@@ -11,7 +11,7 @@ import pytest
 
 import moeroute
 from moeroute import _core, stages
-from conftest import logits_grid
+from conftest import cuda_usable, logits_grid
 
 T = 48
 
@@ -197,6 +197,40 @@ def test_torch_custom_op_under_compile_keeps_the_count_a_tensor():
         got.backward()
         torch.testing.assert_close(got, eager)
         torch.testing.assert_close(lc.grad, lg.grad)
+
+
+@pytest.mark.skipif(not cuda_usable(), reason="no CUDA device, or moeroute built without CUDA")
+def test_one_cuda_graph_serves_every_count():
+    """The engines' pattern: buffers and one graph captured for the largest batch, the count
+    written in place before each replay; each replay equals the eager route of those n."""
+    import torch
+    import moeroute.torch as mt
+
+    text = str(CONFIGS[0][1])
+    logits = torch.from_numpy(logits_grid(T, 16, seed=9)).cuda()
+    count = torch.tensor([T], device="cuda")
+    stream = torch.cuda.Stream()
+    stream.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(stream), torch.no_grad():
+        for _ in range(2):  # warm-up outside the capture (allocations, lazy init)
+            mt.route(logits, text, token_count=count)
+    torch.cuda.current_stream().wait_stream(stream)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph), torch.no_grad():
+        captured = mt.route(logits, text, token_count=count)
+    for n in (T, 17, 1, 0):
+        count.fill_(n)
+        graph.replay()
+        torch.cuda.synchronize()
+        assert (captured.fate[n:] == 3).all()
+        if n == 0:
+            continue
+        with torch.no_grad():
+            alone = mt.route(logits[:n], text)
+        for field in ("ids", "weight", "expert", "slot", "assignment_row"):
+            torch.testing.assert_close(getattr(captured, field)[:n], getattr(alone, field),
+                                       rtol=0, atol=0, msg=field)
+        torch.testing.assert_close(captured.aux_loss, alone.aux_loss, rtol=0, atol=0)
 
 
 emu = None
