@@ -27,8 +27,8 @@ using moeroute::token_mask_params;
   const std::int64_t n = *p.d_count;
   if (n < 0 || n > p.tokens)
     return status::make(status_code::invalid_argument,
-                        "*d_count = " + std::to_string(n) + ": must be in [0, tokens = " +
-                            std::to_string(p.tokens) + "]");
+                        "*d_count = " + std::to_string(n) +
+                            ": must be in [0, tokens = " + std::to_string(p.tokens) + "]");
   for (std::int64_t t = 0; t < p.tokens; ++t)
     p.d_mask[t] = t < n && (p.d_valid == nullptr || p.d_valid[t] != 0) ? 1 : 0;
   return status::success();
