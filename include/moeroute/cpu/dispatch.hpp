@@ -558,10 +558,7 @@ namespace detail {
   if (auto s = validate_shapes(cfg, p); !s) return s;
   if (p.tokens == 0) return status::success();
   const std::int64_t n = *p.d_token_count;
-  if (n < 0 || n > p.tokens)
-    return status::make(status_code::invalid_argument,
-                        "*d_token_count = " + std::to_string(n) +
-                            ": must be in [0, tokens = " + std::to_string(p.tokens) + "]");
+  if (auto s = param_checks::validate_host_count("d_token_count", n, p.tokens); !s) return s;
   dispatch_params first = p;
   first.tokens = n;
   first.d_token_count = nullptr;

@@ -4,7 +4,6 @@
 #pragma once
 
 #include <cstdint>
-#include <string>
 
 #include <moeroute/cpu/parallel.hpp>
 #include <moeroute/params/token_mask.hpp>
@@ -25,10 +24,7 @@ using moeroute::token_mask_params;
   if (auto s = validate(p); !s) return s;
   if (p.tokens == 0) return status::success();
   const std::int64_t n = *p.d_count;
-  if (n < 0 || n > p.tokens)
-    return status::make(status_code::invalid_argument,
-                        "*d_count = " + std::to_string(n) +
-                            ": must be in [0, tokens = " + std::to_string(p.tokens) + "]");
+  if (auto s = param_checks::validate_host_count("d_count", n, p.tokens); !s) return s;
   for (std::int64_t t = 0; t < p.tokens; ++t)
     p.d_mask[t] = t < n && (p.d_valid == nullptr || p.d_valid[t] != 0) ? 1 : 0;
   return status::success();

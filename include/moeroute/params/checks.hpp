@@ -58,6 +58,17 @@ requires(std::is_same_v<Named, named_pointer>&&...) [[nodiscard]] status
   return validate_hidden(hidden);
 }
 
+/// @brief A token count read on the host (dispatch's d_token_count, token_mask's d_count; the
+///        device clamps instead): invalid_argument "*NAME = n: must be in [0, tokens = T]"
+///        outside [0, tokens].
+[[nodiscard]] inline status validate_host_count(const char* name, std::int64_t n,
+                                                std::int64_t tokens) {
+  if (n >= 0 && n <= tokens) return status::success();
+  return status::make(status_code::invalid_argument,
+                      std::string("*") + name + " = " + std::to_string(n) +
+                          ": must be in [0, tokens = " + std::to_string(tokens) + "]");
+}
+
 /// @brief The caller's workspace of an op that needs `need` bytes for `tokens` tokens (`query`
 ///        names the size function): at least that large, and 8-byte aligned, since the arrays
 ///        carved from it hold 8-byte values (cudaMalloc's 256 is best on the GPU). Null is fine
