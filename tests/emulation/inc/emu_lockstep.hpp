@@ -25,10 +25,21 @@
 
 // Uses the built-in variables emu_cuda.hpp defines (threadIdx, blockIdx, blockDim, gridDim).
 
+// glibc's swapcontext makes a sigprocmask system call per switch, which was ~80% of the run
+// time; on x86-64 a switch saves and restores only the callee-saved registers and the stack
+// pointer (emu_ls_switch), elsewhere it stays swapcontext. The switch leaves by a jump, not
+// `ret`: a `ret` into another fiber's stack is always mispredicted (the return-stack buffer
+// holds the caller's address), which made a warp shuffle cost half again as much.
+#if defined(__x86_64__)
+#define EMU_LS_FAST_SWITCH 1
+#endif
+
 namespace emu::ls {
 
 struct fiber {
-  ucontext_t ctx{};
+#ifndef EMU_LS_FAST_SWITCH
+  ucontext_t ctx{};  // (~1 KB: kept out of the x86-64 fibers, which are copied per block)
+#endif
   void* sp = nullptr;  // saved stack pointer (the x86-64 switch below)
   bool done = false;
   std::int64_t warp_arrivals = 0;   // warp barriers passed or entered
@@ -37,7 +48,9 @@ struct fiber {
 };
 
 struct scheduler {
+#ifndef EMU_LS_FAST_SWITCH
   ucontext_t main{};
+#endif
   void* main_sp = nullptr;
   std::vector<fiber> fibers;
   unsigned current = 0;
@@ -51,6 +64,11 @@ struct scheduler {
     std::int64_t complete = 0;
   };
   std::vector<warp_state> warps;
+  // the block: live (not exited) threads, arrivals at __syncthreads n (slot n % 2), and the
+  // last one all passed
+  unsigned live = 0;
+  unsigned block_arrived[2] = {0, 0};
+  std::int64_t block_complete = 0;
 };
 inline scheduler sched;
 // With EMU_REVERSE set (ctest's cuda_tests_emulated_reverse), threads and blocks are scheduled
@@ -59,11 +77,7 @@ inline const bool reverse = std::getenv("EMU_REVERSE") != nullptr;
 
 inline fiber& self() { return sched.fibers[sched.current]; }
 
-// glibc's swapcontext makes a sigprocmask system call per switch, which was ~80% of the run
-// time; on x86-64 a switch saves and restores only the callee-saved registers and the stack
-// pointer (emu_ls_switch), elsewhere it stays swapcontext.
-#if defined(__x86_64__)
-#define EMU_LS_FAST_SWITCH 1
+#ifdef EMU_LS_FAST_SWITCH
 extern "C" void emu_ls_switch(void** save_sp, void* load_sp);
 asm(R"(
   .text
@@ -84,7 +98,8 @@ emu_ls_switch:
   popq %r12
   popq %rbx
   popq %rbp
-  ret
+  popq %rax
+  jmpq *%rax
   .size emu_ls_switch, .-emu_ls_switch
 )");
 inline void yield_to_scheduler() { emu_ls_switch(&self().sp, sched.main_sp); }
@@ -102,6 +117,7 @@ inline void resume(fiber& f) { swapcontext(&sched.main, &f.ctx); }
 inline void fiber_entry() {
   (*sched.body)();
   self().done = true;
+  --sched.live;
   ++sched.events;
 #ifdef EMU_LS_FAST_SWITCH
   yield_to_scheduler();  // never resumed: the scheduler skips done fibers
@@ -113,9 +129,9 @@ inline void fiber_entry() {
 /// Makes f start fiber_entry on `stack` at its first resume.
 inline void start(fiber& f, std::vector<char>& stack) {
 #ifdef EMU_LS_FAST_SWITCH
-  // emu_ls_switch pops six registers, then returns into fiber_entry with the stack aligned as
-  // at a call (rsp + 8 a multiple of 16)
   auto top = reinterpret_cast<std::uintptr_t>(stack.data() + stack.size()) & ~std::uintptr_t{15};
+  // emu_ls_switch pops six registers and the address it jumps to, fiber_entry, leaving the
+  // stack aligned as at a call (rsp + 8 a multiple of 16)
   void** sp = reinterpret_cast<void**>(top);
   *--sp = nullptr;  // fiber_entry's return address: it never returns
   *--sp = reinterpret_cast<void*>(&fiber_entry);
@@ -238,6 +254,9 @@ inline void run_blocks(unsigned grid, unsigned block, std::size_t smem,
     sched.mailbox.assign(2 * std::size_t{block}, 0);
     sched.dynamic_smem.assign(smem + 16, 0xCD);
     sched.warps.assign((block + 31) / 32, scheduler::warp_state{});
+    sched.live = block;
+    sched.block_arrived[0] = sched.block_arrived[1] = 0;
+    sched.block_complete = 0;
     for (unsigned t = 0; t < block; ++t) {
       fiber& f = sched.fibers[t];
       // stacks are reused from block to block: allocating (and zeroing) 256 KiB per thread
@@ -269,16 +288,22 @@ inline void run_blocks(unsigned grid, unsigned block, std::size_t smem,
   sched.fibers.clear();
 }
 
-/// __syncthreads: waits until every live thread of the block has arrived.
+/// __syncthreads: waits until every live thread of the block has arrived. O(1) per arrival, as
+/// the warp barrier: barrier n completes when its arrivals equal the live threads (a thread
+/// that exits before it lowers that count; one that arrived cannot exit before it completes).
 inline void block_barrier() {
   fiber& me = self();
   const std::int64_t n = ++me.block_arrivals;
   ++sched.events;
+  unsigned& arrived = sched.block_arrived[n % 2];
+  ++arrived;
   for (;;) {
-    bool all = true;
-    for (const fiber& f : sched.fibers)
-      if (!f.done && f.block_arrivals < n) all = false;
-    if (all) return;
+    if (sched.block_complete >= n) return;
+    if (arrived == sched.live) {
+      arrived = 0;
+      sched.block_complete = n;
+      return;
+    }
     me.waiting_at = "__syncthreads";
     yield_to_scheduler();
     me.waiting_at = nullptr;
