@@ -3,7 +3,8 @@
 """A decode step's calls from Python on the CPU (T = 1, no grad, one thread): the fixed cost
 of each call, which a serving loop pays per layer. Megatron (64, 2) routing with capacity
 factor 1.25 (the padded layout) and the aux and z losses, as bench_python.py routes; d = 2048;
-us per call, the best of 5 runs of --calls calls.
+us per call, the best of 5 runs of --calls calls. `route out=` writes the previous step's
+RouterOutput again (a decode loop's layer keeps its own), the rest make their outputs.
 
     PYTHONPATH=build/release/python python3 bench/bench_python_decode.py [--calls 3000]
 
@@ -55,6 +56,7 @@ def main():
         rows = {
             "moeroute.route (numpy)": lambda: moeroute.route(logits_np, cfg),
             "moeroute.torch.route": lambda: mt.route(logits, text),
+            "moeroute.torch.route out=": lambda: mt.route(logits, text, out=r),
             "permute float32": lambda: mt.permute(h, r),
             "permute bf16": lambda: mt.permute(hb, r),
             "combine float32": lambda: mt.combine(eo, r),

@@ -82,24 +82,39 @@ def _numpy_view(t):
 
 
 def _route_host(logits, x, bias, valid, replay_ids, token_count, cfg, kind, block_size,
-                replay_ratio):
+                replay_ratio, into=None):
     """_route_impl's outputs from the one-call host route (numpy views in), each output
     wrapped once: a small batch's cost is the objects a call makes (performance.md, "The
-    Python package")."""
+    Python package"). The weight tensor keeps the call's buffer and loss array
+    (`_moeroute_host`), so that route(out=) can write the same tensors again. With `into`
+    (such a triple) the outputs are written there: True, or False when its buffer was made for
+    another layout, replay or logits dtype."""
     _st._tokens_of(x, "logits")
+    key = (kind, block_size, replay_ids is not None, logits.dtype)
+    if into is not None and into[2] != key:
+        return False
     if replay_ids is not None:
         replay_ids = _arrays.as_int32(replay_ids, "replay_ids")
     try:
-        g, d, lay, lo = _core.route_host(cfg, x, bias, _arrays.as_mask(valid), kind, block_size,
-                                         False, replay_ids, float(replay_ratio), _threads(),
-                                         token_count)
+        if into is not None:  # written in place, the losses into the loss tensors' array
+            _core.route_host(cfg, x, bias, _arrays.as_mask(valid), kind, block_size, False,
+                             replay_ids, float(replay_ratio), _threads(), token_count, into[0],
+                             into[1])
+            return True
+        g, d, lay, lo = _core.route_host(cfg, x, bias, _arrays.as_mask(valid), kind,
+                                         block_size, False, replay_ids, float(replay_ratio),
+                                         _threads(), token_count)
     except _core.Error as e:
         raise _core.Error(_st._named_count(str(e))) from None
     f = torch.from_numpy
-    loss = np.float64 if logits.dtype == torch.float64 else np.float32
-    aux, seq, z = (f(np.array(lo[n][0], dtype=loss)) for n in _st.LOSSES)
+    # the losses: 0-d views of one array the weight tensor keeps (each its own tensor storage,
+    # as a custom operator's outputs must be)
+    losses = np.array([lo[n][0] for n in _st.LOSSES],
+                      dtype=np.float64 if logits.dtype == torch.float64 else np.float32)
     empty = np.zeros(0, dtype=np.int64)
-    return (f(d["weight"]), aux, seq, z,
+    weight = f(d["weight"])
+    weight._moeroute_host = (d["weight"].base, losses, key)
+    return (weight, f(losses[0, ...]), f(losses[1, ...]), f(losses[2, ...]),
             f(g["ids"]), f(g["gates"]), f(d["expert"]), f(d["slot"]), f(d["fate"]),
             f(lay["row_token"]), f(lay["assignment_row"]), f(lay["num_rows"]),
             f(lay["offsets"]), f(d["load"]), f(d["requested"]), f(g["aux_count"]),
@@ -109,18 +124,27 @@ def _route_host(logits, x, bias, valid, replay_ids, token_count, cfg, kind, bloc
 
 
 def _route_impl(logits, bias, valid, replay_ids, config: str, kind: str, block_size: int,
-                replay_ratio: float, token_count=None):
+                replay_ratio: float, token_count=None, into=None):
     """route's outputs; with token_count ([1] int64 on the logits' device) `valid` already
-    masks rows [n, T) (route made it) and dispatch takes the count (C of n tokens)."""
+    masks rows [n, T) (route made it) and dispatch takes the count (C of n tokens).
+    into: an earlier host call's (buffer, losses, key) to write again (route(out=)): True
+    when written, False when this call cannot take that path."""
     cfg = _config_of(config)
     x = _compute(_detached(logits))
     bias = None if bias is None else bias.detach().float().contiguous()
     inputs = (x, bias, valid, replay_ids, token_count)
-    views = [_numpy_view(t) for t in inputs]
-    if all(v is not None or t is None for v, t in zip(views, inputs)):
-        inputs = views  # every input a host array numpy holds: the stages on numpy views
+    views = []
+    for t in inputs:  # (a loop, not a comprehension and all(): a fifth of a decode call)
+        v = None if t is None else _numpy_view(t)
+        if v is None and t is not None:
+            break
+        views.append(v)
+    else:  # every input a host array numpy holds: the stages on numpy views
+        inputs = views
         if not _core.emulated:
-            return _route_host(logits, *views, cfg, kind, block_size, replay_ratio)
+            return _route_host(logits, *views, cfg, kind, block_size, replay_ratio, into)
+    if into is not None:
+        return False
     x, bias, valid, replay_ids, token_count = inputs
     r = _st.route(x, cfg, bias=bias, valid=valid, kind=kind, block_size=block_size,
                   replay_ids=replay_ids, replay_ratio=replay_ratio, token_count=token_count,
@@ -612,7 +636,8 @@ def _residual(text: str) -> bool:
 
 def route(logits: torch.Tensor, config: Union[Config, str], *, bias=None, valid=None,
           layout: str = "auto", block_size: int = 1, replay_ids=None,
-          replay_ratio: float = 0.0, token_count=None) -> RouterOutput:
+          replay_ratio: float = 0.0, token_count=None,
+          out: Optional[RouterOutput] = None) -> RouterOutput:
     """Routes router logits [..., E] (float32 / float16 / bfloat16 / float64) under `config`
     (a Config, its text str(config), or a preset name): gating, capacity dispatch, the
     expert-buffer layout and the losses, differentiable through weight and the losses.
@@ -631,7 +656,12 @@ def route(logits: torch.Tensor, config: Union[Config, str], *, bias=None, valid=
     output keeps the shape of T rows; the first n route exactly as route(logits[:n]) would
     (C of n tokens, the losses over them), rows [n, T) are masked (weight 0, fate 3). A
     tensor count is never read on the host: one CUDA graph captured for the largest batch
-    serves every n, the count written before each replay (docs/python.md)."""
+    serves every n, the count written before each replay (docs/python.md).
+
+    out: an earlier RouterOutput of this config and logits shape to write again (inference,
+    e.g. a decode loop's layer): its tensors are overwritten and it is returned, with no new
+    tensor made — a host batch writes the buffer the earlier call carved them from (at T = 1
+    a third of a fresh call's cost), any other is computed and copied in."""
     text, kind = _prepared(config, int(logits.shape[-1]), layout)
     flat = logits if logits.dim() == 2 else logits.reshape(-1, logits.shape[-1])
     shape = tuple(logits.shape[:-1])
@@ -651,6 +681,9 @@ def route(logits: torch.Tensor, config: Union[Config, str], *, bias=None, valid=
             replay_ids = replay_ids.to(torch.int32)
         replay_ids = replay_ids.contiguous()
     ratio = float(replay_ratio)
+    if out is not None:
+        return _route_into(out, flat, bias, valid, replay_ids, text, kind, int(block_size),
+                           ratio, count, shape)
     if _eager_inference(flat):
         return RouterOutput(*_route_impl(flat, bias, valid, replay_ids, text, kind,
                                          int(block_size), ratio, count), text, shape)
@@ -662,6 +695,35 @@ def route(logits: torch.Tensor, config: Union[Config, str], *, bias=None, valid=
         return RouterOutput(*outs[:4], *(t.detach() for t in outs[4:]), text, shape)
     return RouterOutput(*_RouteFn.apply(flat, bias, valid, replay_ids, text, kind,
                                         int(block_size), ratio, count), text, shape)
+
+
+def _route_into(out, flat, bias, valid, replay_ids, text, kind, block_size, ratio, count,
+                shape) -> RouterOutput:
+    """route(out=): the routing written into out's tensors (see route)."""
+    _no_autograd("route", flat, bias)
+    if _compiling():
+        raise _core.Error("moeroute.torch.route: out= is for eager inference; under "
+                          "torch.compile leave it unset")
+    if not isinstance(out, RouterOutput):
+        raise _core.Error(f"moeroute.torch.route: out: a RouterOutput, not {type(out).__name__}")
+    if out.config_text != text or out.token_shape != shape:
+        raise _core.Error(f"moeroute.torch.route: out: a routing of another config or batch "
+                          f"(token shape {out.token_shape}, logits here {shape})")
+    host = getattr(out.weight, "_moeroute_host", None)
+    if host is not None and _route_impl(flat, bias, valid, replay_ids, text, kind, block_size,
+                                        ratio, count, into=host):
+        return out
+    # not an earlier host call's buffer (a device routing, another layout or replay): the
+    # routing computed as usual and copied in, every field's shape and dtype checked first
+    new = _route_impl(flat, bias, valid, replay_ids, text, kind, block_size, ratio, count)
+    for name, dst, src in zip(RouterOutput._fields, out, new):
+        if dst.shape != src.shape or dst.dtype != src.dtype or dst.device != src.device:
+            raise _core.Error(f"moeroute.torch.route: out: {name} is {tuple(dst.shape)} "
+                              f"{dst.dtype} on {dst.device}, this routing's "
+                              f"{tuple(src.shape)} {src.dtype} on {src.device}")
+    for dst, src in zip(out, new):
+        dst.copy_(src)
+    return out
 
 
 def _no_autograd(op: str, *tensors) -> None:

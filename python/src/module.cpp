@@ -34,15 +34,18 @@ void bind_ops(py::module_& m) {
       "route_host",
       [](const routing_config& c, py::object logits, py::object bias, py::object valid,
          const std::string& kind, std::int64_t block_size, bool per_token_aux,
-         py::object replay_ids, float replay_ratio, int t, py::object token_count) {
+         py::object replay_ids, float replay_ratio, int t, py::object token_count, py::object into,
+         py::object into_losses) {
         return route_host(c, std::move(logits), std::move(bias), std::move(valid),
                           parse_layout_kind(kind), block_size, per_token_aux, std::move(replay_ids),
-                          replay_ratio, t, std::move(token_count));
+                          replay_ratio, t, std::move(token_count), std::move(into),
+                          std::move(into_losses));
       },
       cfg, py::arg("logits"), py::arg("bias") = py::none(), py::arg("valid") = py::none(),
       py::arg("layout") = "padded", py::arg("block_size") = 1, py::arg("per_token_aux") = false,
       py::arg("replay_ids") = py::none(), py::arg("replay_ratio") = 0.0f, threads,
-      py::arg("token_count") = py::none());
+      py::arg("token_count") = py::none(), py::arg("into") = py::none(),
+      py::arg("into_losses") = py::none());
   m.def("permute", &permute, cfg, arrays, threads, stream);
   m.def("combine", &combine, cfg, arrays, threads, stream);
   m.def("losses", &losses, cfg, arrays, py::arg("tokens"), threads, stream);

@@ -427,8 +427,8 @@ const route_host_plan& route_host_plan_of(const routing_config& cfg, std::int64_
 
 py::tuple route_host(routing_config cfg, py::object logits, py::object bias, py::object valid,
                      layout_kind kind, std::int64_t block_size, bool per_token_aux,
-                     py::object replay_ids, float replay_ratio, int threads,
-                     py::object token_count) {
+                     py::object replay_ids, float replay_ratio, int threads, py::object token_count,
+                     py::object into, py::object into_losses) {
   py::dict given;
   given["logits"] = std::move(logits);
   given["bias"] = std::move(bias);
@@ -450,7 +450,32 @@ py::tuple route_host(routing_config cfg, py::object logits, py::object bias, py:
       route_host_plan_of(cfg, T, kind, block_size, per_token_aux, a.has("replay_ids"), on.cuda);
   const auto& groups = plan.groups;
   const std::size_t gating_ws = plan.gating_ws, dispatch_ws = plan.dispatch_ws;
-  py::array_t<std::uint8_t> buffer(static_cast<py::ssize_t>(plan.total + 64));
+  const auto buffer_bytes = static_cast<py::ssize_t>(plan.total + 64);
+  const bool reuse = !into.is_none();
+  py::array_t<std::uint8_t> buffer;
+  float* losses_f32 = nullptr;
+  double* losses_f64 = nullptr;
+  if (reuse) {
+    // an earlier call's buffer (the .base of its outputs), whose arrays the caller keeps:
+    // written again in place, so no output object is made (moeroute.torch's route(out=))
+    if (!py::isinstance<py::array_t<std::uint8_t>>(into))
+      throw binding_error("route: into: not a uint8 numpy array (an earlier call's buffer)");
+    buffer = py::reinterpret_borrow<py::array_t<std::uint8_t>>(into);
+    if (py::isinstance<py::array_t<float>>(into_losses))
+      losses_f32 = py::reinterpret_borrow<py::array_t<float>>(into_losses).mutable_data();
+    else if (py::isinstance<py::array_t<double>>(into_losses))
+      losses_f64 = py::reinterpret_borrow<py::array_t<double>>(into_losses).mutable_data();
+    if ((losses_f32 == nullptr && losses_f64 == nullptr) || py::len(into_losses) != 3)
+      throw binding_error("route: into_losses: a [3] float32 or float64 numpy array");
+    // (not its flags' contiguity: pybind11 before 2.12 gives the arrays it makes under numpy
+    // 2 the wrong strides, which nothing here reads)
+    if (buffer.ndim() != 1 || buffer.shape(0) != buffer_bytes || !buffer.writeable())
+      throw binding_error("route: into: " + std::to_string(buffer.size()) +
+                          " bytes, not the writable buffer of " + std::to_string(buffer_bytes) +
+                          " an earlier call with this config, batch and layout made");
+  } else {
+    buffer = py::array_t<std::uint8_t>(buffer_bytes);
+  }
   auto* base = reinterpret_cast<std::byte*>(buffer.mutable_data());
   base += (64 - reinterpret_cast<std::uintptr_t>(base) % 64) % 64;
   // an empty batch writes nothing, and the losses only what the config has: zero first
@@ -461,6 +486,8 @@ py::tuple route_host(routing_config cfg, py::object logits, py::object bias, py:
       const spec& s = groups[g][i];
       std::byte* at = base + plan.offsets[g][i];
       if (g == 3) std::fill(at, at + bytes_of(s), std::byte{0});
+      a.preset(s.name, array_view{at, s.dtype, s.shape, {dl::cpu, 0}});
+      if (reuse) continue;
       // C-order strides from the element size: pybind11 before 2.12 reads a dtype's itemsize
       // at numpy 1's offset and made 0 strides under numpy 2
       std::vector<py::ssize_t> shape(s.shape.begin(), s.shape.end()), strides(shape.size());
@@ -471,7 +498,6 @@ py::tuple route_host(routing_config cfg, py::object logits, py::object bias, py:
       }
       out[g][py::str(s.name)] =
           py::array(numpy_dtype(s.dtype), std::move(shape), std::move(strides), at, buffer);
-      a.preset(s.name, array_view{at, s.dtype, s.shape, {dl::cpu, 0}});
     }
   const auto workspace = [&](std::size_t bytes) {
     array_view v;
@@ -486,6 +512,15 @@ py::tuple route_host(routing_config cfg, py::object logits, py::object bias, py:
   dispatch_on(cfg, a, threads, std::nullopt, &groups[0], &groups[1]);
   layout_on(cfg, a, kind, block_size, 0, threads, std::nullopt, &groups[2], &groups[1]);
   losses_on(cfg, a, T, threads, std::nullopt, &groups[0]);
+  if (reuse) {  // the losses into the caller's [3] array (its loss tensors view it)
+    double l[3];
+    for (int i = 0; i < 3; ++i) std::memcpy(&l[i], base + plan.offsets[3][i], sizeof(double));
+    if (losses_f32 != nullptr)
+      for (int i = 0; i < 3; ++i) losses_f32[i] = static_cast<float>(l[i]);
+    else
+      std::copy(l, l + 3, losses_f64);
+    return py::tuple();
+  }
   return py::make_tuple(out[0], out[1], out[2], out[3]);
 }
 

@@ -45,10 +45,14 @@ void layout(routing_config cfg, py::dict arrays, layout_kind kind, std::int64_t 
 ///        batch from Python (performance.md, "The Python package").
 ///        token_count: [1] int64 or None, the real tokens n of a padded batch (dispatch's
 ///        d_token_count; the caller's valid mask already leaves rows [n, T) out).
+///        into: None, or the buffer (the outputs' numpy .base) of an earlier call with the
+///        same config, T, layout and replay: written in place, the three losses into
+///        into_losses ([3] float32 or float64), and an empty tuple returned (no output
+///        object made: moeroute.torch's route(out=)).
 py::tuple route_host(routing_config cfg, py::object logits, py::object bias, py::object valid,
                      layout_kind kind, std::int64_t block_size, bool per_token_aux,
-                     py::object replay_ids, float replay_ratio, int threads,
-                     py::object token_count);
+                     py::object replay_ids, float replay_ratio, int threads, py::object token_count,
+                     py::object into, py::object into_losses);
 void permute(routing_config cfg, py::dict arrays, int threads, stream_arg stream);
 void combine(routing_config cfg, py::dict arrays, int threads, stream_arg stream);
 void losses(routing_config cfg, py::dict arrays, std::int64_t tokens, int threads,
