@@ -706,6 +706,9 @@ def _route_into(out, flat, bias, valid, replay_ids, text, kind, block_size, rati
                           "torch.compile leave it unset")
     if not isinstance(out, RouterOutput):
         raise _core.Error(f"moeroute.torch.route: out: a RouterOutput, not {type(out).__name__}")
+    if out.weight.requires_grad:  # its tensors may be saved for a backward pass not yet run
+        raise _core.Error("moeroute.torch.route: out: a routing recorded for autograd; out= "
+                          "takes one made without it (inference, or under torch.no_grad())")
     if out.config_text != text or out.token_shape != shape:
         raise _core.Error(f"moeroute.torch.route: out: a routing of another config or batch "
                           f"(token shape {out.token_shape}, logits here {shape})")

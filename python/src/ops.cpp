@@ -461,12 +461,22 @@ py::tuple route_host(routing_config cfg, py::object logits, py::object bias, py:
     if (!py::isinstance<py::array_t<std::uint8_t>>(into))
       throw binding_error("route: into: not a uint8 numpy array (an earlier call's buffer)");
     buffer = py::reinterpret_borrow<py::array_t<std::uint8_t>>(into);
-    if (py::isinstance<py::array_t<float>>(into_losses))
-      losses_f32 = py::reinterpret_borrow<py::array_t<float>>(into_losses).mutable_data();
-    else if (py::isinstance<py::array_t<double>>(into_losses))
-      losses_f64 = py::reinterpret_borrow<py::array_t<double>>(into_losses).mutable_data();
-    if ((losses_f32 == nullptr && losses_f64 == nullptr) || py::len(into_losses) != 3)
-      throw binding_error("route: into_losses: a [3] float32 or float64 numpy array");
+    // (the loss array is numpy's own, so its flags are right)
+    const auto c_vector = [](const py::array& l) {
+      return l.ndim() == 1 && l.shape(0) == 3 && (l.flags() & py::array::c_style) != 0 &&
+             l.writeable();
+    };
+    if (py::isinstance<py::array_t<float>>(into_losses)) {
+      auto l = py::reinterpret_borrow<py::array_t<float>>(into_losses);
+      if (c_vector(l)) losses_f32 = l.mutable_data();
+    } else if (py::isinstance<py::array_t<double>>(into_losses)) {
+      auto l = py::reinterpret_borrow<py::array_t<double>>(into_losses);
+      if (c_vector(l)) losses_f64 = l.mutable_data();
+    }
+    if (losses_f32 == nullptr && losses_f64 == nullptr)
+      throw binding_error(
+          "route: into_losses: a writable contiguous [3] float32 or float64 "
+          "numpy array");
     // (not its flags' contiguity: pybind11 before 2.12 gives the arrays it makes under numpy
     // 2 the wrong strides, which nothing here reads)
     if (buffer.ndim() != 1 || buffer.shape(0) != buffer_bytes || !buffer.writeable())

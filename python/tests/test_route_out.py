@@ -127,3 +127,6 @@ def test_bad_out_is_named():
     g = x.clone().requires_grad_()
     with pytest.raises(Error, match="out= writes without autograd"):
         mt.route(g, cfg, out=r)
+    trained = mt.route(g, cfg)  # its ids and fate are saved for its backward pass
+    with torch.no_grad(), pytest.raises(Error, match="out: a routing recorded for autograd"):
+        mt.route(x, cfg, out=trained)
