@@ -29,7 +29,8 @@
 # the kernels' resource table (bench/kernel_resources.py, with nvdisasm's instruction classes).
 # GPU_BENCH_FOCUS=routing makes it the routing metadata's loop instead: the dispatch, layout and
 # router GPU tests, bench_kernels_cuda's dispatch / layout / losses / route_graph cases, and
-# torch's same stages (eager, compiled, the route under graph replay).
+# torch's same stages (eager, compiled, the route under graph replay), and the router's tests
+# and route_graph cases again with programmatic dependent launch on (MOEROUTE_CUDA_PDL=1).
 #
 # Environment: GPU_CHECK_BUDGET (seconds, default 470; 230 for bench) caps the whole run; each
 # step gets min(its own timeout, what is left). GPU_CHECK_DRY_RUN=1 (for a machine without a GPU)
@@ -234,7 +235,9 @@ case "${GPU_BENCH_FOCUS:-gating}" in
   *) echo "GPU_BENCH_FOCUS=$GPU_BENCH_FOCUS: gating or routing" >&2; exit 2 ;;
 esac
 if [ "$DRY" = 1 ] && [ "$MODE" = bench ]; then
-  for s in "${FOCUS}_tests" "bench_$FOCUS" "torch_$FOCUS" kernel_resources; do
+  PDL_STEPS=()
+  [ "$FOCUS" = routing ] && PDL_STEPS=(routing_tests_pdl bench_routing_pdl)
+  for s in "${FOCUS}_tests" "bench_$FOCUS" "${PDL_STEPS[@]}" "torch_$FOCUS" kernel_resources; do
     skip_step "$s" "dry run"
   done
 elif [ "$MODE" = bench ]; then
@@ -245,6 +248,17 @@ elif [ "$MODE" = bench ]; then
     skip_step "${FOCUS}_tests" "not built"
   fi
   run_bench "bench_$FOCUS" 60 --benchmark_filter="$FOCUS_BENCH"
+  if [ "$FOCUS" = routing ] && [ -x "$BENCH" ] && [ -x "$TESTS" ]; then
+    # programmatic dependent launch, off by default until measured (MOEROUTE_CUDA_PDL=1;
+    # include/moeroute/cuda/launch.cuh): the router's tests and the route under graph replay
+    # again with it on, beside the run above
+    run_step routing_tests_pdl 60 env MOEROUTE_CUDA_PDL=1 "${RUN[@]}" "$TESTS" \
+      "[router],[dispatch]" --durations yes
+    run_step bench_routing_pdl 40 env MOEROUTE_CUDA_PDL=1 "${RUN[@]}" "$BENCH" \
+      --benchmark_filter='^cuda_route_graph' \
+      --benchmark_min_time="${GPU_CHECK_BENCH_MIN_TIME:-0.02}" \
+      --benchmark_out="$OUT/bench_kernels_cuda_pdl.json" --benchmark_out_format=json
+  fi
   run_torch "torch_$FOCUS" 120 "${FOCUS_TORCH[@]}" --compile --repeat 10
   # the kernels' resource table (registers, spills, SASS size) from the bundle
   if [ -f "$RESOURCES/routing_kernels.log" ]; then

@@ -55,7 +55,8 @@ grep -q '"name":"memcheck"' "$s" && fail "bench mode ran a full-check step: $(ca
 GPU_CHECK_MODE=bench GPU_BENCH_FOCUS=routing GPU_CHECK_DRY_RUN=1 tests/gpu_check.sh "$work/outr" \
   --prebuilt "$bundle" >"$work/log" 2>&1 || fail "routing dry run exited $? (log: $(cat "$work/log"))"
 s="$work/outr/summary.json"
-for step in routing_tests bench_routing torch_routing kernel_resources; do
+for step in routing_tests bench_routing routing_tests_pdl bench_routing_pdl torch_routing \
+  kernel_resources; do
   grep -q "\"name\":\"$step\",\"rc\":-1,\"seconds\":0,\"status\":\"skipped\"" "$s" ||
     fail "the routing focus lacks the skipped step $step: $(cat "$s")"
 done

@@ -25,6 +25,7 @@
 #include <moeroute/cuda/dispatch.cuh>
 #include <moeroute/cuda/layout.cuh>
 #include <moeroute/cuda/permute.cuh>
+#include <moeroute/kernels/grid_dependency.cuh>
 #include <moeroute/reference.hpp>
 
 #include <moeroute/cuda/device_buffer.cuh>
@@ -46,7 +47,10 @@ __host__ __device__ inline std::uint16_t scale_bits(std::int64_t t, std::int64_t
   return static_cast<std::uint16_t>((h & 0x3BFFu) | 0x0400u);  // finite, normal, nonzero
 }
 
+// (launched through cuda::launch, so it enters as every moeroute kernel does:
+// kernels/moeroute/kernels/grid_dependency.cuh)
 __global__ void fill_scale_kernel(__half* x, std::int64_t n, std::int64_t d) {
+  moeroute::kernels::enter_after_prior_grid();
   for (std::int64_t i = blockIdx.x * static_cast<std::int64_t>(blockDim.x) + threadIdx.x; i < n;
        i += static_cast<std::int64_t>(gridDim.x) * blockDim.x) {
     const std::uint16_t b = scale_bits(i / d, i % d);

@@ -8,11 +8,23 @@
 // left behind). A build that defines MOEROUTE_EMULATION (the CPU emulation of the test suite,
 // tests/emulation/) supplies `moeroute_emulation::launch` with the same arguments, and every
 // kernel then runs on the host, thread by thread.
+//
+// Programmatic dependent launch (Hopper and later): with MOEROUTE_CUDA_PDL=1 in the
+// environment, launch() gives each kernel compiled for sm_90 or later the
+// programmatic-stream-serialization attribute, so its blocks may be scheduled while the kernel
+// before it in the stream finishes (a decode step's chain of small kernels then overlaps the
+// launch latencies). Safe because every moeroute kernel first waits for the grids it depends on
+// (kernels::enter_after_prior_grid, kernels/moeroute/kernels/grid_dependency.cuh). Off by
+// default until a device run has measured it (docs/gpu-results.md); the attribute is given
+// only where the kernel's PTX is sm_90's, i.e. where that wait is compiled in.
 #pragma once
 
+#include <array>
 #include <cstddef>
 #include <cstdint>
+#include <cstdlib>
 #include <string>
+#include <string_view>
 #include <utility>
 
 #include <cuda_runtime.h>
@@ -53,6 +65,45 @@ struct launch_shape {
   return {static_cast<unsigned>(blocks), static_cast<unsigned>(threads), 0};
 }
 
+/// @brief True when MOEROUTE_CUDA_PDL=1 (read once per process).
+[[nodiscard]] inline bool programmatic_launch_requested() {
+  static const bool on = [] {
+    const char* v = std::getenv("MOEROUTE_CUDA_PDL");
+    return v != nullptr && std::string_view(v) == "1";
+  }();
+  return on;
+}
+
+/// @brief Whether `kernel` may be launched as a programmatic dependent of the kernel before it:
+///        requested, and the kernel's code for the current device compiled from sm_90 PTX or
+///        later (older PTX, JIT-compiled for a newer device, has no griddepcontrol.wait).
+///        Cached per thread by (device, kernel): the attribute query costs a driver call.
+[[nodiscard]] inline bool programmatic_launch(const void* kernel) {
+  if (!programmatic_launch_requested()) return false;
+#if defined(MOEROUTE_EMULATION)
+  (void)kernel;
+  return false;
+#else
+  struct entry {
+    const void* kernel = nullptr;
+    int device = -1;
+    bool allowed = false;
+  };
+  thread_local std::array<entry, 64> cache{};
+  thread_local std::size_t next = 0;
+  int device = 0;
+  if (cudaGetDevice(&device) != cudaSuccess) return false;
+  for (const entry& e : cache)
+    if (e.kernel == kernel && e.device == device) return e.allowed;
+  cudaFuncAttributes attributes{};
+  const bool allowed =
+      cudaFuncGetAttributes(&attributes, kernel) == cudaSuccess && attributes.ptxVersion >= 90;
+  cache[next] = {kernel, device, allowed};
+  next = (next + 1) % cache.size();
+  return allowed;
+#endif
+}
+
 /// @brief Launches `kernel` with `args` on `stream` and returns the launch's own status
 ///        (`name` goes into the message). Arguments convert to the kernel's parameter types,
 ///        as in a <<<>>> launch. Asynchronous; never synchronises, never clears the runtime's
@@ -70,6 +121,13 @@ template <class... Params, class... Args>
   config.blockDim = dim3(shape.block);
   config.dynamicSmemBytes = shape.smem;
   config.stream = stream;
+  cudaLaunchAttribute attribute{};
+  if (programmatic_launch(reinterpret_cast<const void*>(kernel))) {
+    attribute.id = cudaLaunchAttributeProgrammaticStreamSerialization;
+    attribute.val.programmaticStreamSerializationAllowed = 1;
+    config.attrs = &attribute;
+    config.numAttrs = 1;
+  }
   return from_cuda(cudaLaunchKernelEx(&config, kernel, std::forward<Args>(args)...), name);
 #endif
 }

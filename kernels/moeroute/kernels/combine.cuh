@@ -7,6 +7,7 @@
 #include <cstdint>
 
 #include <moeroute/kernels/element.cuh>
+#include <moeroute/kernels/grid_dependency.cuh>
 #include <moeroute/types.hpp>
 
 namespace moeroute::kernels {
@@ -20,6 +21,7 @@ __global__ void combine_kernel(const T* __restrict__ d_expert_out,      // [rows
                                const T* __restrict__ d_x,               // [T, d] (residual)
                                std::int64_t tokens, std::int32_t k, std::int64_t hidden,
                                bool residual, T* __restrict__ d_y) {  // [T, d]
+  enter_after_prior_grid();
   using vec = element_vec<T, V>;
   const std::int64_t* assignment_row = layout.d_assignment_row;
   const std::int64_t chunks = hidden / V;

@@ -7,6 +7,7 @@
 #include <cstdint>
 
 #include <moeroute/kernels/element.cuh>
+#include <moeroute/kernels/grid_dependency.cuh>
 #include <moeroute/types.hpp>
 
 namespace moeroute::kernels {
@@ -22,6 +23,7 @@ __global__ void combine_backward_rows_kernel(
     const float* __restrict__ weight,                 // [T, k]
     std::int64_t rows, std::int32_t k, std::int64_t hidden,
     T* __restrict__ d_expert_out) {  // [rows, d]
+  enter_after_prior_grid();
   using vec = element_vec<T, V>;
   const std::int64_t chunks = hidden / V;
   for (std::int64_t r = blockIdx.x; r < rows; r += gridDim.x) {
@@ -62,6 +64,7 @@ __global__ void combine_backward_tokens_kernel(
     std::int64_t tokens, std::int32_t k, std::int64_t hidden, bool residual,
     float* __restrict__ d_weight,  // [T, k]
     T* __restrict__ d_x) {         // [T, d] or null
+  enter_after_prior_grid();
   using vec = element_vec<T, V>;
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, warps = blockDim.x >> 5;
   const std::int64_t chunks = hidden / V;

@@ -19,6 +19,7 @@
 #include <moeroute/capacity.hpp>
 #include <moeroute/config.hpp>
 #include <moeroute/dispatch_plan.hpp>
+#include <moeroute/kernels/grid_dependency.cuh>
 #include <moeroute/kernels/shared_memory.cuh>
 #include <moeroute/rng.hpp>
 #include <moeroute/types.hpp>
@@ -164,6 +165,7 @@ __device__ inline void check_token(const dispatch_state& s, std::int64_t t, bool
 template <int Threads>
 __global__ void __launch_bounds__(Threads)
     dispatch_check_kernel(const dispatch_state s, bool priority_read) {
+  enter_after_prior_grid();
   using namespace dispatch_detail;
   const dispatch_result& o = s.out;
   for (std::int64_t e = global_id(); e < s.total_experts; e += grid_stride()) {
@@ -185,6 +187,7 @@ template <int Threads>
 __global__ void __launch_bounds__(Threads)
     dispatch_keys_kernel(const dispatch_state s, priority prio, std::uint64_t seed,
                          std::uint64_t offset, int key_bits) {
+  enter_after_prior_grid();
   using namespace dispatch_detail;
   const std::int32_t k = s.k;
   for (std::int64_t a = global_id(); a < s.n; a += grid_stride()) {
@@ -227,6 +230,7 @@ template <int Threads>
 __global__ void __launch_bounds__(Threads)
     segment_starts_kernel(const std::uint64_t* __restrict__ d_sorted_keys, std::int64_t n,
                           int shift, std::int64_t groups, std::int32_t* __restrict__ d_seg) {
+  enter_after_prior_grid();
   using namespace dispatch_detail;
   for (std::int64_t g = global_id(); g <= groups; g += grid_stride())
     d_seg[g] = static_cast<std::int32_t>(
@@ -305,6 +309,7 @@ __device__ void grant_capacity(const dispatch_state& s, const capacity_rule& rul
 template <int Threads>
 __global__ void __launch_bounds__(Threads)
     dispatch_capacity_kernel(const dispatch_state s, capacity_rule rule) {
+  enter_after_prior_grid();
   const std::int32_t* seg = s.scratch.d_seg;
   grant_capacity<Threads>(s, rule,
                           [seg](std::int64_t g) -> std::int64_t { return seg[g + 1] - seg[g]; });
@@ -316,6 +321,7 @@ template <int Threads>
 __global__ void __launch_bounds__(Threads)
     dispatch_grant_kernel(const dispatch_state s, const std::uint64_t* __restrict__ d_sorted_keys,
                           const std::int32_t* __restrict__ d_sorted_vals, int key_bits) {
+  enter_after_prior_grid();
   using namespace dispatch_detail;
   const std::int64_t C = s.out.d_totals->capacity;
   for (std::int64_t i = global_id(); i < s.n; i += grid_stride()) {
@@ -349,6 +355,7 @@ __global__ void __launch_bounds__(Threads)
 template <int Threads>
 __global__ void __launch_bounds__(Threads)
     pending_keys_kernel(const dispatch_state s, int key_bits, int group_bits, bool ranked) {
+  enter_after_prior_grid();
   using namespace dispatch_detail;
   for (std::int64_t a = global_id(); a < s.n; a += grid_stride()) {
     const std::uint64_t not_dropped = s.out.d_fate[a] == fate::dropped ? 0u : 1u;
@@ -367,6 +374,7 @@ template <int Threads>
 __global__ void __launch_bounds__(Threads)
     pending_scatter_kernel(const dispatch_state s, const std::uint64_t* __restrict__ d_sorted_keys,
                            const std::int32_t* __restrict__ d_sorted_vals, int key_bits) {
+  enter_after_prior_grid();
   using namespace dispatch_detail;
   for (std::int64_t i = global_id(); i < s.n; i += grid_stride()) {
     const std::int32_t a = d_sorted_vals[i];
@@ -381,6 +389,7 @@ __global__ void __launch_bounds__(Threads)
 /// assignments in the reroute order (left at -1 for a group with none).
 template <int Threads>
 __global__ void __launch_bounds__(Threads) pending_groups_kernel(const dispatch_state s) {
+  enter_after_prior_grid();
   using namespace dispatch_detail;
   const dispatch_scratch& w = s.scratch;
   const std::int64_t np = *w.d_num_pending;
@@ -398,6 +407,7 @@ __global__ void __launch_bounds__(Threads) pending_groups_kernel(const dispatch_
 /// per_token[t] = the token's first dropped assignment in reroute order (-1 if none).
 template <int Threads>
 __global__ void __launch_bounds__(Threads) fallback_first_kernel(const dispatch_state s) {
+  enter_after_prior_grid();
   using namespace dispatch_detail;
   const std::int32_t k = s.k;
   for (std::int64_t t = global_id(); t < s.tokens; t += grid_stride()) {
@@ -419,6 +429,7 @@ __global__ void __launch_bounds__(Threads) fallback_first_kernel(const dispatch_
 template <int Threads>
 __global__ void __launch_bounds__(Threads)
     fallback_classify_kernel(const dispatch_state s, std::int32_t target) {
+  enter_after_prior_grid();
   using namespace dispatch_detail;
   const std::int32_t k = s.k;
   const std::int64_t np = *s.scratch.d_num_pending;
@@ -452,6 +463,7 @@ __device__ inline std::int64_t competitors_before(const dispatch_state& s, std::
 template <int Threads>
 __global__ void __launch_bounds__(Threads)
     fallback_grant_kernel(const dispatch_state s, std::int32_t target, bool dedicated) {
+  enter_after_prior_grid();
   using namespace dispatch_detail;
   const dispatch_scratch& w = s.scratch;
   const std::int64_t np = *w.d_num_pending;
@@ -486,6 +498,7 @@ __global__ void __launch_bounds__(Threads)
 template <int Threads>
 __global__ void __launch_bounds__(Threads)
     fallback_load_kernel(const dispatch_state s, std::int32_t target, bool dedicated) {
+  enter_after_prior_grid();
   using namespace dispatch_detail;
   const dispatch_scratch& w = s.scratch;
   const std::int64_t cap = dedicated ? s.out.d_totals->fallback_capacity : s.out.d_totals->capacity;
@@ -507,6 +520,7 @@ __global__ void __launch_bounds__(Threads)
 /// segment q * ET + c (groups * ET = no attempt).
 template <int Threads>
 __global__ void __launch_bounds__(Threads) next_choice_attempt_kernel(const dispatch_state s) {
+  enter_after_prior_grid();
   using namespace dispatch_detail;
   const dispatch_scratch& w = s.scratch;
   const std::int32_t k = s.k, R = s.reroute;
@@ -538,6 +552,7 @@ __global__ void __launch_bounds__(Threads) next_choice_attempt_kernel(const disp
 /// Step 2: next[t] advances by the token's still-dropped assignments, up to R.
 template <int Threads>
 __global__ void __launch_bounds__(Threads) next_choice_advance_kernel(const dispatch_state s) {
+  enter_after_prior_grid();
   using namespace dispatch_detail;
   const std::int32_t k = s.k;
   for (std::int64_t t = global_id(); t < s.tokens; t += grid_stride()) {
@@ -556,6 +571,7 @@ __global__ void __launch_bounds__(Threads)
     next_choice_grant_kernel(const dispatch_state s,
                              const std::uint64_t* __restrict__ d_sorted_keys,
                              const std::int32_t* __restrict__ d_sorted_vals) {
+  enter_after_prior_grid();
   using namespace dispatch_detail;
   const std::int32_t* seg = s.scratch.d_seg;
   const std::int64_t C = s.out.d_totals->capacity;
@@ -578,6 +594,7 @@ __global__ void __launch_bounds__(Threads)
 /// with any attempt counts in reroute_rounds.
 template <int Threads>
 __global__ void __launch_bounds__(Threads) next_choice_load_kernel(const dispatch_state s) {
+  enter_after_prior_grid();
   using namespace dispatch_detail;
   const std::int32_t* seg = s.scratch.d_seg;
   const std::int64_t C = s.out.d_totals->capacity;
@@ -595,6 +612,7 @@ __global__ void __launch_bounds__(Threads) next_choice_load_kernel(const dispatc
 /// Capacity groups: group_base[q, e] = the slots expert e fills in groups before q.
 template <int Threads>
 __global__ void __launch_bounds__(Threads) group_base_kernel(const dispatch_state s) {
+  enter_after_prior_grid();
   using namespace dispatch_detail;
   const std::int64_t ET = s.total_experts;
   for (std::int64_t e = global_id(); e < ET; e += grid_stride()) {
@@ -610,6 +628,7 @@ __global__ void __launch_bounds__(Threads) group_base_kernel(const dispatch_stat
 /// expert follow those of groups < q), as reference::dispatch numbers them.
 template <int Threads>
 __global__ void __launch_bounds__(Threads) rebase_kernel(const dispatch_state s) {
+  enter_after_prior_grid();
   using namespace dispatch_detail;
   for (std::int64_t a = global_id(); a < s.n; a += grid_stride()) {
     if (!s.scratch.d_holder[a]) continue;
@@ -623,6 +642,7 @@ __global__ void __launch_bounds__(Threads) rebase_kernel(const dispatch_state s)
 /// groups are runs of tokens, so the rank by token index is dense across them too.
 template <int Threads>
 __global__ void __launch_bounds__(Threads) holder_keys_kernel(const dispatch_state s) {
+  enter_after_prior_grid();
   using namespace dispatch_detail;
   for (std::int64_t a = global_id(); a < s.n; a += grid_stride()) {
     s.scratch.d_keys_a[a] =
@@ -636,6 +656,7 @@ template <int Threads>
 __global__ void __launch_bounds__(Threads)
     renumber_kernel(const dispatch_state s, const std::uint64_t* __restrict__ d_sorted_keys,
                     const std::int32_t* __restrict__ d_sorted_vals) {
+  enter_after_prior_grid();
   using namespace dispatch_detail;
   const std::int32_t* seg = s.scratch.d_seg;
   const std::int64_t holders = seg[s.total_experts];
@@ -648,6 +669,7 @@ __global__ void __launch_bounds__(Threads)
 /// A rerouted assignment that does not hold its slot shares the one its token holds there.
 template <int Threads>
 __global__ void __launch_bounds__(Threads) follower_slot_kernel(const dispatch_state s) {
+  enter_after_prior_grid();
   using namespace dispatch_detail;
   const std::int32_t k = s.k;
   for (std::int64_t a = global_id(); a < s.n; a += grid_stride()) {
@@ -691,6 +713,7 @@ __device__ inline void token_weights(const dispatch_state& s, std::int64_t t, bo
 template <int Threads>
 __global__ void __launch_bounds__(Threads)
     dispatch_weights_kernel(const dispatch_state s, bool after_drop, float scaling) {
+  enter_after_prior_grid();
   using namespace dispatch_detail;
   for (std::int64_t t = global_id(); t < s.tokens; t += grid_stride())
     token_weights(s, t, after_drop, scaling);
@@ -800,6 +823,7 @@ __device__ inline void end_tally(const dispatch_state& s, fate_tally& t, int thr
 template <int Threads>
 __global__ void __launch_bounds__(Threads)
     dispatch_stats_kernel(const dispatch_state s, bool shared) {
+  enter_after_prior_grid();
   using namespace dispatch_detail;
   fate_tally t = begin_tally(s, shared ? dynamic_shared<std::int32_t>() : nullptr, Threads);
   __syncthreads();

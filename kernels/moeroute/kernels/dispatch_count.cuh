@@ -17,6 +17,7 @@
 
 #include <moeroute/dispatch_plan.hpp>
 #include <moeroute/kernels/dispatch.cuh>
+#include <moeroute/kernels/grid_dependency.cuh>
 #include <moeroute/kernels/shared_memory.cuh>
 #include <moeroute/types.hpp>
 
@@ -63,6 +64,7 @@ __device__ inline std::int32_t competing_expert(const dispatch_state& s, std::in
 template <int Threads>
 __global__ void __launch_bounds__(Threads)
     count_tiles_kernel(const dispatch_state s, const dispatch_tiling d) {
+  enter_after_prior_grid();
   using namespace dispatch_count_detail;
   std::int32_t* hist = dynamic_shared<std::int32_t>();
   const std::int32_t E = s.experts;
@@ -87,6 +89,7 @@ __global__ void __launch_bounds__(Threads)
 template <int Threads>
 __global__ void __launch_bounds__(Threads)
     count_offsets_kernel(const dispatch_state s, const dispatch_tiling d, capacity_rule rule) {
+  enter_after_prior_grid();
   const std::int64_t E = s.experts, per_group = d.slabs * d.chunks;
   std::int32_t* counts = s.scratch.d_tile_counts;
   std::int32_t* totals = s.scratch.d_seg;
@@ -206,6 +209,7 @@ __device__ void grant_tile(const dispatch_state& s, const tile_view& tile, rank_
 template <int Threads>
 __global__ void __launch_bounds__(Threads)
     count_grant_kernel(const dispatch_state s, const dispatch_tiling d, bool write_keys) {
+  enter_after_prior_grid();
   using namespace dispatch_count_detail;
   const std::int32_t E = s.experts;
   rank_tables r = begin_ranks<Threads>(dynamic_shared<std::int32_t>(), E);
@@ -245,6 +249,7 @@ template <int Threads>
 __global__ void __launch_bounds__(Threads)
     dispatch_one_block_kernel(const dispatch_state s, const dispatch_tiling d, bool priority_read,
                               capacity_rule rule, bool after_drop, float scaling) {
+  enter_after_prior_grid();
   using namespace dispatch_detail;
   using namespace dispatch_count_detail;
   const std::int32_t E = s.experts;

@@ -4,6 +4,7 @@
 
 #include <cstdint>
 
+#include <moeroute/kernels/grid_dependency.cuh>
 #include <moeroute/kernels/warp_topk.cuh>
 
 namespace moeroute::kernels {
@@ -21,6 +22,7 @@ template <int Threads>
 __global__ void __launch_bounds__(Threads)
     expert_bias_update_kernel(float* __restrict__ bias, const std::int64_t* __restrict__ load,
                               std::int32_t experts, float rate, bool recenter) {
+  enter_after_prior_grid();
   static_assert(Threads % 32 == 0, "whole warps");
   __shared__ float s_bias[bias_update_max_experts];
   __shared__ long long s_part[Threads / 32];

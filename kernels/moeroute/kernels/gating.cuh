@@ -18,6 +18,7 @@
 
 #include <moeroute/gating_plan.hpp>
 #include <moeroute/kernels/gating_agent.cuh>
+#include <moeroute/kernels/grid_dependency.cuh>
 #include <moeroute/kernels/shared_memory.cuh>
 
 namespace moeroute::kernels {
@@ -48,6 +49,7 @@ __device__ __forceinline__ int gating_acc_position(int s, int l) {
 template <class Element, int Lanes, int Slots, int Warps, bool Generic>
 __global__ void __launch_bounds__(Warps * 32)
     gating_kernel(const __grid_constant__ gating_kernel_args<Element> a) {
+  enter_after_prior_grid();
   constexpr int Groups = Warps * (32 / Lanes);
   constexpr int Row = Lanes * Slots;  // a group's accumulator row (register kernels)
   using agent_type = gating_agent<Element, Lanes, Slots, Generic>;

@@ -16,6 +16,7 @@
 #include <moeroute/config.hpp>
 #include <moeroute/kernels/element.cuh>
 #include <moeroute/kernels/gating_semantics.cuh>
+#include <moeroute/kernels/grid_dependency.cuh>
 #include <moeroute/kernels/warp_topk.cuh>
 #include <moeroute/rng.hpp>
 #include <moeroute/types.hpp>
@@ -74,6 +75,7 @@ __device__ inline double load_logit(const gating_backward_args<Element>& a, std:
 /// reference::gating_backward). Block: whole warps.
 template <class Element, int Lanes>
 __global__ void gating_backward_kernel(const gating_backward_args<Element> a) {
+  enter_after_prior_grid();
   const gating_semantics& sem = a.sem;
   const std::int32_t E = sem.experts, k = sem.k;
   const std::int64_t* d_valid_tokens = a.gated.sums.d_valid_tokens;

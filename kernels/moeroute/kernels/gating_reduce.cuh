@@ -7,6 +7,7 @@
 #include <cstdint>
 
 #include <moeroute/gating_plan.hpp>
+#include <moeroute/kernels/grid_dependency.cuh>
 #include <moeroute/kernels/warp_topk.cuh>
 #include <moeroute/macros.hpp>
 #include <moeroute/types.hpp>
@@ -32,6 +33,7 @@ template <int Threads>
 __global__ void __launch_bounds__(Threads)
     gating_reduce_kernel(const gating_partials part, std::int64_t segments, std::int64_t pieces,
                          std::int32_t experts, const gating_sums out) {
+  enter_after_prior_grid();
   static_assert(Threads % 32 == 0, "whole warps");
   constexpr int Warps = Threads / 32;
   const int E = experts;

@@ -7,6 +7,7 @@
 
 #include <cub/block/block_scan.cuh>
 
+#include <moeroute/kernels/grid_dependency.cuh>
 #include <moeroute/types.hpp>
 
 namespace moeroute::kernels {
@@ -87,6 +88,7 @@ __global__ void __launch_bounds__(Threads)
                           std::int32_t total_experts, std::int64_t capacity_groups,
                           const std::int32_t* __restrict__ map, std::int32_t segments,
                           const const_dispatch_result in, const layout_result out) {
+  enter_after_prior_grid();
   layout_offsets<Threads>(compact, block_size, experts, total_experts, capacity_groups, map,
                           segments, in, out);
 }
@@ -115,6 +117,7 @@ __device__ inline void clear_rows(layout_detail::stride_range it, std::int64_t m
 template <int Threads>
 __global__ void __launch_bounds__(Threads)
     layout_clear_rows_kernel(std::int64_t max_rows, std::int32_t* __restrict__ d_row_token) {
+  enter_after_prior_grid();
   clear_rows(layout_detail::grid_range(), max_rows, d_row_token);
 }
 
@@ -152,6 +155,7 @@ __global__ void __launch_bounds__(Threads)
     layout_rows_kernel(std::int64_t n, std::int32_t k, const std::int32_t* __restrict__ map,
                        std::int32_t segments, const const_dispatch_result in,
                        const layout_result out) {
+  enter_after_prior_grid();
   assignment_rows(layout_detail::grid_range(), n, k, map, segments, in, out);
 }
 
@@ -186,6 +190,7 @@ template <int Threads>
 __global__ void __launch_bounds__(Threads)
     layout_block_expert_kernel(std::int64_t num_blocks, std::int64_t block_size,
                                std::int32_t total_experts, const layout_result out) {
+  enter_after_prior_grid();
   block_experts(layout_detail::grid_range(), num_blocks, block_size, total_experts, out);
 }
 
@@ -206,6 +211,7 @@ __global__ void __launch_bounds__(Threads)
                             std::int64_t n, std::int32_t k, std::int64_t max_rows,
                             std::int64_t num_blocks, const const_dispatch_result in,
                             const layout_result out) {
+  enter_after_prior_grid();
   const layout_detail::stride_range it{threadIdx.x, Threads};
   if (threadIdx.x == 0 && map != nullptr && out.d_nonlocal != nullptr) *out.d_nonlocal = 0;
   layout_offsets<Threads>(compact, block_size, experts, total_experts, capacity_groups, map,

@@ -9,6 +9,7 @@
 
 #include <cstdint>
 
+#include <moeroute/kernels/grid_dependency.cuh>
 #include <moeroute/types.hpp>
 
 namespace moeroute::kernels {
@@ -33,6 +34,7 @@ struct loss_kernel_args {
 /// adding them in expert order; the warps' totals then add in warp order.
 template <int Threads>
 __global__ void __launch_bounds__(Threads) loss_kernel(const loss_kernel_args a) {
+  enter_after_prior_grid();
   static_assert(Threads % 32 == 0, "whole warps");
   constexpr int Warps = Threads / 32;
   __shared__ double s_term[Threads];

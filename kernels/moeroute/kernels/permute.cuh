@@ -6,6 +6,7 @@
 #include <cstdint>
 
 #include <moeroute/kernels/element.cuh>
+#include <moeroute/kernels/grid_dependency.cuh>
 #include <moeroute/types.hpp>
 
 namespace moeroute::kernels {
@@ -17,6 +18,7 @@ __global__ void permute_kernel(const T* __restrict__ d_x,  // [T, d]
                                std::int64_t hidden, const const_layout_result layout,
                                std::int64_t rows,
                                T* __restrict__ d_out) {  // [rows, d]
+  enter_after_prior_grid();
   using vec = element_vec<T, V>;
   const std::int64_t* d_num_rows = layout.d_num_rows;
   const std::int64_t used = d_num_rows ? (*d_num_rows < rows ? *d_num_rows : rows) : rows;

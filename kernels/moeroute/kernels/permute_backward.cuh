@@ -6,6 +6,7 @@
 #include <cstdint>
 
 #include <moeroute/kernels/element.cuh>
+#include <moeroute/kernels/grid_dependency.cuh>
 
 namespace moeroute::kernels {
 
@@ -17,6 +18,7 @@ __global__ void permute_backward_kernel(const T* __restrict__ d_buf,  // [rows, 
                                         const std::int64_t* __restrict__ assignment_row,  // [T, k]
                                         std::int64_t tokens, std::int32_t k, std::int64_t hidden,
                                         bool accumulate, T* __restrict__ d_x) {  // [T, d]
+  enter_after_prior_grid();
   using vec = element_vec<T, V>;
   const std::int64_t chunks = hidden / V;
   for (std::int64_t t = blockIdx.x; t < tokens; t += gridDim.x) {

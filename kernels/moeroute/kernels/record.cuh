@@ -5,12 +5,14 @@
 
 #include <cstdint>
 
+#include <moeroute/kernels/grid_dependency.cuh>
 #include <moeroute/params/record.hpp>
 
 namespace moeroute::kernels {
 
 template <class Id>
 __global__ void record_kernel(const record_params<Id> p, std::int32_t k) {
+  enter_after_prior_grid();
   const std::int64_t n = p.tokens * k;
   for (std::int64_t i = static_cast<std::int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; i < n;
        i += static_cast<std::int64_t>(gridDim.x) * blockDim.x) {

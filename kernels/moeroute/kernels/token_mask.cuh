@@ -5,6 +5,8 @@
 
 #include <cstdint>
 
+#include <moeroute/kernels/grid_dependency.cuh>
+
 namespace moeroute::kernels {
 
 /// d_mask[t] = (t < n, n = *d_count clamped to [0, T]) and d_valid[t] (when given).
@@ -12,6 +14,7 @@ template <int Threads>
 __global__ void __launch_bounds__(Threads)
     token_mask_kernel(std::int64_t tokens, const std::int64_t* __restrict__ d_count,
                       const std::uint8_t* __restrict__ d_valid, std::uint8_t* __restrict__ d_mask) {
+  enter_after_prior_grid();
   const std::int64_t n = *d_count;
   const std::int64_t stride = static_cast<std::int64_t>(gridDim.x) * Threads;
   for (std::int64_t t = static_cast<std::int64_t>(blockIdx.x) * Threads + threadIdx.x; t < tokens;
