@@ -7,7 +7,7 @@
 # for: PTX of the newest architecture (no ptxas), NVVM and the host compiler at -O0. What the
 # optimised builds would add is checked elsewhere: ptxas and the resources of every routing
 # kernel at -O3 (routing_kernel_resources), every configured architecture's SASS
-# (example_cuda_gating), the test files' host code at -O3 with every warning as an error
+# (example_cuda_gating), the test files' host code at -O1 with every warning as an error
 # (cuda_tests_emulated compiles the same *_test.cu). The Python extension's launch_cuda.cu is
 # one too in the top-level build (python/CMakeLists.txt; _core_emulated runs it), not in pip's.
 # On a device the binaries still run, from PTX compiled at load time: correct but slow.
