@@ -95,17 +95,15 @@ def _route_host(logits, x, bias, valid, replay_ids, token_count, cfg, kind, bloc
         return False
     if replay_ids is not None:
         replay_ids = _arrays.as_int32(replay_ids, "replay_ids")
-    try:
-        if into is not None:  # written in place, the losses into the loss tensors' array
-            _core.route_host(cfg, x, bias, _arrays.as_mask(valid), kind, block_size, False,
-                             replay_ids, float(replay_ratio), _threads(), token_count, into[0],
-                             into[1])
-            return True
-        g, d, lay, lo = _core.route_host(cfg, x, bias, _arrays.as_mask(valid), kind,
-                                         block_size, False, replay_ids, float(replay_ratio),
-                                         _threads(), token_count)
+    try:  # with `into`: written in place, the losses into the loss tensors' array
+        r = _core.route_host(cfg, x, bias, _arrays.as_mask(valid), kind, block_size, False,
+                             replay_ids, float(replay_ratio), _threads(), token_count,
+                             *(() if into is None else into[:2]))
     except _core.Error as e:
         raise _core.Error(_st._named_count(str(e))) from None
+    if into is not None:
+        return True
+    g, d, lay, lo = r
     f = torch.from_numpy
     # the losses: 0-d views of one array the weight tensor keeps (each its own tensor storage,
     # as a custom operator's outputs must be)
