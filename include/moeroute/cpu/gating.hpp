@@ -18,6 +18,7 @@
 #include <moeroute/cpu/detail/math.hpp>
 #include <moeroute/cpu/detail/select.hpp>
 #include <moeroute/cpu/detail/select_columns.hpp>
+#include <moeroute/cpu/detail/token_columns.hpp>
 #include <moeroute/cpu/element.hpp>
 #include <moeroute/cpu/parallel.hpp>
 #include <moeroute/dtype.hpp>
@@ -161,6 +162,11 @@ struct gating_space {
                                      static_cast<std::size_t>(key_capacity(experts)));
   }
 
+  /// Task i's scratch rows as one block of 7 * tile * E floats (the token columns' scratch).
+  [[nodiscard]] float* task_rows(std::int64_t i) const noexcept {
+    return rows + static_cast<std::size_t>(i) * rows_stride();
+  }
+
   /// Task i's partials with the scratch of its tile slot `slot`.
   [[nodiscard]] gating_task_space task(std::int64_t i, std::int32_t slot) const noexcept {
     const std::size_t e = static_cast<std::size_t>(experts), u = static_cast<std::size_t>(i);
@@ -243,6 +249,7 @@ struct gating_agent {
   bool defer_p;        // P is made in the aux pass: nothing reads it, or overwrites s.ex, before
   bool gathers;        // the group limit's kept groups are copied side by side and selected from
   bool replay;         // the selection is replayed (select_replayed, row by row)
+  bool columns;        // tiles of 8 tokens take the token columns (gate_columns)
   double log_ratio;    // the replay filter's threshold (softmax)
 
   gating_agent(const routing_config& c, const gating_params<Element>& params) : cfg(c), p(params) {
@@ -276,6 +283,18 @@ struct gating_agent {
     // takes the mask, which it opens and closes per expert)
     gathers =
         G > 1 && group_limit_by_top2(cfg, E, G) && !sampling && !selects_by_columns(cfg) && !replay;
+    // softmax rows of whole registers, one or two choices, none of the per-token aux rows, and
+    // nothing that makes a token's steps differ from the plain softmax's (scratch: the task's
+    // 7 * tile * E floats of row scratch hold slot 0's 7 * E and the columns' 2 * 8 * E)
+#if defined(MOEROUTE_CPU_TOKEN_COLUMNS)
+    columns = softmax_score && !noise && !g.expert_bias && G == 1 && !sampling && !random_second &&
+              !replay && R == 0 && k <= 2 && E % columns::lanes == 0 && E <= 256 &&
+              !(softmax_after && g.select == select_from::scores) &&
+              p.out.d_aux_scores == nullptr && p.out.d_aux_count_ids == nullptr &&
+              7 * gating_tile(cfg) >= 7 + 2 * columns::lanes;
+#else
+    columns = false;
+#endif
   }
 
   /// scores of n values under the configured (per-expert or softmax) score function
@@ -548,6 +567,38 @@ struct gating_agent {
     st.ids = ids;
   }
 
+  // 6. token t's gates from its chosen experts' gate logits, logit(j), and scores, score(j).
+  //    Where they depend on the k chosen experts only (softmax after top-k, and the per-expert
+  //    score functions) they are computed with libm's exp, as the reference does, so they are
+  //    its bits: priorities that rank by gate then order exactly as it does.
+  template <class Logit, class Score>
+  void write_gates(std::int64_t t, const Logit& logit, const Score& score) const {
+    const auto& g = cfg.gating;
+    float* gt = p.out.d_gates + t * k;
+    if (softmax_after) {
+      float gm = -FLT_MAX;
+      for (std::int32_t j = 0; j < k; ++j) gm = std::max(gm, logit(j));
+      double gs = 0.0;
+      for (std::int32_t j = 0; j < k; ++j) {
+        // exp(0) = 1 exactly: the best gate (and any tied with it) needs no libm call
+        const float dx = logit(j) - gm;
+        gt[j] = dx == 0.0f ? 1.0f : std::exp(dx);
+        gs += gt[j];
+      }
+      for (std::int32_t j = 0; j < k; ++j) gt[j] = static_cast<float>(gt[j] / gs);
+    } else {
+      for (std::int32_t j = 0; j < k; ++j) gt[j] = score(j);
+      if (g.renorm == renormalize::before_drop) {
+        float total = 0.0f;
+        for (std::int32_t j = 0; j < k; ++j) total += gt[j];
+        const float denom = total + g.renorm_epsilon;
+        for (std::int32_t j = 0; j < k; ++j) gt[j] = denom > 0.0f ? gt[j] / denom : 0.0f;
+      }
+    }
+    if (g.renorm != renormalize::after_drop)
+      for (std::int32_t j = 0; j < k; ++j) gt[j] *= g.scaling_factor;
+  }
+
   void finish(const gating_task_space& s, const token_state& st, bool& is_valid, double* seq_scores,
               std::int64_t* seq_counts) const {
     const auto& g = cfg.gating;
@@ -561,38 +612,16 @@ struct gating_agent {
     const std::int32_t* ids = st.ids;
     const bool p_early = softmax_score && !defer_p;
 
-    // 6. gates. Where they depend on the k chosen experts only (softmax after top-k, and the
-    //    per-expert score functions) they are computed with libm's exp, as the reference does,
-    //    so they are its bits: priorities that rank by gate then order exactly as it does.
-    float* gt = o.d_gates + t * k;
-    if (softmax_after) {
-      float gm = -FLT_MAX;
-      for (std::int32_t j = 0; j < k; ++j) gm = std::max(gm, gate_logits[ids[j]]);
-      double gs = 0.0;
-      for (std::int32_t j = 0; j < k; ++j) {
-        // exp(0) = 1 exactly: the best gate (and any tied with it) needs no libm call
-        const float dx = gate_logits[ids[j]] - gm;
-        gt[j] = dx == 0.0f ? 1.0f : std::exp(dx);
-        gs += gt[j];
-      }
-      for (std::int32_t j = 0; j < k; ++j) gt[j] = static_cast<float>(gt[j] / gs);
-    } else {
-      for (std::int32_t j = 0; j < k; ++j)
-        gt[j] = softmax_score ? gate_scores[ids[j]] : score_one(gate_logits[ids[j]]);
-      if (g.renorm == renormalize::before_drop) {
-        float total = 0.0f;
-        for (std::int32_t j = 0; j < k; ++j) total += gt[j];
-        const float denom = total + g.renorm_epsilon;
-        for (std::int32_t j = 0; j < k; ++j) gt[j] = denom > 0.0f ? gt[j] / denom : 0.0f;
-      }
-    }
+    write_gates(
+        t, [&](std::int32_t j) { return gate_logits[ids[j]]; },
+        [&](std::int32_t j) {
+          return softmax_score ? gate_scores[ids[j]] : score_one(gate_logits[ids[j]]);
+        });
     if (random_second) {
       const float p2 = softmax_score ? gate_scores[ids[1]] : score_one(gate_logits[ids[1]]);
       const float u = rng::second_expert_uniform(g.second_expert.seed, g.second_expert.offset, t);
       o.d_second_skipped[t] = 2.0f * p2 > u ? 0 : 1;
     }
-    if (g.renorm != renormalize::after_drop)
-      for (std::int32_t j = 0; j < k; ++j) gt[j] *= g.scaling_factor;
 
     // token priority: the top-1 clean score (the largest P for softmax)
     if (wants_priority)
@@ -675,6 +704,96 @@ struct gating_agent {
         });
     }
   }
+
+#if defined(MOEROUTE_CPU_TOKEN_COLUMNS)
+  // Steps 1-7 for tokens t0 .. t0 + 7 (no sequences) as token columns (token_columns.hpp):
+  // each step's operations in the row path's order, so the same bits, and the task's partial
+  // sums taken in token order as finish takes them. scratch: 2 * 8 * E floats. False, with
+  // nothing written, when a logit is not finite: the row path sanitises and counts it.
+  [[nodiscard]] bool gate_columns(const gating_task_space& s, float* scratch,
+                                  std::int64_t t0) const {
+    namespace col = columns;
+    constexpr std::int32_t W = col::lanes;
+    float* xc = scratch;     // [E, W] sanitised logits
+    float* pc = xc + W * E;  // [E, W] exps, then P
+    col::f32x8 m;
+    if (!col::load(p.d_logits + t0 * E, E, xc, m)) return false;
+    col::f64x4 sum[2];
+    col::exp_and_sum(xc, E, m, pc, sum);
+    if (aux || !softmax_after) {  // P is read (the aux sums, the gates or the selection)
+      const col::f64x4 inv[2] = {1.0 / sum[0], 1.0 / sum[1]};
+      col::normalize(pc, E, inv);
+    }
+    const auto& g = cfg.gating;
+    col::i32x8 i1, i2;
+    col::f32x8 b[2];
+    const bool by_p = g.select == select_from::scores;
+    if (k == 2) {
+      col::top2<true>(by_p ? pc : xc, E, i1, i2, b[0], b[1]);
+    } else {
+      col::top2<false>(by_p ? pc : xc, E, i1, i2, b[0], b[1]);
+    }
+    // the chosen experts' P: the gates' scores, and the routed set's least for fresh counts
+    const std::int32_t counted = cfg.aux_counts_per_token();
+    const bool fresh_topk = aux && cfg.loss.count_source == aux_count_source::fresh_topk;
+    col::f32x8 chosen_p[2] = {};
+    if (!softmax_after || fresh_topk) {
+      chosen_p[0] = by_p ? b[0] : col::at_ids(pc, i1);
+      if (k == 2) chosen_p[1] = by_p ? b[1] : col::at_ids(pc, i2);
+    }
+    // the gates from the selected logits (softmax after top-k: a zero's sign changes no gate)
+    col::f32x8 gt[2];
+    col::gates({softmax_after, k, g.renorm, g.renorm_epsilon, g.scaling_factor}, b, chosen_p, gt);
+    const gating_result& o = p.out;
+    if (k == 2) {
+      col::store_pairs(o.d_ids + t0 * 2, i1, i2);
+      col::store_pairs(o.d_gates + t0 * 2, gt[0], gt[1]);
+    } else {
+      std::memcpy(o.d_ids + t0, &i1, sizeof i1);
+      std::memcpy(o.d_gates + t0, &gt[0], sizeof gt[0]);
+    }
+    if (wants_priority)  // float(1.0 / sum)
+      for (std::int32_t h = 0; h < 2; ++h) {
+        const col::f32x4 q = __builtin_convertvector(1.0 / sum[h], col::f32x4);
+        std::memcpy(o.d_token_priority + t0 + 4 * h, &q, sizeof q);
+      }
+    float lse[W] = {};
+    if (wants_lse)
+      for (std::int32_t l = 0; l < W; ++l) {
+        lse[l] = static_cast<float>(static_cast<double>(m[l]) + math::log(sum[l / 4][l % 4]));
+        if (o.d_logsumexp != nullptr) o.d_logsumexp[t0 + l] = lse[l];
+      }
+    col::i32x8 keep = {};  // -1: a valid token
+    for (std::int32_t l = 0; l < W; ++l) {
+      if (p.d_valid != nullptr && p.d_valid[t0 + l] == 0) continue;
+      keep[l] = -1;
+      ++*s.valid;
+      *s.z += lse[l] * lse[l];
+    }
+    if (!aux) return true;
+    col::i32x8 at_least = {};
+    if (fresh_topk) {  // finish's min from FLT_MAX over the first `counted` choices
+      col::f32x8 least = col::f32x8{} + FLT_MAX;
+      for (std::int32_t j = 0; j < counted; ++j) least = chosen_p[j] < least ? chosen_p[j] : least;
+      at_least = col::count_at_least(pc, E, least);
+    }
+    col::accumulate(pc, E, keep, s.scores);
+    for (std::int32_t l = 0; l < W; ++l) {
+      if (keep[l] == 0) continue;
+      const std::int64_t t = t0 + l;
+      const std::int32_t* count_ids = o.d_ids + t * k;
+      std::int32_t fresh[select_small_max];
+      // a fresh top-k of P that is not the routed ids' set (finish's rule): P's row, selected
+      if (fresh_topk && at_least[l] != counted) {
+        for (std::int32_t e = 0; e < E; ++e) s.p[e] = pc[e * W + l];
+        top_n(s.p, E, nullptr, counted, nullptr, fresh, s.keys);
+        count_ids = fresh;
+      }
+      for (std::int32_t j = 0; j < counted; ++j) ++s.counts[count_ids[j]];
+    }
+    return true;
+  }
+#endif
 };
 
 }  // namespace detail
@@ -765,44 +884,57 @@ template <class Element>
     detail::token_state st[detail::max_gating_tile];
     // each step for the (sub-)tile's tokens, then the next: the partial sums still take the
     // tokens in order (finish), so the tile changes no bit
-    for (std::int64_t v0 = begin; v0 < end; v0 += tile) {
-      const auto n = static_cast<std::int32_t>(std::min<std::int64_t>(tile, end - v0));
-      for (std::int32_t r0 = 0; r0 < n; r0 += front) {
-        const std::int32_t r1 = std::min(n, r0 + front);
-        for (std::int32_t r = r0; r < r1; ++r) {
-          const std::int64_t v = v0 + r;
-          st[r].q = S > 0 ? v / L : 0;
-          st[r].t =
-              strided ? token_of_sequence(token_order::position_major, st[r].q, v % L, S, L) : v;
-          agent.load(slot[r], st[r]);
+    const auto by_rows = [&](std::int64_t from, std::int64_t to) {
+      for (std::int64_t v0 = from; v0 < to; v0 += tile) {
+        const auto n = static_cast<std::int32_t>(std::min<std::int64_t>(tile, to - v0));
+        for (std::int32_t r0 = 0; r0 < n; r0 += front) {
+          const std::int32_t r1 = std::min(n, r0 + front);
+          for (std::int32_t r = r0; r < r1; ++r) {
+            const std::int64_t v = v0 + r;
+            st[r].q = S > 0 ? v / L : 0;
+            st[r].t =
+                strided ? token_of_sequence(token_order::position_major, st[r].q, v % L, S, L) : v;
+            agent.load(slot[r], st[r]);
+          }
+          for (std::int32_t r = r0; r < r1; ++r) agent.exponentiate(slot[r], st[r]);
+          for (std::int32_t r = r0; r < r1; ++r) agent.normalize(slot[r], st[r]);
+          for (std::int32_t r = r0; r < r1; ++r) agent.prepare(slot[r], st[r]);
         }
-        for (std::int32_t r = r0; r < r1; ++r) agent.exponentiate(slot[r], st[r]);
-        for (std::int32_t r = r0; r < r1; ++r) agent.normalize(slot[r], st[r]);
-        for (std::int32_t r = r0; r < r1; ++r) agent.prepare(slot[r], st[r]);
-      }
-      if (agent.replay) {
-        for (std::int32_t r = 0; r < n; ++r) {
-          const std::int64_t replaced = agent.select_replayed(slot[r], st[r]);
-          if (p.d_valid == nullptr || p.d_valid[st[r].t] != 0) *s.replaced += replaced;
+        if (agent.replay) {
+          for (std::int32_t r = 0; r < n; ++r) {
+            const std::int64_t replaced = agent.select_replayed(slot[r], st[r]);
+            if (p.d_valid == nullptr || p.d_valid[st[r].t] != 0) *s.replaced += replaced;
+          }
         }
-      }
 #if defined(MOEROUTE_CPU_SELECT_COLUMNS)
-      else if (by_columns) {
-        agent.select_columns(st, n);
-      }
+        else if (by_columns) {
+          agent.select_columns(st, n);
+        }
 #endif
-      else {
-        agent.select_tile(slot, st, n);
+        else {
+          agent.select_tile(slot, st, n);
+        }
+        for (std::int32_t r = 0; r < n; ++r) {
+          bool valid = false;
+          agent.finish(slot[r], st[r], valid, direct ? seq_scores : nullptr,
+                       direct ? seq_counts : nullptr);
+          if (!valid) continue;
+          ++*s.valid;
+          if (direct) ++p.out.sums.d_seq_tokens[st[r].q];
+        }
       }
-      for (std::int32_t r = 0; r < n; ++r) {
-        bool valid = false;
-        agent.finish(slot[r], st[r], valid, direct ? seq_scores : nullptr,
-                     direct ? seq_counts : nullptr);
-        if (!valid) continue;
-        ++*s.valid;
-        if (direct) ++p.out.sums.d_seq_tokens[st[r].q];
-      }
+    };
+    std::int64_t v = begin;
+#if defined(MOEROUTE_CPU_TOKEN_COLUMNS)
+    // whole tiles of 8 as token columns (no sequences: their sums go by rows); a tile with a
+    // non-finite logit, and the tokens after the last whole tile, by rows
+    if (agent.columns && S == 0) {
+      float* scratch = space.task_rows(i) + 7 * E;  // (after slot 0's rows: s's scratch)
+      for (; v + detail::columns::lanes <= end; v += detail::columns::lanes)
+        if (!agent.gate_columns(s, scratch, v)) by_rows(v, v + detail::columns::lanes);
     }
+#endif
+    by_rows(v, end);
   });
 
   // Fixed-order reduction of the task partials.

@@ -1,0 +1,259 @@
+// SPDX-License-Identifier: Apache-2.0
+// Gating's token columns (AVX2): eight tokens side by side, one per lane of a register, each
+// register one expert, so that a softmax row's steps — the max, the exps and their double sum,
+// P, the top-2 — are lane-wise operations with no reduction across lanes. Row by row, a short
+// row spends its time in reductions and their dependent chains (Mixtral's 8 experts are one
+// register: max, exp, sum, log and the selection one chain per token).
+//
+// Each lane does the row path's operations in the row path's order — load_row's lane maxima
+// and their fold, exp8, sum_row's four chains of 8 lanes and their folds, normalize_row's
+// multiply — so a token's bits are the same in either path (tests/cpu/gating_columns_test.cpp
+// compares them token by token, and every gating case compares its lean run, which takes this
+// path, with its full run, which takes rows).
+#pragma once
+
+#include <cfloat>
+#include <cmath>
+#include <cstdint>
+#include <cstring>
+
+#include <moeroute/config.hpp>
+#include <moeroute/cpu/detail/math.hpp>
+
+#if defined(__AVX2__) && defined(__FMA__) && !defined(__AVX512F__)
+#define MOEROUTE_CPU_TOKEN_COLUMNS 1
+#include <immintrin.h>
+
+namespace moeroute::cpu::detail::columns {
+
+/// Tokens of a column tile (lanes of an AVX2 float register).
+inline constexpr std::int32_t lanes = 8;
+
+using math::f32x4;
+using math::f32x8;
+using math::f64x4;
+using i32x8 = std::int32_t __attribute__((vector_size(32)));
+
+/// Transposes 8 x 8 floats in registers: r[i] lane j becomes r[j] lane i.
+[[gnu::always_inline]] inline void transpose8(__m256* r) noexcept {
+  __m256 t[8], u[8];
+  for (std::int32_t i = 0; i < 8; i += 2) {
+    t[i] = _mm256_unpacklo_ps(r[i], r[i + 1]);
+    t[i + 1] = _mm256_unpackhi_ps(r[i], r[i + 1]);
+  }
+  for (std::int32_t i = 0; i < 8; i += 4) {
+    u[i] = _mm256_shuffle_ps(t[i], t[i + 2], 0x44);
+    u[i + 1] = _mm256_shuffle_ps(t[i], t[i + 2], 0xEE);
+    u[i + 2] = _mm256_shuffle_ps(t[i + 1], t[i + 3], 0x44);
+    u[i + 3] = _mm256_shuffle_ps(t[i + 1], t[i + 3], 0xEE);
+  }
+  for (std::int32_t i = 0; i < 4; ++i) {
+    r[i] = _mm256_permute2f128_ps(u[i], u[i + 4], 0x20);
+    r[i + 4] = _mm256_permute2f128_ps(u[i], u[i + 4], 0x31);
+  }
+}
+
+[[gnu::always_inline]] inline f32x8 load8(const float* p) noexcept {
+  f32x8 v;
+  std::memcpy(&v, p, sizeof v);
+  return v;
+}
+[[gnu::always_inline]] inline void store8(float* p, const f32x8& v) noexcept {
+  std::memcpy(p, &v, sizeof v);
+}
+/// lanes 0-3 (h = 0) or 4-7 (h = 1) of a column, widened to double
+[[gnu::always_inline]] inline f64x4 half_of(const float* c, std::int32_t h) noexcept {
+  f32x4 v;
+  std::memcpy(&v, c + 4 * h, sizeof v);
+  return __builtin_convertvector(v, f64x4);
+}
+
+/// @brief The sanitised logits of 8 rows of E (E a multiple of 8) as columns, xc[e * 8 + t],
+///        and each row's max in load_row's order (lane maxima of 8, folded by halves).
+/// @return false, with xc partly written, when a value is NaN or +-Inf: those rows take the
+///         row path, which sanitises and counts them.
+template <class Element>
+[[nodiscard]] inline bool load(const Element* __restrict rows, std::int32_t E, float* __restrict xc,
+                               f32x8& m) noexcept {
+  f32x8 lane[8];  // lane[l]: load_row's running max of lane l, for each token
+  for (auto& v : lane) v = f32x8{} - FLT_MAX;
+  i32x8 special = {};  // all-ones exponent fields seen
+  const i32x8 exponent = i32x8{} + 0x7F800000;
+  for (std::int32_t b = 0; b < E; b += 8) {
+    __m256 r[8];
+    for (std::int32_t t = 0; t < 8; ++t) {
+      const f32x8 v = math::load_lanes(rows + static_cast<std::int64_t>(t) * E + b);
+      special |= ((i32x8)v & exponent) == exponent;
+      r[t] = (__m256)v;
+    }
+    transpose8(r);
+    for (std::int32_t l = 0; l < 8; ++l) {
+      const auto c = (f32x8)r[l];
+      store8(xc + (b + l) * 8, c);
+      lane[l] = lane[l] > c ? lane[l] : c;
+    }
+  }
+  // max_of_lanes(f32x8): lanes l and l + 4, then (0, 2) and (1, 3), then the two
+  f32x8 h[4];
+  for (std::int32_t l = 0; l < 4; ++l) h[l] = lane[l] > lane[l + 4] ? lane[l] : lane[l + 4];
+  const f32x8 a = h[0] > h[2] ? h[0] : h[2], c = h[1] > h[3] ? h[1] : h[3];
+  m = a > c ? a : c;
+  return _mm256_testz_si256((__m256i)special, (__m256i)special) != 0;
+}
+
+/// @brief ec = exp(xc - m) column by column (exp8); sum[h] = each token's sum_row of its exps,
+///        tokens 4h .. 4h + 3: sum_row's chain c lane l holds the exps of experts 8g + l,
+///        g = c, c + 4, ..., added from 0; the chains are folded (0 + 1) + (2 + 3), lanes j
+///        and j + 4 added, then (0 + 2) + (1 + 3).
+inline void exp_and_sum(const float* __restrict xc, std::int32_t E, const f32x8& m,
+                        float* __restrict ec, f64x4* sum) noexcept {
+  for (std::int32_t e = 0; e < E; ++e)
+    _mm256_storeu_ps(ec + e * 8, math::exp8(_mm256_sub_ps(_mm256_loadu_ps(xc + e * 8), (__m256)m)));
+  const std::int32_t groups = E / 8;
+  for (std::int32_t h = 0; h < 2; ++h) {
+    const auto chain = [&](std::int32_t c, std::int32_t l) {
+      f64x4 s = {};
+      for (std::int32_t g = c; g < groups; g += 4) s += half_of(ec + (8 * g + l) * 8, h);
+      return s;
+    };
+    const auto folded = [&](std::int32_t l) {
+      return (chain(0, l) + chain(1, l)) + (chain(2, l) + chain(3, l));
+    };
+    f64x4 c[4];
+    for (std::int32_t j = 0; j < 4; ++j) c[j] = folded(j) + folded(j + 4);
+    sum[h] = (c[0] + c[2]) + (c[1] + c[3]);
+  }
+}
+
+/// @brief c = float(double(c) * inv) in place, column by column (normalize_row's bits; inv[h]
+///        = 1 / sum of tokens 4h .. 4h + 3).
+inline void normalize(float* __restrict c, std::int32_t E, const f64x4* inv) noexcept {
+  for (std::int32_t e = 0; e < E; ++e) {
+    const f32x4 lo = __builtin_convertvector(half_of(c + e * 8, 0) * inv[0], f32x4);
+    const f32x4 hi = __builtin_convertvector(half_of(c + e * 8, 1) * inv[1], f32x4);
+    std::memcpy(c + e * 8, &lo, sizeof lo);
+    std::memcpy(c + e * 8 + 4, &hi, sizeof hi);
+  }
+}
+
+/// @brief The best (i1, its value b1) and, with two, the second best (i2, b2) expert of each
+///        token over columns c, ties to the lower index (an expert displaces a place only when
+///        strictly larger; -0 and +0 tie, as select.hpp ranks them: b1 / b2 may then hold the
+///        other zero). The values must be finite.
+template <bool Two>
+inline void top2(const float* __restrict c, std::int32_t E, i32x8& i1, i32x8& i2, f32x8& b1,
+                 f32x8& b2) noexcept {
+  b1 = f32x8{} - __builtin_inff();
+  b2 = b1;
+  i1 = i32x8{};
+  i2 = i32x8{};
+  i32x8 e_lanes = {};
+  for (std::int32_t e = 0; e < E; ++e, e_lanes += 1) {
+    const f32x8 v = load8(c + e * 8);
+    const i32x8 gt1 = v > b1;
+    if constexpr (Two) {
+      const i32x8 gt2 = v > b2;
+      i2 = gt1 ? i1 : (gt2 ? e_lanes : i2);
+      const f32x8 lo = v < b1 ? v : b1;
+      b2 = b2 > lo ? b2 : lo;
+    }
+    i1 = gt1 ? e_lanes : i1;
+    b1 = b1 > v ? b1 : v;
+  }
+}
+
+/// The values of the chosen experts of each token: c[id[l] * 8 + l].
+[[gnu::always_inline]] inline f32x8 at_ids(const float* __restrict c, const i32x8& id) noexcept {
+  f32x8 v;
+  for (std::int32_t l = 0; l < lanes; ++l) v[l] = c[id[l] * lanes + l];
+  return v;
+}
+
+/// What write_gates (gating.hpp) does with a token's chosen experts' logits and scores.
+struct gate_rule {
+  bool softmax_after;  // a softmax over the k chosen logits (libm's exp), else the scores
+  std::int32_t k;      // 1 or 2
+  renormalize renorm;
+  float epsilon;  // renorm_epsilon
+  float scaling;  // scaling_factor
+};
+
+/// @brief g[j] = the gate of each token's choice j: write_gates's operations lane by lane
+///        (the exps of the second logits by libm's expf, one lane at a time: its bits).
+///        logit[j] / score[j]: the choice's logit and score (P).
+inline void gates(const gate_rule& r, const f32x8* logit, const f32x8* score, f32x8* g) noexcept {
+  if (r.softmax_after) {
+    // the best's dx is 0: its exp 1; the second's logit - best (std::max keeps the first)
+    if (r.k == 1) {
+      g[0] = f32x8{} + 1.0f;  // float(1.0 / 1.0)
+    } else {
+      const f32x8 dx = logit[1] - logit[0];
+      f32x8 e1;
+      for (std::int32_t l = 0; l < lanes; ++l) e1[l] = dx[l] == 0.0f ? 1.0f : std::exp(dx[l]);
+      for (std::int32_t h = 0; h < 2; ++h) {
+        f32x4 q;
+        std::memcpy(&q, reinterpret_cast<const float*>(&e1) + 4 * h, sizeof q);
+        const f64x4 e = __builtin_convertvector(q, f64x4);
+        const f64x4 gs = 1.0 + e;  // (0.0 + 1.0f) + e1
+        const f32x4 g0 = __builtin_convertvector(1.0 / gs, f32x4);
+        const f32x4 g1 = __builtin_convertvector(e / gs, f32x4);
+        std::memcpy(reinterpret_cast<float*>(&g[0]) + 4 * h, &g0, sizeof g0);
+        std::memcpy(reinterpret_cast<float*>(&g[1]) + 4 * h, &g1, sizeof g1);
+      }
+    }
+  } else {
+    for (std::int32_t j = 0; j < r.k; ++j) g[j] = score[j];
+    if (r.renorm == renormalize::before_drop) {
+      // (0.0f + g0 is g0: a score is never -0)
+      const f32x8 total = r.k == 2 ? g[0] + g[1] : g[0];
+      const f32x8 denom = total + r.epsilon;
+      for (std::int32_t j = 0; j < r.k; ++j) g[j] = denom > 0.0f ? g[j] / denom : f32x8{};
+    }
+  }
+  if (r.renorm != renormalize::after_drop)
+    for (std::int32_t j = 0; j < r.k; ++j) g[j] *= r.scaling;
+}
+
+/// out[2 t] = a[t], out[2 t + 1] = b[t] (a token's two choices side by side).
+template <class V>
+[[gnu::always_inline]] inline void store_pairs(void* out, const V& a, const V& b) noexcept {
+  const __m256 lo = _mm256_unpacklo_ps((__m256)a, (__m256)b);  // 0 1 4 5 of each
+  const __m256 hi = _mm256_unpackhi_ps((__m256)a, (__m256)b);  // 2 3 6 7
+  auto* o = static_cast<float*>(out);
+  _mm256_storeu_ps(o, _mm256_permute2f128_ps(lo, hi, 0x20));
+  _mm256_storeu_ps(o + 8, _mm256_permute2f128_ps(lo, hi, 0x31));
+}
+
+/// @brief For each token, how many columns hold a value at or above its `least`.
+inline i32x8 count_at_least(const float* __restrict c, std::int32_t E,
+                            const f32x8& least) noexcept {
+  i32x8 n = {};
+  for (std::int32_t e = 0; e < E; ++e) n -= load8(c + e * 8) >= least;  // (true is -1)
+  return n;
+}
+
+/// @brief acc[e] += double(c[e][t]) for the tokens t in order (the row path's per-token sums,
+///        the same adds in the same order), 8 experts at a time transposed back to rows; lanes
+///        of `keep` 0 add nothing.
+inline void accumulate(const float* __restrict c, std::int32_t E, const i32x8& keep,
+                       double* __restrict acc) noexcept {
+  for (std::int32_t b = 0; b < E; b += 8) {
+    __m256 r[8];
+    for (std::int32_t l = 0; l < 8; ++l)
+      r[l] = _mm256_and_ps(_mm256_loadu_ps(c + (b + l) * 8), (__m256)keep);
+    transpose8(r);
+    f64x4 lo, hi;
+    std::memcpy(&lo, acc + b, sizeof lo);
+    std::memcpy(&hi, acc + b + 4, sizeof hi);
+    for (std::int32_t t = 0; t < 8; ++t) {
+      lo += (f64x4)_mm256_cvtps_pd(_mm256_castps256_ps128(r[t]));
+      hi += (f64x4)_mm256_cvtps_pd(_mm256_extractf128_ps(r[t], 1));
+    }
+    std::memcpy(acc + b, &lo, sizeof lo);
+    std::memcpy(acc + b + 4, &hi, sizeof hi);
+  }
+}
+
+}  // namespace moeroute::cpu::detail::columns
+
+#endif

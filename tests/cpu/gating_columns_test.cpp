@@ -1,0 +1,136 @@
+// SPDX-License-Identifier: Apache-2.0
+// Gating's token columns (cpu/detail/token_columns.hpp, AVX2 builds): softmax rows of 8 to 256
+// experts with one or two choices go eight tokens at a time, one per register lane. Checked
+// three ways: against the reference (check_gating, whose lean run takes the columns and whose
+// full run, asking for the per-token aux rows, takes rows: the two compared bit for bit); a
+// token's ids, gates and logsumexp the same bits wherever it sits in the batch (a shift by
+// three tokens moves every token to another lane, or out of a whole tile to the rows); and the
+// path asserted taken, so that a change to its conditions cannot leave it untested.
+#include <catch2/catch.hpp>
+
+#include <cmath>
+#include <cstdint>
+#include <cstring>
+#include <limits>
+#include <vector>
+
+#include <moeroute/cpu/gating.hpp>
+#include <moeroute/presets.hpp>
+
+#include "../common/gating_cases.hpp"
+#include "gating_harness.hpp"
+
+using namespace moeroute;
+
+namespace {
+
+struct column_case {
+  const char* name;
+  routing_config cfg;
+};
+
+std::vector<column_case> column_cases() {
+  std::vector<column_case> cs;
+  routing_config megatron = presets::megatron(64, 2, {.capacity_factor = 1.25});
+  megatron.loss.z_coefficient = 0.001f;
+  cs.push_back({"megatron (64, 2), z-loss, fresh top-k counts", megatron});
+  routing_config mixtral = test::variant(8, 2, 0);  // softmax, select P, renormalise
+  mixtral.loss.z_coefficient = 0.001f;
+  cs.push_back({"softmax, select P, renormalise (8, 2)", mixtral});
+  cs.push_back({"softmax after top-k (24, 2), all-k counts", test::variant(24, 2, 1)});
+  cs.push_back({"softmax on logits, renormalise after drop (128, 1)", test::variant(128, 1, 4)});
+  routing_config prio = test::variant(16, 2, 0);
+  prio.dispatch.prio = priority::batch_prioritized;
+  prio.gating.scaling_factor = 2.0f;
+  cs.push_back({"batch-prioritised, scaled (16, 2)", prio});
+  routing_config wide = presets::megatron(256, 1);
+  cs.push_back({"megatron (256, 1)", wide});
+  return cs;
+}
+
+// N(0, 1)-like logits with exact ties (values on a coarse grid in every fourth row), so the
+// lower-index rule decides selections
+std::vector<float> tied_logits(std::int64_t T, std::int32_t E, std::uint32_t seed) {
+  std::vector<float> x = test::grid_logits(T, E, seed);
+  for (std::int64_t t = 0; t < T; t += 4)
+    for (std::int32_t e = 0; e < E; ++e) x[t * E + e] = std::round(x[t * E + e] * 2.0f) / 2.0f;
+  return x;
+}
+
+std::vector<std::uint8_t> padded(std::int64_t T) {
+  std::vector<std::uint8_t> v(T, 1);
+  for (std::int64_t t = 5; t < T; t += 7) v[t] = 0;
+  return v;
+}
+
+}  // namespace
+
+TEST_CASE("cpu gating columns: the path is taken where it applies", "[cpu][gating]") {
+  for (const auto& c : column_cases()) {
+    INFO(c.name);
+    const std::int64_t T = 16;
+    test::cpu_gating_buffers<float> b(c.cfg, tied_logits(T, c.cfg.num_experts, 3), T, {}, {}, 0);
+    b.p.out.d_aux_scores = nullptr;
+    b.p.out.d_aux_count_ids = nullptr;
+    const cpu::detail::gating_agent<float> lean(c.cfg, b.p);
+#if defined(MOEROUTE_CPU_TOKEN_COLUMNS)
+    CHECK(lean.columns);
+#else
+    CHECK_FALSE(lean.columns);
+#endif
+    // the per-token aux rows are written by rows only
+    b.p.out.d_aux_scores = b.g.aux_scores.data();
+    const cpu::detail::gating_agent<float> full(c.cfg, b.p);
+    CHECK_FALSE(full.columns);
+  }
+}
+
+TEST_CASE("cpu gating columns: the reference's results, the rows' bits", "[cpu][gating]") {
+  for (const auto& c : column_cases()) {
+    const std::int32_t E = c.cfg.num_experts;
+    for (const std::int64_t T : {std::int64_t{8}, std::int64_t{45}, std::int64_t{1000}}) {
+      INFO(c.name << " T = " << T);
+      auto logits = tied_logits(T, E, 11);
+      REQUIRE(test::check_gating<float>(c.cfg, logits, T) == "");
+      REQUIRE(test::check_gating<float>(c.cfg, logits, T, {}, padded(T)) == "");
+      // a NaN and an Inf: their tiles go by rows, the others by columns
+      logits[3 * E + 1] = std::numeric_limits<float>::quiet_NaN();
+      if (T > 20) logits[17 * E + E - 1] = std::numeric_limits<float>::infinity();
+      REQUIRE(test::check_gating<float>(c.cfg, logits, T, {}, padded(T)) == "");
+      // bf16 logits, through the same load
+      std::vector<bf16_bits> h(logits.size());
+      for (std::size_t i = 0; i < h.size(); ++i) h[i] = to_bf16(logits[i]);
+      REQUIRE(test::check_gating<bf16_bits>(c.cfg, h, T) == "");
+    }
+  }
+}
+
+TEST_CASE("cpu gating columns: a token's bits do not depend on its place in the batch",
+          "[cpu][gating]") {
+  const auto same = [](const void* a, const void* b, std::size_t bytes) {
+    return std::memcmp(a, b, bytes) == 0;
+  };
+  for (const auto& c : column_cases()) {
+    INFO(c.name);
+    const std::int32_t E = c.cfg.num_experts, k = c.cfg.top_k;
+    const std::int64_t T = 61, shift = 3;
+    const auto logits = tied_logits(T + shift, E, 5);
+    const std::vector<float> tail(logits.begin() + shift * E, logits.end());
+    test::cpu_gating_buffers<float> all(c.cfg, logits, T + shift, {}, {}, 0);
+    test::cpu_gating_buffers<float> later(c.cfg, tail, T, {}, {}, 0);
+    for (auto* b : {&all, &later}) {
+      b->p.out.d_aux_scores = nullptr;
+      b->p.out.d_aux_count_ids = nullptr;
+    }
+    const auto a = all.run(c.cfg, cpu::executor::serial());
+    const auto l = later.run(c.cfg, cpu::executor::serial());
+    REQUIRE(a.st.ok());
+    REQUIRE(l.st.ok());
+    for (std::int64_t t = 0; t < T; ++t) {
+      INFO("token " << t << " (at " << t + shift << " in the longer batch)");
+      REQUIRE(same(&l.ids[t * k], &a.ids[(t + shift) * k], k * sizeof(std::int32_t)));
+      REQUIRE(same(&l.gates[t * k], &a.gates[(t + shift) * k], k * sizeof(float)));
+      REQUIRE(same(&l.logsumexp[t], &a.logsumexp[t + shift], sizeof(float)));
+    }
+  }
+}
