@@ -1,6 +1,6 @@
 // SPDX-License-Identifier: Apache-2.0
 // Gating's token columns (cpu/detail/token_columns.hpp, AVX2 builds): softmax rows of 8 to 256
-// experts with one or two choices go eight tokens at a time, one per register lane. Checked
+// experts with up to 8 choices go eight tokens at a time, one per register lane. Checked
 // three ways: against the reference (check_gating, whose lean run takes the columns and whose
 // full run, asking for the per-token aux rows, takes rows: the two compared bit for bit); a
 // token's ids, gates and logsumexp the same bits wherever it sits in the batch (a shift by
@@ -12,6 +12,7 @@
 #include <cstdint>
 #include <cstring>
 #include <limits>
+#include <utility>
 #include <vector>
 
 #include <moeroute/cpu/gating.hpp>
@@ -43,8 +44,18 @@ std::vector<column_case> column_cases() {
   prio.dispatch.prio = priority::batch_prioritized;
   prio.gating.scaling_factor = 2.0f;
   cs.push_back({"batch-prioritised, scaled (16, 2)", prio});
-  routing_config wide = presets::megatron(256, 1);
-  cs.push_back({"megatron (256, 1)", wide});
+  routing_config wide = presets::megatron(128, 1);
+  cs.push_back({"megatron (128, 1)", wide});
+  routing_config gpt_oss = presets::megatron(32, 4, {.capacity_factor = 1.0});
+  gpt_oss.loss.z_coefficient = 0.001f;
+  cs.push_back({"softmax after top-k (32, 4), fresh top-k counts", gpt_oss});
+  cs.push_back({"softmax, select P, renormalise (16, 4)", test::variant(16, 4, 0)});
+  cs.push_back({"softmax on logits, renormalise after drop (24, 3)", test::variant(24, 3, 4)});
+  routing_config olmoe = test::variant(64, 8, 0);
+  olmoe.loss.counts = aux_counts::all_k;
+  olmoe.loss.count_source = aux_count_source::fresh_topk;
+  cs.push_back({"softmax, select P, renormalise (64, 8), fresh top-k counts", olmoe});
+  cs.push_back({"softmax after top-k (128, 6)", test::variant(128, 6, 1)});
   return cs;
 }
 
@@ -66,6 +77,14 @@ std::vector<std::uint8_t> padded(std::int64_t T) {
 }  // namespace
 
 TEST_CASE("cpu gating columns: the path is taken where it applies", "[cpu][gating]") {
+  // and not beyond its bounds: 9 choices, 136 experts, a row not a multiple of 8
+  for (const auto& [E, k] : {std::pair{64, 9}, std::pair{136, 2}, std::pair{60, 2}}) {
+    const routing_config c = test::variant(E, k, 1);
+    test::cpu_gating_buffers<float> b(c, test::grid_logits(8, E, 1), 8, {}, {}, 0);
+    b.p.out.d_aux_scores = nullptr;
+    b.p.out.d_aux_count_ids = nullptr;
+    CHECK_FALSE(cpu::detail::gating_agent<float>(c, b.p).columns);
+  }
   for (const auto& c : column_cases()) {
     INFO(c.name);
     const std::int64_t T = 16;

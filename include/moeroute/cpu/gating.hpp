@@ -283,13 +283,14 @@ struct gating_agent {
     // takes the mask, which it opens and closes per expert)
     gathers =
         G > 1 && group_limit_by_top2(cfg, E, G) && !sampling && !selects_by_columns(cfg) && !replay;
-    // softmax rows of whole registers, one or two choices, none of the per-token aux rows, and
-    // nothing that makes a token's steps differ from the plain softmax's (scratch: the task's
-    // 7 * tile * E floats of row scratch hold slot 0's 7 * E and the columns' 2 * 8 * E)
+    // softmax rows of whole registers up to 128 (at 256 the columns' 16 KB of scratch crowd
+    // L1: 5-15 % slower than rows, measured), up to 8 choices, none of the per-token aux rows,
+    // and nothing that makes a token's steps differ from the plain softmax's (scratch: the
+    // task's 7 * tile * E floats of row scratch hold slot 0's 7 * E and the columns' 2 * 8 * E)
 #if defined(MOEROUTE_CPU_TOKEN_COLUMNS)
     columns = softmax_score && !noise && !g.expert_bias && G == 1 && !sampling && !random_second &&
-              !replay && R == 0 && k <= 2 && E % columns::lanes == 0 && E <= 256 &&
-              !(softmax_after && g.select == select_from::scores) &&
+              !replay && R == 0 && k <= columns::max_choices && E % columns::lanes == 0 &&
+              E <= 128 && !(softmax_after && g.select == select_from::scores) &&
               p.out.d_aux_scores == nullptr && p.out.d_aux_count_ids == nullptr &&
               7 * gating_tile(cfg) >= 7 + 2 * columns::lanes;
 #else
@@ -725,33 +726,49 @@ struct gating_agent {
       col::normalize(pc, E, inv);
     }
     const auto& g = cfg.gating;
-    col::i32x8 i1, i2;
-    col::f32x8 b[2];
+    constexpr std::int32_t K = col::max_choices;
+    col::i32x8 id[K];
+    col::f32x8 b[K];
     const bool by_p = g.select == select_from::scores;
-    if (k == 2) {
-      col::top2<true>(by_p ? pc : xc, E, i1, i2, b[0], b[1]);
-    } else {
-      col::top2<false>(by_p ? pc : xc, E, i1, i2, b[0], b[1]);
+    const float* sel = by_p ? pc : xc;
+    switch (k) {
+      case 1:
+        col::top_k<1>(sel, E, id, b);
+        break;
+      case 2:
+        col::top_k<2>(sel, E, id, b);
+        break;
+      case 3:
+        col::top_k<3>(sel, E, id, b);
+        break;
+      case 4:
+        col::top_k<4>(sel, E, id, b);
+        break;
+      case 5:
+        col::top_k<5>(sel, E, id, b);
+        break;
+      case 6:
+        col::top_k<6>(sel, E, id, b);
+        break;
+      case 7:
+        col::top_k<7>(sel, E, id, b);
+        break;
+      default:
+        col::top_k<8>(sel, E, id, b);
+        break;
     }
     // the chosen experts' P: the gates' scores, and the routed set's least for fresh counts
     const std::int32_t counted = cfg.aux_counts_per_token();
     const bool fresh_topk = aux && cfg.loss.count_source == aux_count_source::fresh_topk;
-    col::f32x8 chosen_p[2] = {};
-    if (!softmax_after || fresh_topk) {
-      chosen_p[0] = by_p ? b[0] : col::at_ids(pc, i1);
-      if (k == 2) chosen_p[1] = by_p ? b[1] : col::at_ids(pc, i2);
-    }
+    col::f32x8 chosen_p[K] = {};
+    if (!softmax_after || fresh_topk)
+      for (std::int32_t j = 0; j < k; ++j) chosen_p[j] = by_p ? b[j] : col::at_ids(pc, id[j]);
     // the gates from the selected logits (softmax after top-k: a zero's sign changes no gate)
-    col::f32x8 gt[2];
+    col::f32x8 gt[K];
     col::gates({softmax_after, k, g.renorm, g.renorm_epsilon, g.scaling_factor}, b, chosen_p, gt);
     const gating_result& o = p.out;
-    if (k == 2) {
-      col::store_pairs(o.d_ids + t0 * 2, i1, i2);
-      col::store_pairs(o.d_gates + t0 * 2, gt[0], gt[1]);
-    } else {
-      std::memcpy(o.d_ids + t0, &i1, sizeof i1);
-      std::memcpy(o.d_gates + t0, &gt[0], sizeof gt[0]);
-    }
+    col::store_choices(o.d_ids + t0 * k, id, k);
+    col::store_choices(o.d_gates + t0 * k, gt, k);
     if (wants_priority)  // float(1.0 / sum)
       for (std::int32_t h = 0; h < 2; ++h) {
         const col::f32x4 q = __builtin_convertvector(1.0 / sum[h], col::f32x4);
