@@ -5,6 +5,8 @@ of each call, which a serving loop pays per layer. Megatron (64, 2) routing with
 factor 1.25 (the padded layout) and the aux and z losses, as bench_python.py routes; d = 2048;
 us per call, the best of 5 runs of --calls calls. `route out=` writes the previous step's
 RouterOutput again (a decode loop's layer keeps its own), the rest make their outputs.
+`torch router` is the same routing in torch ops (bench/torch_router_baseline.py's `route`,
+Megatron-Core's unfused router), timed the same way in the same run.
 
     PYTHONPATH=build/release/python python3 bench/bench_python_decode.py [--calls 3000]
 
@@ -15,12 +17,17 @@ move single runs by 30 % and more.
 
 import argparse
 import json
+import os
+import sys
 import time
 
 import torch
 
 import moeroute
 import moeroute.torch as mt
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from torch_router_baseline import route as torch_route  # noqa: E402
 
 
 def best_us(fn, calls):
@@ -61,12 +68,13 @@ def main():
             "permute bf16": lambda: mt.permute(hb, r),
             "combine float32": lambda: mt.combine(eo, r),
             "combine bf16": lambda: mt.combine(eob, r),
+            "torch router (same routing)": lambda: torch_route(logits, k, 1.25),
         }
         result = {name: best_us(fn, a.calls) for name, fn in rows.items()}
     print(f"moeroute {moeroute.__version__} ({moeroute.isa}), torch {torch.__version__}, "
           f"T = 1, E = {E}, k = {k}, d = {d}")
     for name, us in result.items():
-        print(f"{name:26} {us:7.1f} us")
+        print(f"{name:28} {us:7.1f} us")
     if a.json:
         with open(a.json, "w") as f:
             json.dump(result, f, indent=1)
