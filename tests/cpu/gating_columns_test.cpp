@@ -1,6 +1,6 @@
 // SPDX-License-Identifier: Apache-2.0
-// Gating's token columns (cpu/detail/token_columns.hpp, AVX2 builds): softmax rows of 8 to 256
-// experts with up to 8 choices go eight tokens at a time, one per register lane. Checked
+// Gating's token columns (cpu/detail/token_columns.hpp, AVX2 builds): softmax and sigmoid rows of
+// 8 to 128 experts with up to 8 choices go eight tokens at a time, one per register lane. Checked
 // three ways: against the reference (check_gating, whose lean run takes the columns and whose
 // full run, asking for the per-token aux rows, takes rows: the two compared bit for bit); a
 // token's ids, gates and logsumexp the same bits wherever it sits in the batch (a shift by
@@ -56,16 +56,43 @@ std::vector<column_case> column_cases() {
   olmoe.loss.count_source = aux_count_source::fresh_topk;
   cs.push_back({"softmax, select P, renormalise (64, 8), fresh top-k counts", olmoe});
   cs.push_back({"softmax after top-k (128, 6)", test::variant(128, 6, 1)});
+  // sigmoid scores: Llama-4's (sigmoid of the chosen logits), DeepSeek-V3's without groups
+  // (bias, renormalise, scaling), one with a z-loss and batch priority, one selecting biased
+  // logits with fresh counts
+  routing_config llama4 = test::variant(16, 1, 2);
+  llama4.gating.select = select_from::logits;
+  llama4.gating.renorm = renormalize::none;
+  llama4.gating.scaling_factor = 1.0f;
+  cs.push_back({"sigmoid of the chosen logits (16, 1)", llama4});
+  cs.push_back({"sigmoid, bias, no groups (64, 8)", presets::deepseek_v3(64, 8, 0, 0)});
+  routing_config sig_prio = test::variant(8, 2, 2);
+  sig_prio.loss.z_coefficient = 0.001f;
+  sig_prio.dispatch.prio = priority::batch_prioritized;
+  cs.push_back({"sigmoid, z-loss, batch-prioritised (8, 2)", sig_prio});
+  routing_config sig_logits = test::variant(24, 2, 2);
+  sig_logits.gating.select = select_from::logits;
+  sig_logits.gating.expert_bias = true;
+  sig_logits.loss.counts = aux_counts::all_k;
+  sig_logits.loss.count_source = aux_count_source::fresh_topk;
+  cs.push_back({"sigmoid, biased logits selected, fresh counts (24, 2)", sig_logits});
   return cs;
 }
 
-// N(0, 1)-like logits with exact ties (values on a coarse grid in every fourth row), so the
-// lower-index rule decides selections
+// the 1/64-grid logits with more exact ties (values on a coarse grid in every fourth row), so
+// the lower-index rule decides selections
 std::vector<float> tied_logits(std::int64_t T, std::int32_t E, std::uint32_t seed) {
   std::vector<float> x = test::grid_logits(T, E, seed);
   for (std::int64_t t = 0; t < T; t += 4)
     for (std::int32_t e = 0; e < E; ++e) x[t * E + e] = std::round(x[t * E + e] * 2.0f) / 2.0f;
+  // a row whose sigmoid scores are all 0 (their sum too: the aux denominator's epsilon decides)
+  if (T > 9)
+    for (std::int32_t e = 0; e < E; ++e) x[9 * E + e] = -100.0f - static_cast<float>(e % 3);
   return x;
+}
+
+// the expert bias where the config has one (else none)
+std::vector<float> bias_of(const routing_config& c) {
+  return c.gating.expert_bias ? test::grid_bias(c.num_experts) : std::vector<float>{};
 }
 
 std::vector<std::uint8_t> padded(std::int64_t T) {
@@ -88,7 +115,8 @@ TEST_CASE("cpu gating columns: the path is taken where it applies", "[cpu][gatin
   for (const auto& c : column_cases()) {
     INFO(c.name);
     const std::int64_t T = 16;
-    test::cpu_gating_buffers<float> b(c.cfg, tied_logits(T, c.cfg.num_experts, 3), T, {}, {}, 0);
+    test::cpu_gating_buffers<float> b(c.cfg, tied_logits(T, c.cfg.num_experts, 3), T,
+                                      bias_of(c.cfg), {}, 0);
     b.p.out.d_aux_scores = nullptr;
     b.p.out.d_aux_count_ids = nullptr;
     const cpu::detail::gating_agent<float> lean(c.cfg, b.p);
@@ -110,16 +138,17 @@ TEST_CASE("cpu gating columns: the reference's results, the rows' bits", "[cpu][
     for (const std::int64_t T : {std::int64_t{8}, std::int64_t{45}, std::int64_t{1000}}) {
       INFO(c.name << " T = " << T);
       auto logits = tied_logits(T, E, 11);
-      REQUIRE(test::check_gating<float>(c.cfg, logits, T) == "");
-      REQUIRE(test::check_gating<float>(c.cfg, logits, T, {}, padded(T)) == "");
+      const auto bias = bias_of(c.cfg);
+      REQUIRE(test::check_gating<float>(c.cfg, logits, T, bias) == "");
+      REQUIRE(test::check_gating<float>(c.cfg, logits, T, bias, padded(T)) == "");
       // a NaN and an Inf: their tiles go by rows, the others by columns
       logits[3 * E + 1] = std::numeric_limits<float>::quiet_NaN();
       if (T > 20) logits[17 * E + E - 1] = std::numeric_limits<float>::infinity();
-      REQUIRE(test::check_gating<float>(c.cfg, logits, T, {}, padded(T)) == "");
+      REQUIRE(test::check_gating<float>(c.cfg, logits, T, bias, padded(T)) == "");
       // bf16 logits, through the same load
       std::vector<bf16_bits> h(logits.size());
       for (std::size_t i = 0; i < h.size(); ++i) h[i] = to_bf16(logits[i]);
-      REQUIRE(test::check_gating<bf16_bits>(c.cfg, h, T) == "");
+      REQUIRE(test::check_gating<bf16_bits>(c.cfg, h, T, bias) == "");
     }
   }
 }
@@ -135,8 +164,8 @@ TEST_CASE("cpu gating columns: a token's bits do not depend on its place in the 
     const std::int64_t T = 61, shift = 3;
     const auto logits = tied_logits(T + shift, E, 5);
     const std::vector<float> tail(logits.begin() + shift * E, logits.end());
-    test::cpu_gating_buffers<float> all(c.cfg, logits, T + shift, {}, {}, 0);
-    test::cpu_gating_buffers<float> later(c.cfg, tail, T, {}, {}, 0);
+    test::cpu_gating_buffers<float> all(c.cfg, logits, T + shift, bias_of(c.cfg), {}, 0);
+    test::cpu_gating_buffers<float> later(c.cfg, tail, T, bias_of(c.cfg), {}, 0);
     for (auto* b : {&all, &later}) {
       b->p.out.d_aux_scores = nullptr;
       b->p.out.d_aux_count_ids = nullptr;

@@ -283,16 +283,17 @@ struct gating_agent {
     // takes the mask, which it opens and closes per expert)
     gathers =
         G > 1 && group_limit_by_top2(cfg, E, G) && !sampling && !selects_by_columns(cfg) && !replay;
-    // softmax rows of whole registers up to 128 (at 256 the columns' 16 KB of scratch crowd
-    // L1: 5-15 % slower than rows, measured), up to 8 choices, none of the per-token aux rows,
-    // and nothing that makes a token's steps differ from the plain softmax's (scratch: the
-    // task's 7 * tile * E floats of row scratch hold slot 0's 7 * E and the columns' 2 * 8 * E)
+    // softmax and sigmoid rows of whole registers up to 128 (at 256 the columns' scratch
+    // crowds L1: 5-15 % slower than rows, measured), up to 8 choices, none of the per-token
+    // aux rows, and nothing that makes a token's steps differ from the plain score function's
+    // (the columns' 3 * 8 * E floats of scratch are the task's 7 * tile * E of row scratch)
 #if defined(MOEROUTE_CPU_TOKEN_COLUMNS)
-    columns = softmax_score && !noise && !g.expert_bias && G == 1 && !sampling && !random_second &&
+    columns = (softmax_score || g.score == score_function::sigmoid) && !noise &&
+              !(g.expert_bias && softmax_score) && G == 1 && !sampling && !random_second &&
               !replay && R == 0 && k <= columns::max_choices && E % columns::lanes == 0 &&
               E <= 128 && !(softmax_after && g.select == select_from::scores) &&
               p.out.d_aux_scores == nullptr && p.out.d_aux_count_ids == nullptr &&
-              7 * gating_tile(cfg) >= 7 + 2 * columns::lanes;
+              7 * gating_tile(cfg) >= 3 * columns::lanes;
 #else
     columns = false;
 #endif
@@ -503,8 +504,8 @@ struct gating_agent {
   // the same for `count` tokens of a tile at once (selects_by_columns)
   void select_columns(token_state* st, std::int32_t count) const {
     const std::int32_t n = k + R;
-    const float* rows[column_rows];
-    const std::uint8_t* allowed[column_rows];
+    const float* rows[column_rows] = {};  // (zeroed: GCC 12 cannot see count <= column_rows)
+    const std::uint8_t* allowed[column_rows] = {};
     for (std::int32_t r = 0; r < count; ++r) {
       rows[r] = st[r].sel;
       allowed[r] = st[r].allowed;
@@ -709,28 +710,41 @@ struct gating_agent {
 #if defined(MOEROUTE_CPU_TOKEN_COLUMNS)
   // Steps 1-7 for tokens t0 .. t0 + 7 (no sequences) as token columns (token_columns.hpp):
   // each step's operations in the row path's order, so the same bits, and the task's partial
-  // sums taken in token order as finish takes them. scratch: 2 * 8 * E floats. False, with
-  // nothing written, when a logit is not finite: the row path sanitises and counts it.
+  // sums taken in token order as finish takes them. scratch: 3 * 8 * E floats, the task's row
+  // scratch (slot 0's P row, s.p, is written only once the logits' columns are dead). False,
+  // with nothing written, when a logit is not finite: the row path sanitises and counts it.
   [[nodiscard]] bool gate_columns(const gating_task_space& s, float* scratch,
                                   std::int64_t t0) const {
     namespace col = columns;
     constexpr std::int32_t W = col::lanes;
+    const auto& g = cfg.gating;
     float* xc = scratch;     // [E, W] sanitised logits
-    float* pc = xc + W * E;  // [E, W] exps, then P
+    float* pc = xc + W * E;  // [E, W] exps, then P (softmax) or the scores (sigmoid)
+    float* bc = pc + W * E;  // [E, W] the selection values plus the bias
     col::f32x8 m;
     if (!col::load(p.d_logits + t0 * E, E, xc, m)) return false;
-    col::f64x4 sum[2];
-    col::exp_and_sum(xc, E, m, pc, sum);
-    if (aux || !softmax_after) {  // P is read (the aux sums, the gates or the selection)
+    col::f64x4 sum[2] = {};  // the exps' sums: the softmax's, and the logsumexp's
+    if (softmax_score || wants_lse) col::exp_and_sum(xc, E, m, pc, sum);
+    float lse[W] = {};
+    if (wants_lse)
+      for (std::int32_t l = 0; l < W; ++l) {
+        lse[l] = static_cast<float>(static_cast<double>(m[l]) + math::log(sum[l / 4][l % 4]));
+        if (p.out.d_logsumexp != nullptr) p.out.d_logsumexp[t0 + l] = lse[l];
+      }
+    if (!softmax_score) {
+      col::sigmoid(xc, E, pc);
+    } else if (aux || !softmax_after) {  // P is read (the aux sums, the gates or the selection)
       const col::f64x4 inv[2] = {1.0 / sum[0], 1.0 / sum[1]};
       col::normalize(pc, E, inv);
     }
-    const auto& g = cfg.gating;
+    const float* sel = g.select == select_from::scores ? pc : xc;
+    if (g.expert_bias) {
+      col::add_bias(sel, E, p.d_bias, bc);
+      sel = bc;
+    }
     constexpr std::int32_t K = col::max_choices;
     col::i32x8 id[K];
     col::f32x8 b[K];
-    const bool by_p = g.select == select_from::scores;
-    const float* sel = by_p ? pc : xc;
     switch (k) {
       case 1:
         col::top_k<1>(sel, E, id, b);
@@ -757,29 +771,34 @@ struct gating_agent {
         col::top_k<8>(sel, E, id, b);
         break;
     }
-    // the chosen experts' P: the gates' scores, and the routed set's least for fresh counts
-    const std::int32_t counted = cfg.aux_counts_per_token();
-    const bool fresh_topk = aux && cfg.loss.count_source == aux_count_source::fresh_topk;
-    col::f32x8 chosen_p[K] = {};
-    if (!softmax_after || fresh_topk)
-      for (std::int32_t j = 0; j < k; ++j) chosen_p[j] = by_p ? b[j] : col::at_ids(pc, id[j]);
-    // the gates from the selected logits (softmax after top-k: a zero's sign changes no gate)
+    // the gates: softmax after top-k from the selected logits (a zero's sign changes no gate),
+    // softmax from the chosen P (the selected values when selected from P), sigmoid from
+    // score_one of the chosen logits (libm, lane by lane: the reference's bits)
+    const bool plain_p = softmax_score && g.select == select_from::scores && !g.expert_bias;
+    col::f32x8 score[K] = {};
+    if (!softmax_score) {
+      for (std::int32_t j = 0; j < k; ++j) {
+        const col::f32x8 x = col::at_ids(xc, id[j]);
+        for (std::int32_t l = 0; l < W; ++l) score[j][l] = score_one(x[l]);
+      }
+    } else if (!softmax_after) {
+      for (std::int32_t j = 0; j < k; ++j) score[j] = plain_p ? b[j] : col::at_ids(pc, id[j]);
+    }
     col::f32x8 gt[K];
-    col::gates({softmax_after, k, g.renorm, g.renorm_epsilon, g.scaling_factor}, b, chosen_p, gt);
+    col::gates({softmax_after, k, g.renorm, g.renorm_epsilon, g.scaling_factor}, b, score, gt);
     const gating_result& o = p.out;
     col::store_choices(o.d_ids + t0 * k, id, k);
     col::store_choices(o.d_gates + t0 * k, gt, k);
-    if (wants_priority)  // float(1.0 / sum)
-      for (std::int32_t h = 0; h < 2; ++h) {
-        const col::f32x4 q = __builtin_convertvector(1.0 / sum[h], col::f32x4);
-        std::memcpy(o.d_token_priority + t0 + 4 * h, &q, sizeof q);
+    if (wants_priority) {  // the top-1 clean score: float(1.0 / sum), or score_one(max)
+      if (softmax_score) {
+        for (std::int32_t h = 0; h < 2; ++h) {
+          const col::f32x4 q = __builtin_convertvector(1.0 / sum[h], col::f32x4);
+          std::memcpy(o.d_token_priority + t0 + 4 * h, &q, sizeof q);
+        }
+      } else {
+        for (std::int32_t l = 0; l < W; ++l) o.d_token_priority[t0 + l] = score_one(m[l]);
       }
-    float lse[W] = {};
-    if (wants_lse)
-      for (std::int32_t l = 0; l < W; ++l) {
-        lse[l] = static_cast<float>(static_cast<double>(m[l]) + math::log(sum[l / 4][l % 4]));
-        if (o.d_logsumexp != nullptr) o.d_logsumexp[t0 + l] = lse[l];
-      }
+    }
     col::i32x8 keep = {};  // -1: a valid token
     for (std::int32_t l = 0; l < W; ++l) {
       if (p.d_valid != nullptr && p.d_valid[t0 + l] == 0) continue;
@@ -788,10 +807,17 @@ struct gating_agent {
       *s.z += lse[l] * lse[l];
     }
     if (!aux) return true;
+    // the aux inputs: P (softmax), or each score over the token's score sum (sigmoid), in pc
+    if (!softmax_score) col::divide(pc, E, col::sum_f32(pc, E) + 1e-20f);
+    const std::int32_t counted = cfg.aux_counts_per_token();
+    const bool fresh_topk = cfg.loss.count_source == aux_count_source::fresh_topk;
     col::i32x8 at_least = {};
     if (fresh_topk) {  // finish's min from FLT_MAX over the first `counted` choices
       col::f32x8 least = col::f32x8{} + FLT_MAX;
-      for (std::int32_t j = 0; j < counted; ++j) least = chosen_p[j] < least ? chosen_p[j] : least;
+      for (std::int32_t j = 0; j < counted; ++j) {
+        const col::f32x8 v = col::at_ids(pc, id[j]);
+        least = v < least ? v : least;
+      }
       at_least = col::count_at_least(pc, E, least);
     }
     col::accumulate(pc, E, keep, s.scores);
@@ -946,7 +972,7 @@ template <class Element>
     // whole tiles of 8 as token columns (no sequences: their sums go by rows); a tile with a
     // non-finite logit, and the tokens after the last whole tile, by rows
     if (agent.columns && S == 0) {
-      float* scratch = space.task_rows(i) + 7 * E;  // (after slot 0's rows: s's scratch)
+      float* scratch = space.task_rows(i);
       for (; v + detail::columns::lanes <= end; v += detail::columns::lanes)
         if (!agent.gate_columns(s, scratch, v)) by_rows(v, v + detail::columns::lanes);
     }

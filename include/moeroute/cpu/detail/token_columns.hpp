@@ -136,6 +136,46 @@ inline void normalize(float* __restrict c, std::int32_t E, const f64x4* inv) noe
   }
 }
 
+/// @brief sc = sigmoid(xc) column by column (sigmoid_row's AVX2 sigmoid8, lane-wise: its bits).
+inline void sigmoid(const float* __restrict xc, std::int32_t E, float* __restrict sc) noexcept {
+  for (std::int32_t e = 0; e < E; ++e)
+    _mm256_storeu_ps(sc + e * 8, math::sigmoid8(_mm256_loadu_ps(xc + e * 8)));
+}
+
+/// @brief out = sanitize(c + bias[e]) column by column (select_values' sum; sigmoid_row_fused
+///        adds the bias to scores in [0, 1] without the sanitise, which leaves those as they are).
+inline void add_bias(const float* __restrict c, std::int32_t E, const float* __restrict bias,
+                     float* __restrict out) noexcept {
+  for (std::int32_t e = 0; e < E; ++e)
+    store8(out + e * 8, math::sanitize_lanes(load8(c + e * 8) + bias[e]));
+}
+
+/// @brief Each token's sum_row_f32 of its column values: 16 float lanes (element e in lane
+///        e % 16, added from 0 block by block), folded by math::fold_sum's halves (l + l + 8,
+///        then + 4, then (0 + 2) + (1 + 3)), then a tail of 8 added one by one.
+inline f32x8 sum_f32(const float* __restrict c, std::int32_t E) noexcept {
+  const std::int32_t whole = E / 16 * 16;
+  f32x8 h[8];  // lane l + lane l + 8
+  for (std::int32_t l = 0; l < 8; ++l) {
+    f32x8 lo = {}, hi = {};
+    for (std::int32_t b = 0; b < whole; b += 16) {
+      lo += load8(c + (b + l) * 8);
+      hi += load8(c + (b + l + 8) * 8);
+    }
+    h[l] = lo + hi;
+  }
+  f32x8 f[4];
+  for (std::int32_t j = 0; j < 4; ++j) f[j] = h[j] + h[j + 4];
+  f32x8 s = (f[0] + f[2]) + (f[1] + f[3]);
+  for (std::int32_t e = whole; e < E; ++e) s += load8(c + e * 8);
+  return s;
+}
+
+/// @brief c = c / denom in place, column by column (aux_quotient_row's quotients).
+inline void divide(float* __restrict c, std::int32_t E, const f32x8& denom) noexcept {
+  for (std::int32_t e = 0; e < E; ++e) store8(c + e * 8, load8(c + e * 8) / denom);
+}
+
 /// The most choices per token the columns select (a place costs a compare and four selects
 /// per expert; at 8 still faster than rows: OLMoE (64, 8) 3.3 -> 2.35 ns per logit on AVX2).
 inline constexpr std::int32_t max_choices = 8;
