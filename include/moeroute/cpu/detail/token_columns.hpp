@@ -1,15 +1,17 @@
 // SPDX-License-Identifier: Apache-2.0
 // Gating's token columns (AVX2): eight tokens side by side, one per lane of a register, each
-// register one expert, so that a softmax row's steps — the max, the exps and their double sum,
-// P, the top-k (k <= 8) — are lane-wise operations with no reduction across lanes. Row by row, a
-// short row spends its time in reductions and their dependent chains (Mixtral's 8 experts are one
-// register: max, exp, sum, log and the selection one chain per token).
+// register one expert, so that a softmax or sigmoid row's steps — the max, the exps and their
+// double sum, P or the sigmoids and their float sum, the top-k (k <= 8) — are lane-wise
+// operations with no reduction across lanes. Row by row, a short row spends its time in
+// reductions and their dependent chains (Mixtral's 8 experts are one register: max, exp, sum,
+// log and the selection one chain per token). gating_agent::gate_columns drives them.
 //
 // Each lane does the row path's operations in the row path's order — load_row's lane maxima
 // and their fold, exp8, sum_row's four chains of 8 lanes and their folds, normalize_row's
-// multiply — so a token's bits are the same in either path (tests/cpu/gating_columns_test.cpp
-// compares them token by token, and every gating case compares its lean run, which takes this
-// path, with its full run, which takes rows).
+// multiply, sigmoid8, sum_row_f32's 16 lanes — so a token's bits are the same in either path
+// (tests/cpu/gating_columns_test.cpp compares each kernel with its row kernel and the outputs
+// token by token, and every gating case compares its lean run, which takes this path, with its
+// full run, which takes rows). AVX-512 builds keep the rows: their load_row folds 16 lanes.
 #pragma once
 
 #include <cfloat>
