@@ -1,11 +1,13 @@
 // SPDX-License-Identifier: Apache-2.0
 // Gating's token columns (cpu/detail/token_columns.hpp, AVX2 builds): softmax and sigmoid rows of
 // 8 to 128 experts with up to 8 choices go eight tokens at a time, one per register lane. Checked
-// three ways: against the reference (check_gating, whose lean run takes the columns and whose
+// four ways: against the reference (check_gating, whose lean run takes the columns and whose
 // full run, asking for the per-token aux rows, takes rows: the two compared bit for bit); a
 // token's ids, gates and logsumexp the same bits wherever it sits in the batch (a shift by
-// three tokens moves every token to another lane, or out of a whole tile to the rows); and the
-// path asserted taken, so that a change to its conditions cannot leave it untested.
+// three tokens moves every token to another lane, or out of a whole tile to the rows) and on
+// any executor; each column kernel against its row kernel, bit for bit (a reordered double sum
+// rarely reaches a float output); and the path asserted taken, so that a change to its
+// conditions cannot leave it untested.
 #include <catch2/catch.hpp>
 
 #include <cmath>
