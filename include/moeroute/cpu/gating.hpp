@@ -745,32 +745,7 @@ struct gating_agent {
     constexpr std::int32_t K = col::max_choices;
     col::i32x8 id[K];
     col::f32x8 b[K];
-    switch (k) {
-      case 1:
-        col::top_k<1>(sel, E, id, b);
-        break;
-      case 2:
-        col::top_k<2>(sel, E, id, b);
-        break;
-      case 3:
-        col::top_k<3>(sel, E, id, b);
-        break;
-      case 4:
-        col::top_k<4>(sel, E, id, b);
-        break;
-      case 5:
-        col::top_k<5>(sel, E, id, b);
-        break;
-      case 6:
-        col::top_k<6>(sel, E, id, b);
-        break;
-      case 7:
-        col::top_k<7>(sel, E, id, b);
-        break;
-      default:
-        col::top_k<8>(sel, E, id, b);
-        break;
-    }
+    col::top_k(sel, E, k, id, b);
     // the gates: softmax after top-k from the selected logits (a zero's sign changes no gate),
     // softmax from the chosen P (the selected values when selected from P), sigmoid from
     // score_one of the chosen logits (libm, lane by lane: the reference's bits)

@@ -259,7 +259,7 @@ template <bool PerChoice>
     std::int64_t* const at_task = w.counts + task * w.counts_stride;
     // the walk's pointers and bounds as locals: a fate is one byte, and a byte store may alias
     // anything reached through the closure, so GCC reloaded every captured pointer after each
-    // (the token-major walk 2x slower, measured on Mixtral's dispatch)
+    // (the token-major walk ~1.5x slower: 20.6 -> 14.9 % of Mixtral's routing call, profiled)
     fate* const fates = o.d_fate;
     std::int32_t* const experts = o.d_expert;
     std::int32_t* const slots = o.d_slot;

@@ -18,6 +18,7 @@
 #include <cmath>
 #include <cstdint>
 #include <cstring>
+#include <utility>
 
 #include <moeroute/config.hpp>
 #include <moeroute/cpu/detail/math.hpp>
@@ -207,6 +208,18 @@ inline void top_k(const float* __restrict c, std::int32_t E, i32x8* id, f32x8* b
     id[0] = gt[0] ? e_lanes : id[0];
     b[0] = b[0] > v ? b[0] : v;
   }
+}
+
+/// @brief top_k<K> for k = K known at run time (1 .. max_choices): each K its own unrolled
+///        insertion, chosen by a fold over the K's.
+template <std::int32_t... K>
+inline void top_k(const float* __restrict c, std::int32_t E, std::int32_t k, i32x8* id, f32x8* b,
+                  std::integer_sequence<std::int32_t, K...>) noexcept {
+  (void)((k == K + 1 ? (top_k<K + 1>(c, E, id, b), true) : false) || ...);
+}
+inline void top_k(const float* __restrict c, std::int32_t E, std::int32_t k, i32x8* id,
+                  f32x8* b) noexcept {
+  top_k(c, E, k, id, b, std::make_integer_sequence<std::int32_t, max_choices>{});
 }
 
 /// The values of the chosen experts of each token: c[id[l] * 8 + l].
