@@ -127,10 +127,13 @@ TEST_CASE("cpu gating_backward equals the reference on the element path", "[cpu]
 // every ISA build (cpu_tests: SSE2, cpu_avx2_tests, cpu_native_tests) gives the same d logits.
 // A hash of them on softmax and sigmoid configs, with every term, pinned here: a change to the
 // row path's arithmetic must change this constant on purpose.
-TEST_CASE("cpu gating_backward row path: the same bits on every ISA build", "[cpu][backward]") {
-  std::uint64_t hash = 1469598103934665603ULL;  // FNV-1a over the output bits
-  std::vector<routing_config> cfgs = {presets::qwen_moe(64, 8), presets::deepseek_v3(64, 8, 8, 4),
-                                      presets::mixtral(8, 2), presets::switch_top1(29, 1.0, 1)};
+namespace {
+/// FNV-1a over the d logits' bits of `cfgs` (every term, accumulated onto 0.25) on T = 96
+/// tokens of logits in [-3, 3]; `wide`: a quarter of the rows with one logit 750 below the
+/// rest, and rows whose smallest logit lies 699.9 / 700.1 below their largest (where exps_row
+/// and the column path leave exp's clamp and subnormal scaling out, or keep them).
+std::uint64_t row_path_hash(std::vector<routing_config> cfgs, bool wide) {
+  std::uint64_t hash = 1469598103934665603ULL;
   for (auto& cfg : cfgs) {
     cfg.loss.aux_coefficient = 0.01f;
     cfg.loss.z_coefficient = 0.001f;
@@ -144,6 +147,15 @@ TEST_CASE("cpu gating_backward row path: the same bits on every ISA build", "[cp
     };
     std::vector<float> x(static_cast<std::size_t>(T * E));
     for (auto& v : x) v = next(1000) * 0.003f;
+    for (std::int64_t t = 0; wide && t < T; ++t) {
+      float* row = x.data() + t * E;
+      const std::int64_t a = t % E, b = (t / 4 + 1) % E;
+      if (t % 4 == 1) row[a] = -750.0f;
+      if (t % 4 >= 2 && a != b) {
+        row[a] = 3.0f;  // the largest, so the smallest is 699.9 or 700.1 below it
+        row[b] = t % 4 == 2 ? -696.9f : -697.1f;
+      }
+    }
     const std::vector<float> bias(cfg.gating.expert_bias ? E : 0, 0.05f);
     auto g = reference::gating<float>(cfg, std::span<const float>(x), T, bias, {});
     const auto d = reference::dispatch(cfg, g);
@@ -164,7 +176,25 @@ TEST_CASE("cpu gating_backward row path: the same bits on every ISA build", "[cp
       hash *= 1099511628211ULL;
     }
   }
-  CHECK(hash == 0x7391559832d4f475ULL);
+  return hash;
+}
+}  // namespace
+
+TEST_CASE("cpu gating_backward row path: the same bits on every ISA build", "[cpu][backward]") {
+  CHECK(row_path_hash({presets::qwen_moe(64, 8), presets::deepseek_v3(64, 8, 8, 4),
+                       presets::mixtral(8, 2), presets::switch_top1(29, 1.0, 1)},
+                      false) == 0x7391559832d4f475ULL);
+}
+
+// Rows spread over more than 700 take exp's full path and narrower ones leave its clamp and
+// subnormal scaling out (exps_row's `moderate`, per row; per group of tokens in the column
+// path): pinned to the bits the full path gave for every row before that split (cc5b55b's
+// tree), on Megatron's (64, 2), Mixtral's column path, a 29-expert row with a tail vector and
+// Qwen3's (128, 8). Checked to fail with either path's bound moved to -800.
+TEST_CASE("cpu gating_backward row path: wide rows keep their bits", "[cpu][backward]") {
+  CHECK(row_path_hash({presets::megatron(64, 2), presets::mixtral(8, 2),
+                       presets::switch_top1(29, 1.0, 1), presets::qwen_moe(128, 8)},
+                      true) == 0x96f08804ab03a0eeULL);
 }
 
 // A token's gradient must not depend on where it sits in the batch: rows of at most 8

@@ -253,8 +253,58 @@ MOEROUTE_PRECISE_FP_BEGIN
 namespace {
 [[gnu::noinline]] double precise_exp(double x) { return math::exp(x); }
 [[gnu::noinline]] void precise_exp_lanes(math::f64x8& x) { math::exp_lanes(x); }
+// four vectors in lock-step, the full path and the moderate one (x in [-700, 700])
+[[gnu::noinline]] void precise_exp_4(math::f64x4 (&x)[4]) { math::exp_lanes(x); }
+[[gnu::noinline]] void precise_exp_4_moderate(math::f64x4 (&x)[4]) { math::exp_lanes<4, true>(x); }
+[[gnu::noinline]] void precise_exp_2_moderate(math::f64x2 (&x)[2]) { math::exp_lanes<2, true>(x); }
 }  // namespace
 MOEROUTE_PRECISE_FP_END
+
+TEST_CASE("cpu math::exp_lanes: vectors in lock-step and the moderate path give exp's bits",
+          "[cpu][math]") {
+  std::mt19937_64 rng(12);
+  const auto uniform = [&rng](double lo, double hi) {
+    return lo + static_cast<double>(rng() >> 11) * 0x1p-53 * (hi - lo);
+  };
+  std::int64_t differ = 0, differ_moderate = 0;
+  for (int i = 0; i < 40000; ++i) {
+    math::f64x4 full[4], moderate[4];
+    math::f64x2 narrow[2];
+    for (int j = 0; j < 4; ++j)
+      for (int l = 0; l < 4; ++l) {
+        full[j][l] = uniform(-750.0, 712.0);  // past both ends of the clamp
+        moderate[j][l] = (i + l) % 3 == 0 ? uniform(-700.0, 700.0) : uniform(-40.0, 0.0);
+      }
+    if (i == 0) {  // the moderate range's ends and zeros
+      moderate[0] = math::f64x4{-700.0, 700.0, 0.0, -0.0};
+      moderate[1] = math::f64x4{-699.9999999999999, 699.9999999999999, 1e-300, -1e-300};
+    }
+    for (int j = 0; j < 2; ++j)
+      for (int l = 0; l < 2; ++l) narrow[j][l] = moderate[j][l];
+    math::f64x4 want_full[4], want_moderate[4];
+    for (int j = 0; j < 4; ++j)
+      for (int l = 0; l < 4; ++l) {
+        want_full[j][l] = precise_exp(full[j][l]);
+        want_moderate[j][l] = precise_exp(moderate[j][l]);
+      }
+    precise_exp_4(full);
+    precise_exp_4_moderate(moderate);
+    precise_exp_2_moderate(narrow);
+    for (int j = 0; j < 4; ++j)
+      for (int l = 0; l < 4; ++l) {
+        differ += std::bit_cast<std::uint64_t>(full[j][l]) !=
+                  std::bit_cast<std::uint64_t>(want_full[j][l]);
+        differ_moderate += std::bit_cast<std::uint64_t>(moderate[j][l]) !=
+                           std::bit_cast<std::uint64_t>(want_moderate[j][l]);
+      }
+    for (int j = 0; j < 2; ++j)
+      for (int l = 0; l < 2; ++l)
+        differ_moderate += std::bit_cast<std::uint64_t>(narrow[j][l]) !=
+                           std::bit_cast<std::uint64_t>(want_moderate[j][l]);
+  }
+  REQUIRE(differ == 0);
+  REQUIRE(differ_moderate == 0);
+}
 
 TEST_CASE("cpu math::exp(double) is within 2.5e-16 of exp, exp_lanes gives its bits",
           "[cpu][math]") {

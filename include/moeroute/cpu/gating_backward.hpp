@@ -161,20 +161,48 @@ inline double max_row(const double* x, std::int32_t n) {
   return m;
 }
 /// out = exp(x - m) over the row (pads 0); returns the sum of out in lanes8. With `gp`, also
-/// gp_dot = the sum of gp * out in the same lanes.
+/// gp_dot = the sum of gp * out in the same lanes. The exps go four vectors at a time
+/// (math::exp_lanes' lock-step); `moderate`: every element of the row's whole vectors has
+/// x - m >= -700, and those take exp_lanes' moderate path (a vector holding pads, whose x is
+/// -FLT_MAX, the full one). The same bits either way.
 inline double exps_row(const double* x, std::int32_t n, double m, double* out,
-                       const double* gp = nullptr, double* gp_dot = nullptr) {
+                       const double* gp = nullptr, double* gp_dot = nullptr,
+                       bool moderate = false) {
+  constexpr std::int32_t exp_group = 4;
   const std::int32_t n8 = (n + 7) & ~7;
   lanes8 acc, dot;
-  for (std::int32_t e = 0; e < n8; e += 8)
-    for (std::int32_t h = 0; h < 8 / W; ++h) {
-      const std::int32_t i = e + h * W;
-      f64w v = block(x + i) - m;
+  // (h: the vector's place in its block of 8, a constant where the loops below unroll, so the
+  // parts stay in registers; i a multiple of 8 where each loop starts)
+  const auto finish = [&](std::int32_t i, std::int32_t h, f64w & v) __attribute__((always_inline)) {
+    if (i + W > n) zero_pads(v, i, n);
+    block(out + i) = v;
+    acc.part[h] += v;
+    if (gp != nullptr) dot.part[h] += block(gp + i) * v;
+  };
+  std::int32_t i = 0;  // (a group is whole blocks of 8: 4 W is 8, 16 or 32)
+  for (; i + exp_group * W <= n8; i += exp_group * W) {
+    f64w v[exp_group];
+    math::each_lane_vector<exp_group>([&](auto j) __attribute__((always_inline)) {
+      v[j] = block(x + i + j * W) - m;
+    });
+    if (moderate && i + exp_group * W <= n) {
+      math::exp_lanes<exp_group, true>(v);
+    } else {
       math::exp_lanes(v);
-      if (i + W > n) zero_pads(v, i, n);
-      block(out + i) = v;
-      acc.part[h] += v;
-      if (gp != nullptr) dot.part[h] += block(gp + i) * v;
+    }
+    math::each_lane_vector<exp_group>([&](auto j) __attribute__((always_inline)) {
+      finish(i + j * W, j % (8 / W), v[j]);
+    });
+  }
+  for (; i < n8; i += 8)
+    for (std::int32_t h = 0; h < 8 / W; ++h) {
+      f64w v[1] = {block(x + i + h * W) - m};
+      if (moderate && i + h * W + W <= n) {
+        math::exp_lanes<1, true>(v);
+      } else {
+        math::exp_lanes(v);
+      }
+      finish(i + h * W, h, v[0]);
     }
   if (gp_dot != nullptr) *gp_dot = dot.fold();
   return acc.fold();
@@ -303,7 +331,9 @@ struct gating_backward_agent {
       s.seq_q = L.q;
     }
     // ---- pass 1: the clean logits (pads -FLT_MAX) and whether any was NaN / Inf
+    // (and the smallest clean logit of the whole vectors, for exps_row's `moderate`)
     i32w nonfinite = {};
+    f32w lowest = f32w{} + FLT_MAX;
     for (std::int32_t i = 0; i < E8; i += W) {
       f32w f;
       if (i + W <= E) {
@@ -316,10 +346,15 @@ struct gating_backward_agent {
       const f32w lo = f32w{} - FLT_MAX, hi = f32w{} + FLT_MAX;  // math::sanitize, lane-wise
       f = f > lo ? f : lo;
       f = f < hi ? f : hi;
+      if (i + W <= E) lowest = f < lowest ? f : lowest;
       block(s.x + i) = __builtin_convertvector(f, f64w);
     }
     bool any_nonfinite = false;
-    for (std::int32_t l = 0; l < W; ++l) any_nonfinite = any_nonfinite || nonfinite[l] != 0;
+    float row_lowest = FLT_MAX;
+    for (std::int32_t l = 0; l < W; ++l) {
+      any_nonfinite = any_nonfinite || nonfinite[l] != 0;
+      row_lowest = lowest[l] < row_lowest ? lowest[l] : row_lowest;
+    }
     const double* xg = s.x;  // the gate logits
     if (noisy_gates) {
       for (std::int32_t e = 0; e < E; ++e) {
@@ -349,7 +384,11 @@ struct gating_backward_agent {
     if (need_soft || (need_gsoft && !noisy_gates)) {
       cm = max_row(s.x, E8);
       const bool dots = (L.aux || L.seq) && softmax;
-      const double sum = exps_row(s.x, E, cm, s.ex, dots && L.aux ? s.gp_aux : nullptr, &dot_aux);
+      // x - cm is at most 0; at least -700 for every whole vector when the lowest is
+      // (rounding is monotonic): exp's clamp and subnormal scaling are then not needed
+      const bool moderate = static_cast<double>(row_lowest) - cm >= -700.0;
+      const double sum =
+          exps_row(s.x, E, cm, s.ex, dots && L.aux ? s.gp_aux : nullptr, &dot_aux, moderate);
       inv = 1.0 / sum;  // (softmax = exp * inv: a multiply per element, not a divide)
       dot_aux *= inv;
       if (dots && L.seq) {
@@ -584,9 +623,27 @@ struct gating_backward_agent {
       lane[e] = f64w{};
       dot[e] = f64w{};
     }
+    // (the exps four experts at a time, math::exp_lanes' lock-step, and without its clamp and
+    // subnormal scaling where every lane's x - cm is at least -700: see exps_row)
+    f64w lowest = f64w{} + static_cast<double>(FLT_MAX);
     for (std::int32_t e = 0; e < E; ++e) {
       ex[e] = x[e] - cm;
-      math::exp_lanes(ex[e]);
+      select_lanes(lowest, ex[e] < lowest, ex[e]);
+    }
+    bool moderate = true;
+    for (std::int32_t l = 0; l < W; ++l) moderate = moderate && lowest[l] >= -700.0;
+    std::int32_t e4 = 0;
+    for (; e4 + 4 <= E; e4 += 4) {
+      f64w v[4] = {ex[e4], ex[e4 + 1], ex[e4 + 2], ex[e4 + 3]};
+      if (moderate) {
+        math::exp_lanes<4, true>(v);
+      } else {
+        math::exp_lanes(v);
+      }
+      for (std::int32_t j = 0; j < 4; ++j) ex[e4 + j] = v[j];
+    }
+    for (; e4 < E; ++e4) math::exp_lanes(ex[e4]);
+    for (std::int32_t e = 0; e < E; ++e) {
       lane[e] = f64w{} + ex[e];
       if (L.aux) dot[e] = f64w{} + (L.c_aux * static_cast<double>(L.aux_count[e])) * ex[e];
     }

@@ -11,6 +11,7 @@
 #include <cstdint>
 #include <cstring>
 #include <type_traits>
+#include <utility>
 
 #include <moeroute/dtype.hpp>
 #include <moeroute/macros.hpp>
@@ -190,61 +191,118 @@ struct int_lanes<f64x2> {
   using type = i64x2;
 };
 
-/// @brief x = exp(x) in double, in place, lane-wise for V = double, f64x2, f64x4 or f64x8 (in
-///        place: a vector never passes a call by value, -Wpsabi), for any x that is not NaN:
-///        x clamped to [-746, 710], n = round(x / ln2) by adding 1.5 * 2^52 (n is then the low
-///        bits of the sum: no float-to-integer conversion, which AVX2 lacks for doubles),
-///        r = x - n ln2 in two parts (|r| <= 0.347), exp(r) by its Taylor series to r^13
-///        (truncation < 5e-18 relative), and the scaling by 2^n in two normal powers
-///        of two so that subnormal results come out and x > 709.79 gives +inf. Below -745.2 the
-///        result is 0, as is exp's.
-/// @note The same operations for every V, written uncontracted (MOEROUTE_PRECISE_FP): inlined
-///       into a caller that is too (the logit gradient's row path), the same bits on every
-///       ISA, scalar or vector. Within 2.5e-16 relative (about 1 ulp) of exp(x) for normal
-///       results (tests/cpu/math_test.cpp). (__builtin_bit_cast below: std::bit_cast would
-///       return a vector by value.)
-template <class V>
-[[gnu::always_inline]] inline void exp_lanes(V& x) noexcept {
+/// Calls f(std::integral_constant<int, j>{}) for j = 0 .. N-1, expanded at compile time (a fold,
+/// not a loop the compiler may keep): the lock-step steps of exp_lanes below.
+template <int N, class F>
+[[gnu::always_inline]] inline void each_lane_vector(F&& f) {
+  [&]<int... j>(std::integer_sequence<int, j...>) __attribute__((always_inline)) {
+    (f(std::integral_constant<int, j>{}), ...);
+  }
+  (std::make_integer_sequence<int, N>{});
+}
+
+/// @brief x[j] = exp(x[j]) in double, in place, lane-wise for V = double, f64x2, f64x4 or
+///        f64x8 and N independent vectors (in place: a vector never passes a call by value,
+///        -Wpsabi), for any x that is not NaN: x clamped to [-746, 710], n = round(x / ln2) by
+///        adding 1.5 * 2^52 (n is then the low bits of the sum: no float-to-integer
+///        conversion, which AVX2 lacks for doubles), r = x - n ln2 in two parts
+///        (|r| <= 0.347), exp(r) by its Taylor series to r^13 (truncation < 5e-18 relative),
+///        and the scaling by 2^n in two normal powers of two so that subnormal results come out
+///        and x > 709.79 gives +inf. Below -745.2 the result is 0, as is exp's.
+/// @note The same operations for every V and N, written uncontracted (MOEROUTE_PRECISE_FP):
+///       inlined into a caller that is too (the logit gradient's row path), the same bits on
+///       every ISA, scalar or vector. Within 2.5e-16 relative (about 1 ulp) of exp(x) for
+///       normal results (tests/cpu/math_test.cpp). Each step is written for the N vectors side
+///       by side (each_lane_vector expands it, so the arrays stay in registers): one vector's
+///       steps are a chain of ~25 dependent operations, and N interleaved chains give the
+///       core independent work at every point (the logit gradient's rows pass N = 4).
+///       (__builtin_bit_cast below: std::bit_cast would return a vector by value.)
+///
+///       `moderate`: the caller knows every x lies in [-700, 700], so the clamp is the identity
+///       and 2^n (|n| <= 1010) a normal double by which p (in [0.7, 1.42]) stays normal: the
+///       two steps' products are both exact, the same bits as one multiply by 2^n, which this
+///       takes (11 of a vector's ~50 operations saved without AVX-512; with it, the clamp's).
+template <int N, bool moderate = false, class V>
+[[gnu::always_inline]] inline void exp_lanes(V (&x)[N]) noexcept {
   using I = typename int_lanes<V>::type;
   const V lo = V{} - 746.0, hi = V{} + 710.0;
-  x = x < lo ? lo : x;
-  x = x > hi ? hi : x;
   constexpr double log2e = 1.4426950408889634074;
   constexpr double magic = 6755399441055744.0;  // 1.5 * 2^52: adding it rounds to an integer
-  const V kd = x * log2e + magic;
-  const V n = kd - magic;
-  const I ni = __builtin_bit_cast(I, kd) - std::bit_cast<std::int64_t>(magic);
   // ln2 = hi + lo, hi with 32 significant bits: n * hi is exact for |n| < 2^21
   constexpr double ln2_hi = 6.93147180369123816490e-01, ln2_lo = 1.90821492927058770002e-10;
-  const V r = (x - n * ln2_hi) - n * ln2_lo;
+  V n[N], r[N], r2[N], r4[N], r8[N], p[N];
+  I ni[N];
+  if constexpr (!moderate)
+    each_lane_vector<N>([&](auto j) __attribute__((always_inline)) {
+      x[j] = x[j] < lo ? lo : x[j];
+      x[j] = x[j] > hi ? hi : x[j];
+    });
+  each_lane_vector<N>([&](auto j) __attribute__((always_inline)) {
+    const V kd = x[j] * log2e + magic;
+    n[j] = kd - magic;
+    ni[j] = __builtin_bit_cast(I, kd) - std::bit_cast<std::int64_t>(magic);
+  });
+  each_lane_vector<N>([&](auto j) __attribute__((always_inline)) {
+    r[j] = (x[j] - n[j] * ln2_hi) - n[j] * ln2_lo;
+  });
   // the Taylor series to r^13 by Estrin's scheme: pairs, then pairs of pairs (a dependency
   // chain of 7 operations after r^8, not Horner's 26: short rows are latency-bound); the 1 is
   // added last, so that r's low bits are not rounded away first
-  const V r2 = r * r, r4 = r2 * r2, r8 = r4 * r4;
-  const V a0 = r, a1 = r * (1.0 / 6.0) + 0.5, a2 = r * (1.0 / 120.0) + 1.0 / 24.0;
-  const V a3 = r * (1.0 / 5040.0) + 1.0 / 720.0, a4 = r * (1.0 / 362880.0) + 1.0 / 40320.0;
-  const V a5 = r * (1.0 / 39916800.0) + 1.0 / 3628800.0;
-  const V a6 = r * (1.0 / 6227020800.0) + 1.0 / 479001600.0;
-  const V b0 = a1 * r2 + a0, b1 = a3 * r2 + a2, b2 = a5 * r2 + a4;
-  const V c0 = b1 * r4 + b0, c1 = a6 * r4 + b2;
-  const V p = (c1 * r8 + c0) + 1.0;
+  each_lane_vector<N>([&](auto j) __attribute__((always_inline)) { r2[j] = r[j] * r[j]; });
+  each_lane_vector<N>([&](auto j) __attribute__((always_inline)) { r4[j] = r2[j] * r2[j]; });
+  each_lane_vector<N>([&](auto j) __attribute__((always_inline)) { r8[j] = r4[j] * r4[j]; });
+  each_lane_vector<N>([&](auto j) __attribute__((always_inline)) {
+    const V a0 = r[j], a1 = r[j] * (1.0 / 6.0) + 0.5, a2 = r[j] * (1.0 / 120.0) + 1.0 / 24.0;
+    const V a3 = r[j] * (1.0 / 5040.0) + 1.0 / 720.0;
+    const V b0 = a1 * r2[j] + a0, b1 = a3 * r2[j] + a2;
+    p[j] = b1 * r4[j] + b0;  // c0
+  });
+  each_lane_vector<N>([&](auto j) __attribute__((always_inline)) {
+    const V a4 = r[j] * (1.0 / 362880.0) + 1.0 / 40320.0;
+    const V a5 = r[j] * (1.0 / 39916800.0) + 1.0 / 3628800.0;
+    const V a6 = r[j] * (1.0 / 6227020800.0) + 1.0 / 479001600.0;
+    const V b2 = a5 * r2[j] + a4;
+    const V c1 = a6 * r4[j] + b2;
+    p[j] = (c1 * r8[j] + p[j]) + 1.0;
+  });
 #if defined(__AVX512F__)
-  // vscalefpd: p * 2^n rounded once, as the two steps below round it (same bits)
-  if constexpr (!std::is_same_v<V, double>) {
+  // vscalefpd: p * 2^n rounded once, as the two steps below round it (same bits); 8-double
+  // vectors only (narrower ones, as a test makes, take the steps below)
+  if constexpr (sizeof(V) == 64) {
     (void)ni;
-    x = (V)_mm512_maskz_scalef_pd(0xff, (__m512d)p, (__m512d)n);
+    each_lane_vector<N>([&](auto j) __attribute__((always_inline)) {
+      x[j] = (V)_mm512_maskz_scalef_pd(0xff, (__m512d)p[j], (__m512d)n[j]);
+    });
     return;
   }
 #endif
+  if constexpr (moderate) {  // 2^n normal and p * 2^n normal: one exact multiply
+    (void)n;
+    each_lane_vector<N>([&](auto j) __attribute__((always_inline)) {
+      x[j] = p[j] * __builtin_bit_cast(V, (ni[j] + 1023) << 52);
+    });
+    return;
+  }
   // n in [-1076, 1024]: halves in [-538, 512], each a normal power of two; p * 2^n1 is exact,
   // so a subnormal result is rounded once. n1 = round(n / 2) by the same magic add (n / 2 is
   // exact): a 64-bit arithmetic shift is AVX-512's only, and GCC took AVX2 / SSE2 lanes one
   // at a time for it (the logit gradient 4x slower there)
-  const I n1 = __builtin_bit_cast(I, n * 0.5 + magic) - __builtin_bit_cast(std::int64_t, magic);
-  const I n2 = ni - n1;
-  const V s1 = __builtin_bit_cast(V, (n1 + 1023) << 52);
-  const V s2 = __builtin_bit_cast(V, (n2 + 1023) << 52);
-  x = p * s1 * s2;
+  each_lane_vector<N>([&](auto j) __attribute__((always_inline)) {
+    const I n1 =
+        __builtin_bit_cast(I, n[j] * 0.5 + magic) - __builtin_bit_cast(std::int64_t, magic);
+    const I n2 = ni[j] - n1;
+    const V s1 = __builtin_bit_cast(V, (n1 + 1023) << 52);
+    const V s2 = __builtin_bit_cast(V, (n2 + 1023) << 52);
+    x[j] = p[j] * s1 * s2;
+  });
+}
+
+/// exp_lanes of one vector (or one double).
+template <class V>
+[[gnu::always_inline]] inline void exp_lanes(V& x) noexcept {
+  V one[1] = {x};
+  exp_lanes<1>(one);
+  x = one[0];
 }
 
 /// exp_lanes of one double.
