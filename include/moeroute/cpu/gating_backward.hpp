@@ -623,27 +623,9 @@ struct gating_backward_agent {
       lane[e] = f64w{};
       dot[e] = f64w{};
     }
-    // (the exps four experts at a time, math::exp_lanes' lock-step, and without its clamp and
-    // subnormal scaling where every lane's x - cm is at least -700: see exps_row)
-    f64w lowest = f64w{} + static_cast<double>(FLT_MAX);
     for (std::int32_t e = 0; e < E; ++e) {
       ex[e] = x[e] - cm;
-      select_lanes(lowest, ex[e] < lowest, ex[e]);
-    }
-    bool moderate = true;
-    for (std::int32_t l = 0; l < W; ++l) moderate = moderate && lowest[l] >= -700.0;
-    std::int32_t e4 = 0;
-    for (; e4 + 4 <= E; e4 += 4) {
-      f64w v[4] = {ex[e4], ex[e4 + 1], ex[e4 + 2], ex[e4 + 3]};
-      if (moderate) {
-        math::exp_lanes<4, true>(v);
-      } else {
-        math::exp_lanes(v);
-      }
-      for (std::int32_t j = 0; j < 4; ++j) ex[e4 + j] = v[j];
-    }
-    for (; e4 < E; ++e4) math::exp_lanes(ex[e4]);
-    for (std::int32_t e = 0; e < E; ++e) {
+      math::exp_lanes(ex[e]);
       lane[e] = f64w{} + ex[e];
       if (L.aux) dot[e] = f64w{} + (L.c_aux * static_cast<double>(L.aux_count[e])) * ex[e];
     }
