@@ -102,6 +102,19 @@ using f32u = float __attribute__((vector_size(4 * W), aligned(4), may_alias));
 }
 [[gnu::always_inline]] inline f32u& block(float* a) { return *reinterpret_cast<f32u*>(a); }
 
+/// Stores f's floats as doubles at out: one vcvtps2pd where the ISA has a full-width one (GCC
+/// 12 splits __builtin_convertvector's into halves and joins them: four instructions).
+[[gnu::always_inline]] inline void store_widened(const f32w& f, double* out) {
+#if defined(__AVX512F__)
+  // (the zero-masked form: GCC 12 takes the unmasked one's undefined source for uninitialised)
+  block(out) = (f64w)_mm512_maskz_cvtps_pd(0xff, (__m256)f);
+#elif defined(__AVX2__)
+  block(out) = (f64w)_mm256_cvtps_pd((__m128)f);
+#else
+  block(out) = __builtin_convertvector(f, f64w);
+#endif
+}
+
 /// An 8-lane sum as W-lane vectors: part h holds lanes h * W .. h * W + W - 1 (loops add the
 /// vector at e + h * W, e a multiple of 8, to part[h] in an inner loop the compiler unrolls:
 /// a constant index keeps the parts in registers).
@@ -174,7 +187,6 @@ inline double exps_row(const double* x, std::int32_t n, double m, double* out,
   // (h: the vector's place in its block of 8, a constant where the loops below unroll, so the
   // parts stay in registers; i a multiple of 8 where each loop starts)
   const auto finish = [&](std::int32_t i, std::int32_t h, f64w & v) __attribute__((always_inline)) {
-    if (i + W > n) zero_pads(v, i, n);
     block(out + i) = v;
     acc.part[h] += v;
     if (gp != nullptr) dot.part[h] += block(gp + i) * v;
@@ -185,10 +197,17 @@ inline double exps_row(const double* x, std::int32_t n, double m, double* out,
     math::each_lane_vector<exp_group>([&](auto j) __attribute__((always_inline)) {
       v[j] = block(x + i + j * W) - m;
     });
-    if (moderate && i + exp_group * W <= n) {
-      math::exp_lanes<exp_group, true>(v);
+    if (i + exp_group * W <= n) {  // no pads
+      if (moderate) {
+        math::exp_lanes<exp_group, true>(v);
+      } else {
+        math::exp_lanes(v);
+      }
     } else {
       math::exp_lanes(v);
+      math::each_lane_vector<exp_group>([&](auto j) __attribute__((always_inline)) {
+        zero_pads(v[j], i + j * W, n);
+      });
     }
     math::each_lane_vector<exp_group>([&](auto j) __attribute__((always_inline)) {
       finish(i + j * W, j % (8 / W), v[j]);
@@ -201,6 +220,7 @@ inline double exps_row(const double* x, std::int32_t n, double m, double* out,
         math::exp_lanes<1, true>(v);
       } else {
         math::exp_lanes(v);
+        if (i + h * W + W > n) zero_pads(v[0], i + h * W, n);
       }
       finish(i + h * W, h, v[0]);
     }
@@ -347,7 +367,7 @@ struct gating_backward_agent {
       f = f > lo ? f : lo;
       f = f < hi ? f : hi;
       if (i + W <= E) lowest = f < lowest ? f : lowest;
-      block(s.x + i) = __builtin_convertvector(f, f64w);
+      store_widened(f, s.x + i);
     }
     bool any_nonfinite = false;
     float row_lowest = FLT_MAX;
