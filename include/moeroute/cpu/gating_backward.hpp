@@ -160,7 +160,7 @@ template <class F>
 /// reference's: exact. One running maximum per vector of a block of 8 (below AVX-512 one
 /// chain of compare + select per vector was the pass's whole cost); the order a maximum is
 /// taken in cannot change it (no NaN here, and a -0 / +0 tie gives the same exps).
-inline double max_row(const double* x, std::int32_t n) {
+[[gnu::always_inline]] inline double max_row(const double* x, std::int32_t n) {
   f64w mv[8 / W];
   for (auto& m : mv) m = f64w{} - static_cast<double>(FLT_MAX);
   for (std::int32_t e = 0; e < n; e += 8)
