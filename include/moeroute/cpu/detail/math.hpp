@@ -151,7 +151,7 @@ MOEROUTE_PRECISE_FP_BEGIN
 ///       [2^-1022, 2^1023]), so float(m + log(sum)) is the float the reference rounds to except
 ///       where that double lies within 1e-15 of a float rounding boundary. Uncontracted
 ///       (MOEROUTE_PRECISE_FP), so the same bits whatever -march the caller is built with.
-[[nodiscard, gnu::always_inline]] inline double log(double x) noexcept {
+[[nodiscard]] inline double log(double x) noexcept {
   const auto bits = std::bit_cast<std::uint64_t>(x);
   // the exponent that puts f in [sqrt(1/2), sqrt(2)): the bits' distance from those of
   // sqrt(1/2), in whole binades (arithmetic shift: negative below 1/2)
