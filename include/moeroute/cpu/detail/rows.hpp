@@ -52,7 +52,10 @@ inline constexpr std::int64_t tile = 512;
 ///        has them (AVX-512; see stream_min_bytes): the caller calls stream_fence after.
 inline void copy_bytes(void* __restrict dst, const void* __restrict src, std::size_t bytes,
                        const void* next = nullptr, bool stream = false) noexcept {
-  using v64 = unsigned char __attribute__((vector_size(64), aligned(1), may_alias));
+  // 64-byte vectors in registers, moved in and out by memcpy (unaligned vector moves): a
+  // pointer cast to an under-aligned vector type is not portable (clang drops the typedef's
+  // alignment through a reference and took movdqa for these unaligned rows)
+  typedef unsigned char v64 __attribute__((vector_size(64)));
   auto* d = static_cast<unsigned char*>(dst);
   const auto* s = static_cast<const unsigned char*>(src);
   const auto* n = static_cast<const unsigned char*>(next);
@@ -65,22 +68,27 @@ inline void copy_bytes(void* __restrict dst, const void* __restrict src, std::si
 #else
     (void)stream;
 #endif
-    *reinterpret_cast<v64*>(at) = v;
+    std::memcpy(at, &v, sizeof(v64));
   };
   std::size_t i = 0;
   for (; i + 256 <= bytes; i += 256) {
     if (n != nullptr)
       for (std::size_t l = 0; l < 256; l += 64) __builtin_prefetch(n + i + l, 0, 2);
-    const v64 a = *reinterpret_cast<const v64*>(s + i);
-    const v64 b = *reinterpret_cast<const v64*>(s + i + 64);
-    const v64 c = *reinterpret_cast<const v64*>(s + i + 128);
-    const v64 e = *reinterpret_cast<const v64*>(s + i + 192);
+    v64 a, b, c, e;
+    std::memcpy(&a, s + i, sizeof(v64));
+    std::memcpy(&b, s + i + 64, sizeof(v64));
+    std::memcpy(&c, s + i + 128, sizeof(v64));
+    std::memcpy(&e, s + i + 192, sizeof(v64));
     put(d + i, a);
     put(d + i + 64, b);
     put(d + i + 128, c);
     put(d + i + 192, e);
   }
-  for (; i + 64 <= bytes; i += 64) put(d + i, *reinterpret_cast<const v64*>(s + i));
+  for (; i + 64 <= bytes; i += 64) {
+    v64 a;
+    std::memcpy(&a, s + i, sizeof(v64));
+    put(d + i, a);
+  }
   if (i < bytes) std::memcpy(d + i, s + i, bytes - i);
 }
 
