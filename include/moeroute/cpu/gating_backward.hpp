@@ -85,14 +85,34 @@ struct gating_backward_row {
 // 8-double blocks made the AVX2 build 3-4x slower. Rows are still padded to whole blocks of 8,
 // and every sum over experts puts element e in lane e % 8 of an 8-lane accumulator (lanes8):
 // the same rounding, so the same bits, on every ISA. Vectors are read and written in place
-// through block() (unaligned, may alias) and never pass a call by value (-Wpsabi).
+// through block(p).v (any address, may alias) and never pass a call by value (-Wpsabi).
 inline constexpr std::int32_t W = math::native_lanes / 2;  // doubles in a native register
 using f64w = double __attribute__((vector_size(8 * W)));
 using i64w = std::int64_t __attribute__((vector_size(8 * W)));
 using f32w = float __attribute__((vector_size(4 * W)));
 using i32w = std::int32_t __attribute__((vector_size(4 * W)));
-using f64u = double __attribute__((vector_size(8 * W), aligned(8), may_alias));
-using f32u = float __attribute__((vector_size(4 * W), aligned(4), may_alias));
+// A vector at any address, as the one member of a struct. Clang drops an under-aligned vector
+// type's alignment through a reference (block() returned one until 2026-12: clang took aligned
+// moves for unaligned rows and backward_test died of SIGSEGV) but keeps a packed struct's. GCC
+// keeps either; with an under-aligned member its code was as fast as before or faster, with a
+// packed struct up to 9 % slower (Switch's 29-expert rows).
+#if defined(__clang__)
+struct __attribute__((packed, may_alias)) f64u {
+  f64w v;
+};
+struct __attribute__((packed, may_alias)) f32u {
+  f32w v;
+};
+#else
+typedef double f64_any_address __attribute__((vector_size(8 * W), aligned(8)));
+typedef float f32_any_address __attribute__((vector_size(4 * W), aligned(4)));
+struct __attribute__((may_alias)) f64u {
+  f64_any_address v;
+};
+struct __attribute__((may_alias)) f32u {
+  f32_any_address v;
+};
+#endif
 [[gnu::always_inline]] inline const f64u& block(const double* a) {
   return *reinterpret_cast<const f64u*>(a);
 }
@@ -107,11 +127,11 @@ using f32u = float __attribute__((vector_size(4 * W), aligned(4), may_alias));
 [[gnu::always_inline]] inline void store_widened(const f32w& f, double* out) {
 #if defined(__AVX512F__)
   // (the zero-masked form: GCC 12 takes the unmasked one's undefined source for uninitialised)
-  block(out) = (f64w)_mm512_maskz_cvtps_pd(0xff, (__m256)f);
+  block(out).v = (f64w)_mm512_maskz_cvtps_pd(0xff, (__m256)f);
 #elif defined(__AVX2__)
-  block(out) = (f64w)_mm256_cvtps_pd((__m128)f);
+  block(out).v = (f64w)_mm256_cvtps_pd((__m128)f);
 #else
-  block(out) = __builtin_convertvector(f, f64w);
+  block(out).v = __builtin_convertvector(f, f64w);
 #endif
 }
 
@@ -141,7 +161,7 @@ struct lanes8 {
   alignas(64) static constexpr double ones_then_zeros[16] = {1, 1, 1, 1, 1, 1, 1, 1,
                                                              0, 0, 0, 0, 0, 0, 0, 0};
   const std::int32_t live = std::clamp(n - i, 0, 8);
-  v *= block(ones_then_zeros + 8 - live);
+  v *= block(ones_then_zeros + 8 - live).v;
 }
 /// x = m ? a : x, lane-wise, as bit operations (see zero_pads).
 [[gnu::always_inline]] inline void select_lanes(f64w& x, const i64w& m, const f64w& a) {
@@ -177,7 +197,7 @@ template <class F>
   for (auto& m : mv) m = f64w{} - static_cast<double>(FLT_MAX);
   for (std::int32_t e = 0; e < n; e += 8)
     for (std::int32_t h = 0; h < 8 / W; ++h) {
-      const f64w v = block(x + e + h * W);
+      const f64w v = block(x + e + h * W).v;
       select_lanes(mv[h], v > mv[h], v);
     }
   for (std::int32_t h = 1; h < 8 / W; ++h) select_lanes(mv[0], mv[h] > mv[0], mv[h]);
@@ -199,15 +219,15 @@ inline double exps_row(const double* x, std::int32_t n, double m, double* out,
   // (h: the vector's place in its block of 8, a constant where the loops below unroll, so the
   // parts stay in registers; i a multiple of 8 where each loop starts)
   const auto finish = [&](std::int32_t i, std::int32_t h, f64w & v) __attribute__((always_inline)) {
-    block(out + i) = v;
+    block(out + i).v = v;
     acc.part[h] += v;
-    if (gp != nullptr) dot.part[h] += block(gp + i) * v;
+    if (gp != nullptr) dot.part[h] += block(gp + i).v * v;
   };
   std::int32_t i = 0;  // (a group is whole blocks of 8: 4 W is 8, 16 or 32)
   for (; i + exp_group * W <= n8; i += exp_group * W) {
     f64w v[exp_group];
     math::each_lane_vector<exp_group>([&](auto j) __attribute__((always_inline)) {
-      v[j] = block(x + i + j * W) - m;
+      v[j] = block(x + i + j * W).v - m;
     });
     if (i + exp_group * W <= n) {  // no pads
       if (moderate) {
@@ -227,7 +247,7 @@ inline double exps_row(const double* x, std::int32_t n, double m, double* out,
   }
   for (; i < n8; i += 8)
     for (std::int32_t h = 0; h < 8 / W; ++h) {
-      f64w v[1] = {block(x + i + h * W) - m};
+      f64w v[1] = {block(x + i + h * W).v - m};
       if (moderate && i + h * W + W <= n) {
         math::exp_lanes<1, true>(v);
       } else {
@@ -427,7 +447,7 @@ struct gating_backward_agent {
         lanes8 acc;
         for (std::int32_t e = 0; e < E8; e += 8)
           for (std::int32_t h = 0; h < 8 / W; ++h)
-            acc.part[h] += block(s.gp_seq + e + h * W) * block(s.ex + e + h * W);
+            acc.part[h] += block(s.gp_seq + e + h * W).v * block(s.ex + e + h * W).v;
         dot_seq = acc.fold() * inv;
       }
       lse = cm + math::log(sum);
@@ -448,7 +468,7 @@ struct gating_backward_agent {
           const std::int32_t i = e + h * W;
           f64w sc, dv;
           if (score == score_function::sigmoid) {
-            f64w em = -block(s.x + i);
+            f64w em = -block(s.x + i).v;
             math::exp_lanes(em);
             sc = 1.0 / (1.0 + em);
             dv = sc * (1.0 - sc);
@@ -462,11 +482,11 @@ struct gating_backward_agent {
             zero_pads(sc, i, E);
             zero_pads(dv, i, E);
           }
-          block(s.sc + i) = sc;
-          block(s.dv + i) = dv;
+          block(s.sc + i).v = sc;
+          block(s.dv + i).v = dv;
           acc.part[h] += sc;
-          da.part[h] += block(s.gp_aux + i) * sc;
-          if (L.seq) ds.part[h] += block(s.gp_seq + i) * sc;
+          da.part[h] += block(s.gp_aux + i).v * sc;
+          if (L.seq) ds.part[h] += block(s.gp_seq + i).v * sc;
         }
       p_scale = 1.0 / (acc.fold() + 1e-20);
       dot_aux = da.fold() * p_scale;
@@ -561,7 +581,7 @@ struct gating_backward_agent {
       f32w v = {};
       if (p.accumulate) {
         if (i + W <= E) {
-          v = block(out + i);
+          v = block(out + i).v;
         } else {
           for (std::int32_t l = 0; i + l < E; ++l) v[l] = out[i + l];
         }
@@ -569,28 +589,29 @@ struct gating_backward_agent {
       if (any) {
         f64w ct;
         if (E8 > 16) {
-          ct = block(s.ct + i);
+          ct = block(s.ct + i).v;
         } else {
           alignas(64) static constexpr double iota[8] = {0, 1, 2, 3, 4, 5, 6, 7};
-          const f64w lane = block(iota) + static_cast<double>(i);
+          const f64w lane = block(iota).v + static_cast<double>(i);
           ct = f64w{};
           for (std::int32_t j = 0; j < k; ++j)
             ct += __builtin_bit_cast(f64w, __builtin_bit_cast(i64w, f64w{} + chosen[j]) &
                                                (lane == static_cast<double>(ids[j])));
         }
         // (only a softmax before top-k has the dense part; else gex may be unset: 0 + ct)
-        v += __builtin_convertvector(dense_part ? block(gex + i) * gdense + ct : f64w{} + ct, f32w);
+        v += __builtin_convertvector(dense_part ? block(gex + i).v * gdense + ct : f64w{} + ct,
+                                     f32w);
       }
       if (L.aux || L.seq) {
-        const f64w fac = block(sc_or_dv + i) * p_factor;
-        if (L.aux) v += __builtin_convertvector(fac * (block(s.gp_aux + i) - dot_aux), f32w);
-        if (L.seq) v += __builtin_convertvector(fac * (block(s.gp_seq + i) - dot_seq), f32w);
+        const f64w fac = block(sc_or_dv + i).v * p_factor;
+        if (L.aux) v += __builtin_convertvector(fac * (block(s.gp_aux + i).v - dot_aux), f32w);
+        if (L.seq) v += __builtin_convertvector(fac * (block(s.gp_seq + i).v - dot_seq), f32w);
       }
-      if (L.zl) v += __builtin_convertvector(czl * (block(s.ex + i) * inv), f32w);
+      if (L.zl) v += __builtin_convertvector(czl * (block(s.ex + i).v * inv), f32w);
       if (i + W <= E && !any_nonfinite) {
-        block(out + i) = v;
+        block(out + i).v = v;
       } else {
-        block(s.res + i) = v;
+        block(s.res + i).v = v;
       }
     }
     if (any && E8 > 16)
@@ -641,11 +662,11 @@ struct gating_backward_agent {
     const auto& g = cfg.gating;
     f64w x[n], ex[n], dw[n], alive[n], id[n];
     i64w any = {};
-    for (std::int32_t e = 0; e < E; ++e) x[e] = block(xt[e]);
+    for (std::int32_t e = 0; e < E; ++e) x[e] = block(xt[e]).v;
     for (std::int32_t j = 0; j < k; ++j) {
-      dw[j] = block(dwt[j]);
-      alive[j] = block(alt[j]);
-      id[j] = block(idt[j]);
+      dw[j] = block(dwt[j]).v;
+      alive[j] = block(alt[j]).v;
+      id[j] = block(idt[j]).v;
       any |= dw[j] != 0.0;
     }
     // ---- the softmax: max, exps, their sum folded as the row path's 8 lanes, the aux dot
@@ -769,7 +790,7 @@ struct gating_backward_agent {
         v += __builtin_convertvector(
             ex[e] * inv * (L.c_aux * static_cast<double>(L.aux_count[e]) - dot_aux), f32w);
       if (L.zl) v += __builtin_convertvector(czl * (ex[e] * inv), f32w);
-      block(vt[e]) = v;
+      block(vt[e]).v = v;
     }
     for (std::int32_t l = 0; l < W; ++l)
       for (std::int32_t e = 0; e < E; ++e) p.d_grad_logits[(t0 + l) * E + e] = vt[e][l];
