@@ -130,8 +130,8 @@ TEST_CASE("cpu gating_backward equals the reference on the element path", "[cpu]
 namespace {
 /// FNV-1a over the d logits' bits of `cfgs` (every term, accumulated onto 0.25) on T = 96
 /// tokens of logits in [-3, 3]; `wide`: a quarter of the rows with one logit 750 below the
-/// rest, and rows whose smallest logit lies 699.9 / 700.1 below their largest (where exps_row
-/// and the column path leave exp's clamp and subnormal scaling out, or keep them).
+/// rest, and rows whose smallest logit lies 699.9 / 700.1 below their largest (either side
+/// of the bound under which exps_row leaves exp's clamp and subnormal scaling out).
 std::uint64_t row_path_hash(std::vector<routing_config> cfgs, bool wide) {
   std::uint64_t hash = 1469598103934665603ULL;
   for (auto& cfg : cfgs) {

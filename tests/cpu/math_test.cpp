@@ -257,6 +257,8 @@ namespace {
 [[gnu::noinline]] void precise_exp_4(math::f64x4 (&x)[4]) { math::exp_lanes(x); }
 [[gnu::noinline]] void precise_exp_4_moderate(math::f64x4 (&x)[4]) { math::exp_lanes<4, true>(x); }
 [[gnu::noinline]] void precise_exp_2_moderate(math::f64x2 (&x)[2]) { math::exp_lanes<2, true>(x); }
+// (8 lanes: AVX-512 builds scale by vscalefpd there, moderate or not)
+[[gnu::noinline]] void precise_exp_8_moderate(math::f64x8 (&x)[2]) { math::exp_lanes<2, true>(x); }
 }  // namespace
 MOEROUTE_PRECISE_FP_END
 
@@ -270,6 +272,7 @@ TEST_CASE("cpu math::exp_lanes: vectors in lock-step and the moderate path give 
   for (int i = 0; i < 40000; ++i) {
     math::f64x4 full[4], moderate[4];
     math::f64x2 narrow[2];
+    math::f64x8 wide[2];
     for (int j = 0; j < 4; ++j)
       for (int l = 0; l < 4; ++l) {
         full[j][l] = uniform(-750.0, 712.0);  // past both ends of the clamp
@@ -281,6 +284,7 @@ TEST_CASE("cpu math::exp_lanes: vectors in lock-step and the moderate path give 
     }
     for (int j = 0; j < 2; ++j)
       for (int l = 0; l < 2; ++l) narrow[j][l] = moderate[j][l];
+    for (int l = 0; l < 16; ++l) wide[l / 8][l % 8] = moderate[l / 4][l % 4];
     math::f64x4 want_full[4], want_moderate[4];
     for (int j = 0; j < 4; ++j)
       for (int l = 0; l < 4; ++l) {
@@ -290,6 +294,7 @@ TEST_CASE("cpu math::exp_lanes: vectors in lock-step and the moderate path give 
     precise_exp_4(full);
     precise_exp_4_moderate(moderate);
     precise_exp_2_moderate(narrow);
+    precise_exp_8_moderate(wide);
     for (int j = 0; j < 4; ++j)
       for (int l = 0; l < 4; ++l) {
         differ += std::bit_cast<std::uint64_t>(full[j][l]) !=
@@ -301,6 +306,9 @@ TEST_CASE("cpu math::exp_lanes: vectors in lock-step and the moderate path give 
       for (int l = 0; l < 2; ++l)
         differ_moderate += std::bit_cast<std::uint64_t>(narrow[j][l]) !=
                            std::bit_cast<std::uint64_t>(want_moderate[j][l]);
+    for (int l = 0; l < 16; ++l)
+      differ_moderate += std::bit_cast<std::uint64_t>(wide[l / 8][l % 8]) !=
+                         std::bit_cast<std::uint64_t>(want_moderate[l / 4][l % 4]);
   }
   REQUIRE(differ == 0);
   REQUIRE(differ_moderate == 0);

@@ -173,7 +173,7 @@ struct lanes8 {
 /// (k = 2 too), whose vector loads then waited on the scalar stores before them (the
 /// Megatron logit gradient 9 % slower than at -O2). A loop holding an asm is left scalar.
 [[gnu::always_inline]] inline double scalar_choice(double x) {
-#if defined(__x86_64__) || defined(__i386__)
+#if defined(__SSE2__)
   __asm__("" : "+x"(x));
 #elif defined(__aarch64__)
   __asm__("" : "+w"(x));
