@@ -306,6 +306,10 @@ class _RouteFn(torch.autograd.Function):
         saved = [logits, ids, fate, aux_count, valid_tokens, seq_count, seq_tokens]
         ctx.save_for_backward(*(saved + ([valid] if valid is not None else [])))
         ctx.mark_non_differentiable(*outs[4:])
+        # Without this, autograd hands backward a tensor of zeros for every output that got
+        # no gradient — the 17 integer outputs too (~1 MB at T = 16384, E = 64, k = 2):
+        # backward takes None for those and for an unused weight or loss.
+        ctx.set_materialize_grads(False)
         return outs
 
     @staticmethod
@@ -415,6 +419,7 @@ if custom_ops:
                               output[4], output[8], output[15], output[16], output[17],
                               output[18])
         ctx.has_valid = valid is not None
+        ctx.set_materialize_grads(False)  # (as _RouteFn.forward: no zeros for unused outputs)
 
     def _route_grad(ctx, grad_weight, grad_aux, grad_seq, grad_z, *_):
         logits, valid, ids, fate, aux_count, valid_tokens, seq_count, seq_tokens = \
