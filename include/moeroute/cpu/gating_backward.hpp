@@ -16,6 +16,7 @@
 #include <cmath>
 #include <cstdint>
 #include <cstring>
+#include <type_traits>
 
 #include <moeroute/config.hpp>
 #include <moeroute/cpu/detail/math.hpp>
@@ -72,11 +73,11 @@ struct gating_backward_row {
   alignas(64) double gex[n];     ///< exp(xg - max xg) (noise on the gates only; else ex)
   alignas(64) double sc[n];      ///< score(x) of a per-expert score (sigmoid, sqrt-softplus)
   alignas(64) double dv[n];      ///< d score / d x at x
-  alignas(64) double ct[n];      ///< the routing term's part at the chosen experts; else 0
   alignas(64) double gp_aux[n];  ///< dL/dP of the batch aux loss: c_aux * count(e); per call
   alignas(64) double gp_seq[n];  ///< dL/dP of the sequence aux loss, for sequence seq_q
   alignas(64) float res[n];      ///< the row of d logits being made
-  bool ready = false;            ///< ct is zero and gp_aux filled (the same for every token)
+  std::int64_t chosen_in[n];     ///< the last token whose choices named expert e (else -1)
+  bool ready = false;            ///< gp_aux filled (the same for every token)
   std::int64_t seq_q = -1;       ///< the sequence gp_seq is filled for
 };
 
@@ -133,6 +134,27 @@ struct __attribute__((may_alias)) f32u {
 #else
   block(out).v = __builtin_convertvector(f, f64w);
 #endif
+}
+
+/// math::sanitize lane-wise: NaN and values below -FLT_MAX to -FLT_MAX, above FLT_MAX to
+/// FLT_MAX. maxps / minps are exactly `f > lo ? f : lo` and `f < hi ? f : hi` (NaN gives the
+/// second operand), which GCC 12 compiles to a compare and a blend each.
+[[gnu::always_inline]] inline f32w clamp_lanes(f32w f) {
+  const f32w lo = f32w{} - FLT_MAX, hi = f32w{} + FLT_MAX;
+#if defined(__AVX512F__)
+  return (f32w)_mm256_min_ps(_mm256_max_ps((__m256)f, (__m256)lo), (__m256)hi);
+#elif defined(__AVX__)
+  return (f32w)_mm_min_ps(_mm_max_ps((__m128)f, (__m128)lo), (__m128)hi);
+#else
+  f = f > lo ? f : lo;
+  return f < hi ? f : hi;
+#endif
+}
+
+/// A double or a vector of W doubles rounded to float(s).
+[[gnu::always_inline]] inline float to_f32(double x) { return static_cast<float>(x); }
+[[gnu::always_inline]] inline f32w to_f32(const f64w& x) {
+  return __builtin_convertvector(x, f32w);
 }
 
 /// An 8-lane sum as W-lane vectors: part h holds lanes h * W .. h * W + W - 1 (loops add the
@@ -371,10 +393,10 @@ struct gating_backward_agent {
     const Element* row = p.d_logits + t * E;
     const bool softmax = score == score_function::softmax;
     const loss_terms L = losses_of(t);
-    if (!s.ready) {  // once per task: ct zero between tokens, the aux loss's dL/dP
-      std::fill(s.ct, s.ct + E8, 0.0);
+    if (!s.ready) {  // once per task: the aux loss's dL/dP
       for (std::int32_t e = 0; e < E8; ++e)
         s.gp_aux[e] = L.aux && e < E ? L.c_aux * static_cast<double>(L.aux_count[e]) : 0.0;
+      std::fill(s.chosen_in, s.chosen_in + E, std::int64_t{-1});
       s.ready = true;
     }
     if (L.seq && s.seq_q != L.q) {
@@ -382,30 +404,45 @@ struct gating_backward_agent {
         s.gp_seq[e] = e < E ? L.gp_seq(p.gated.sums.d_seq_count, E, e) : 0.0;
       s.seq_q = L.q;
     }
-    // ---- pass 1: the clean logits (pads -FLT_MAX) and whether any was NaN / Inf
-    // (and the smallest clean logit of the whole vectors, for exps_row's `moderate`)
-    i32w nonfinite = {};
+    // ---- pass 1: the clean logits (pads -FLT_MAX) and whether any was NaN / Inf; the
+    // smallest clean logit of the whole vectors (for exps_row's `moderate`) and the row's
+    // largest, in max_row's lanes and order: widening keeps the order, so the same value (a
+    // -0 / +0 tie included), without a pass over the doubles on the row's critical path
+    i32w exponents = {};  // the largest exponent field seen, per lane
     f32w lowest = f32w{} + FLT_MAX;
-    for (std::int32_t i = 0; i < E8; i += W) {
-      f32w f;
-      if (i + W <= E) {
-        for (std::int32_t l = 0; l < W; ++l) f[l] = math::load(row[i + l]);
-      } else {
-        for (std::int32_t l = 0; l < W; ++l) f[l] = i + l < E ? math::load(row[i + l]) : -FLT_MAX;
-      }
-      constexpr std::int32_t exponent = 0x7F800000;
-      nonfinite |= (__builtin_bit_cast(i32w, f) & exponent) == exponent;
-      const f32w lo = f32w{} - FLT_MAX, hi = f32w{} + FLT_MAX;  // math::sanitize, lane-wise
-      f = f > lo ? f : lo;
-      f = f < hi ? f : hi;
-      if (i + W <= E) lowest = f < lowest ? f : lowest;
+    f32w highest[8 / W];
+    for (auto& m : highest) m = f32w{} - FLT_MAX;
+    const auto take = [&](std::int32_t i, std::int32_t h, f32w f, bool whole)
+        __attribute__((always_inline)) {
+      const i32w exponent = __builtin_bit_cast(i32w, f) & 0x7F800000;
+      exponents = exponent > exponents ? exponent : exponents;
+      f = clamp_lanes(f);
+      if (whole) lowest = f < lowest ? f : lowest;
+      highest[h] = f > highest[h] ? f : highest[h];
       store_widened(f, s.x + i);
-    }
+    };
+    const std::int32_t whole_blocks = E / 8 * 8;
+    for (std::int32_t e = 0; e < whole_blocks; e += 8)
+      for (std::int32_t h = 0; h < 8 / W; ++h) {
+        f32w f;
+        for (std::int32_t l = 0; l < W; ++l) f[l] = math::load(row[e + h * W + l]);
+        take(e + h * W, h, f, true);
+      }
+    if (whole_blocks < E8)  // the last block, partly pads
+      for (std::int32_t h = 0; h < 8 / W; ++h) {
+        const std::int32_t i = whole_blocks + h * W;
+        f32w f;
+        for (std::int32_t l = 0; l < W; ++l) f[l] = i + l < E ? math::load(row[i + l]) : -FLT_MAX;
+        take(i, h, f, i + W <= E);
+      }
+    for (std::int32_t h = 1; h < 8 / W; ++h)
+      highest[0] = highest[h] > highest[0] ? highest[h] : highest[0];
     bool any_nonfinite = false;
-    float row_lowest = FLT_MAX;
+    float row_lowest = FLT_MAX, row_highest = highest[0][0];
     for (std::int32_t l = 0; l < W; ++l) {
-      any_nonfinite = any_nonfinite || nonfinite[l] != 0;
+      any_nonfinite = any_nonfinite || exponents[l] == 0x7F800000;
       row_lowest = lowest[l] < row_lowest ? lowest[l] : row_lowest;
+      if (l > 0) row_highest = highest[0][l] > row_highest ? highest[0][l] : row_highest;
     }
     const double* xg = s.x;  // the gate logits
     if (noisy_gates) {
@@ -434,7 +471,7 @@ struct gating_backward_agent {
     const bool need_gsoft = any && softmax && !softmax_after;
     double cm = 0.0, inv = 0.0, lse = 0.0, dot_aux = 0.0, dot_seq = 0.0;
     if (need_soft || (need_gsoft && !noisy_gates)) {
-      cm = max_row(s.x, E8);
+      cm = static_cast<double>(row_highest);  // max_row(s.x, E8)
       const bool dots = (L.aux || L.seq) && softmax;
       // x - cm is at most 0; at least -700 for every whole vector when the lowest is
       // (rounding is monotonic): exp's clamp and subnormal scaling are then not needed
@@ -564,58 +601,127 @@ struct gating_backward_agent {
           chosen[j] = dh[j] * bwd::score_deriv(score, xg[e], score_at(e));
         }
       }
-      // at most two blocks: pass 3 selects the choices' parts in registers; wider rows take
-      // them from ct, stored long enough before pass 3 reads them
-      if (E8 > 16)
-        for (std::int32_t j = 0; j < k; ++j) s.ct[ids[j]] += chosen[j];
     }
     // ---- pass 3: every term per block, each rounded to float and added in the reference's
     // order (routing, aux, sequence-aux, z); dL/dx(e) from dL/dP(e) = gp and the row's dot:
     // softmax s(e) (gp - dot), a per-expert score score'(x) (gp - dot) / (ssum + 1e-20)
     const double czl = L.c_z * lse;
-    const double* sc_or_dv = softmax ? s.ex : s.dv;  // the factor of (gp - dot)
-    const double p_factor = softmax ? inv : p_scale;
     const double gdense = ginv * dense;
-    const bool dense_part = softmax && !softmax_after;
-    for (std::int32_t i = 0; i < E8; i += W) {
-      f32w v = {};
+    // One loop per combination of the terms a row has (as constants): GCC kept the loop whole,
+    // testing every flag and broadcasting every scalar again per block (about 48 instructions
+    // a block of 4 on AVX2 where the terms take 15). The chosen experts' parts of the routing
+    // term are not in that loop: it adds the rest (the dense part of a softmax before top-k,
+    // with a chosen part of +0 as at every other expert; else +0), and each chosen expert's
+    // element is then made again from its terms, one at a time, in the same order and
+    // precision (the same bits). Adding the parts into a row the loop read took scalar stores
+    // that the loop's vector loads then waited on (a store is not forwarded to a wider load):
+    // Megatron (64, 2) is 7 % faster this way, rows of 8 choices 5 % slower (k scalar
+    // elements); both ways in one function, chosen by k, made both slower.
+    enum routing_part { no_routing, chosen_only, dense_and_chosen };
+    const auto pass3 = [&](auto routing_c, auto aux_c, auto z_c) __attribute__((always_inline)) {
+      constexpr routing_part routing = decltype(routing_c)::value;
+      constexpr bool aux = decltype(aux_c)::value, z = decltype(z_c)::value;
+      // the terms at element(s) `at` (a block of W lanes or one element), added to v in the
+      // reference's order: routing (`chosen_part`: the chosen parts there, +0 elsewhere), aux,
+      // sequence-aux, z
+      const auto add_terms = [&](auto at, auto chosen_part, auto& v)
+          __attribute__((always_inline)) {
+        using D = decltype(chosen_part);
+        if constexpr (routing == dense_and_chosen) {
+          v += to_f32(at(gex) * gdense + chosen_part);
+        } else if constexpr (routing == chosen_only) {
+          v += to_f32(D{} + chosen_part);
+        }
+        D soft{};  // the softmax s(e) = ex * inv: the aux terms' factor and the z term's
+        if (z || (softmax && (aux || L.seq))) soft = at(s.ex) * inv;
+        if (aux || L.seq) {
+          const D fac = softmax ? soft : at(s.dv) * p_scale;
+          if (aux) v += to_f32(fac * (at(s.gp_aux) - dot_aux));
+          if (L.seq) v += to_f32(fac * (at(s.gp_seq) - dot_seq));
+        }
+        if constexpr (z) v += to_f32(czl * soft);
+      };
+      const auto block_terms = [&](std::int32_t i, f32w & v) __attribute__((always_inline)) {
+        add_terms(
+            [i](const double* a) __attribute__((always_inline)) { return block(a + i).v; }, f64w{},
+            v);
+      };
+      // the chosen elements' values before the loop writes them (accumulating into out)
+      float before[max_k];
+      if (routing != no_routing && p.accumulate)
+        for (std::int32_t j = 0; j < k; ++j) before[j] = out[ids[j]];
+      // whole vectors to out (to res when the row has a non-finite logit), the tail to res
+      float* const to = any_nonfinite ? s.res : out;
+      const std::int32_t whole = E / W * W;
+      std::int32_t i = 0;
       if (p.accumulate) {
-        if (i + W <= E) {
-          v = block(out + i).v;
-        } else {
-          for (std::int32_t l = 0; i + l < E; ++l) v[l] = out[i + l];
+        for (; i < whole; i += W) {
+          f32w v = block(out + i).v;
+          block_terms(i, v);
+          block(to + i).v = v;
         }
-      }
-      if (any) {
-        f64w ct;
-        if (E8 > 16) {
-          ct = block(s.ct + i).v;
-        } else {
-          alignas(64) static constexpr double iota[8] = {0, 1, 2, 3, 4, 5, 6, 7};
-          const f64w lane = block(iota).v + static_cast<double>(i);
-          ct = f64w{};
-          for (std::int32_t j = 0; j < k; ++j)
-            ct += __builtin_bit_cast(f64w, __builtin_bit_cast(i64w, f64w{} + chosen[j]) &
-                                               (lane == static_cast<double>(ids[j])));
-        }
-        // (only a softmax before top-k has the dense part; else gex may be unset: 0 + ct)
-        v += __builtin_convertvector(dense_part ? block(gex + i).v * gdense + ct : f64w{} + ct,
-                                     f32w);
-      }
-      if (L.aux || L.seq) {
-        const f64w fac = block(sc_or_dv + i).v * p_factor;
-        if (L.aux) v += __builtin_convertvector(fac * (block(s.gp_aux + i).v - dot_aux), f32w);
-        if (L.seq) v += __builtin_convertvector(fac * (block(s.gp_seq + i).v - dot_seq), f32w);
-      }
-      if (L.zl) v += __builtin_convertvector(czl * (block(s.ex + i).v * inv), f32w);
-      if (i + W <= E && !any_nonfinite) {
-        block(out + i).v = v;
       } else {
+        for (; i < whole; i += W) {
+          f32w v = {};
+          block_terms(i, v);
+          block(to + i).v = v;
+        }
+      }
+      for (; i < E8; i += W) {
+        f32w v = {};
+        if (p.accumulate)
+          for (std::int32_t l = 0; i + l < E; ++l) v[l] = out[i + l];
+        block_terms(i, v);
         block(s.res + i).v = v;
       }
+      if constexpr (routing != no_routing) {
+        // an id named twice in a token (an engine's own ids may): its parts add up, in choice
+        // order, at its first choice (marks: the last token each expert was chosen in)
+        bool repeated = false;
+        for (std::int32_t j = 0; j < k; ++j) {
+          repeated = repeated || s.chosen_in[ids[j]] == t;
+          s.chosen_in[ids[j]] = t;
+        }
+        for (std::int32_t j = 0; j < k; ++j) {
+          const std::int32_t e = ids[j];
+          double part = 0.0 + chosen[j];  // (a sum over the expert's choices, from +0)
+          if (repeated) {
+            bool first = true;
+            for (std::int32_t q = 0; q < j; ++q) first = first && ids[q] != e;
+            if (!first) continue;
+            part = 0.0;
+            for (std::int32_t q = j; q < k; ++q)
+              if (ids[q] == e) part += chosen[q];
+          }
+          float v = p.accumulate ? before[j] : 0.0f;
+          add_terms(
+              [e](const double* a) __attribute__((always_inline)) { return a[e]; }, part, v);
+          (e < whole ? to : s.res)[e] = v;
+        }
+      }
+    };
+    const auto with_z = [&](auto routing_c, auto aux_c) __attribute__((always_inline)) {
+      if (L.zl) {
+        pass3(routing_c, aux_c, std::true_type{});
+      } else {
+        pass3(routing_c, aux_c, std::false_type{});
+      }
+    };
+    const auto with_aux = [&](auto routing_c) __attribute__((always_inline)) {
+      if (L.aux) {
+        with_z(routing_c, std::true_type{});
+      } else {
+        with_z(routing_c, std::false_type{});
+      }
+    };
+    using std::integral_constant;
+    if (!any) {
+      with_aux(integral_constant<routing_part, no_routing>{});
+    } else if (softmax && !softmax_after) {
+      with_aux(integral_constant<routing_part, dense_and_chosen>{});
+    } else {
+      with_aux(integral_constant<routing_part, chosen_only>{});
     }
-    if (any && E8 > 16)
-      for (std::int32_t j = 0; j < k; ++j) s.ct[ids[j]] = 0.0;
     // the tail vector went to res; with a non-finite logit every vector did, and such an
     // element gets no gradient: it keeps what it held (a rare row)
     if (!any_nonfinite) {
