@@ -131,8 +131,9 @@ namespace {
 /// FNV-1a over the d logits' bits of `cfgs` (every term, accumulated onto 0.25) on T = 96
 /// tokens of logits in [-3, 3]; `wide`: a quarter of the rows with one logit 750 below the
 /// rest, and rows whose smallest logit lies 699.9 / 700.1 below their largest (either side
-/// of the bound under which exps_row leaves exp's clamp and subnormal scaling out).
-std::uint64_t row_path_hash(std::vector<routing_config> cfgs, bool wide) {
+/// of the bound under which exps_row leaves exp's clamp and subnormal scaling out);
+/// `repeat_ids`: every third token names its first choice's expert again as its second.
+std::uint64_t row_path_hash(std::vector<routing_config> cfgs, bool wide, bool repeat_ids = false) {
   std::uint64_t hash = 1469598103934665603ULL;
   for (auto& cfg : cfgs) {
     cfg.loss.aux_coefficient = 0.01f;
@@ -159,6 +160,9 @@ std::uint64_t row_path_hash(std::vector<routing_config> cfgs, bool wide) {
     const std::vector<float> bias(cfg.gating.expert_bias ? E : 0, 0.05f);
     auto g = reference::gating<float>(cfg, std::span<const float>(x), T, bias, {});
     const auto d = reference::dispatch(cfg, g);
+    if (repeat_ids)  // every third token's second choice made its first (after dispatch)
+      for (std::int64_t t = 0; t < T; t += 3)
+        g.ids[static_cast<std::size_t>(t * k + 1)] = g.ids[static_cast<std::size_t>(t * k)];
     std::vector<float> dw(static_cast<std::size_t>(T * k));
     for (auto& v : dw) v = next(64) * (1.0f / 64);
     std::vector<float> out(static_cast<std::size_t>(T * E), 0.25f);
@@ -195,6 +199,17 @@ TEST_CASE("cpu gating_backward row path: wide rows keep their bits", "[cpu][back
   CHECK(row_path_hash({presets::megatron(64, 2), presets::mixtral(8, 2),
                        presets::switch_top1(29, 1.0, 1), presets::qwen_moe(128, 8)},
                       true) == 0x96f08804ab03a0eeULL);
+}
+
+// An expert named twice in a token (an engine's own ids) gets both choices' routing parts,
+// added in choice order before the row's other terms: pinned to the bits of the tree before
+// the chosen parts were made after the row's last pass (a626373), with a tail vector (29),
+// a row of two blocks (16), the dense part of a softmax before top-k (Qwen), without it
+// (Megatron) and a sigmoid score (DeepSeek-V3).
+TEST_CASE("cpu gating_backward row path: repeated ids keep their bits", "[cpu][backward]") {
+  CHECK(row_path_hash({presets::megatron(64, 2), presets::qwen_moe(64, 8), presets::qwen_moe(29, 4),
+                       presets::megatron(16, 4), presets::deepseek_v3(64, 8, 8, 4)},
+                      false, true) == 0x5a18d737dad731bdULL);
 }
 
 // A token's gradient must not depend on where it sits in the batch: rows of at most 8
