@@ -95,10 +95,12 @@ hf_torch2_python() {
 
 cmd_test() {
   install_deps
+  # cpu_tests (the default ISA) is tests/clang.sh's: GCC builds the -march=native ones here
   configure_build release "-DMOEROUTE_HF_PYTHON=$(hf_python)" \
-    "-DMOEROUTE_TORCH2_PYTHON=$(hf_torch2_python)"
+    "-DMOEROUTE_TORCH2_PYTHON=$(hf_torch2_python)" -DMOEROUTE_TEST_BASELINE=OFF
   log "tests (release)"
   ctest --preset release -j "$JOBS" --timeout 1200
+  if [ -x tests/clang.sh ]; then tests/clang.sh; fi
   if [ -x tests/sanitize.sh ]; then tests/sanitize.sh; fi
   if [ -x tests/tsan.sh ]; then tests/tsan.sh; fi
 }

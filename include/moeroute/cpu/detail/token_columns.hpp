@@ -291,7 +291,10 @@ template <class V>
     _mm256_storeu_ps(o + 8, _mm256_permute2f128_ps(lo, hi, 0x31));
   } else {
     for (std::int32_t l = 0; l < lanes; ++l)
-      for (std::int32_t j = 0; j < k; ++j) std::memcpy(o + l * k + j, &v[j][l], sizeof(float));
+      for (std::int32_t j = 0; j < k; ++j) {
+        const auto x = v[j][l];  // (clang rejects the address of a vector element)
+        std::memcpy(o + l * k + j, &x, sizeof x);
+      }
   }
 }
 
