@@ -277,6 +277,27 @@ TEST_CASE("cpu gating_backward: bad params name the field", "[cpu][backward]") {
   const auto st = cpu::gating_backward(cfg, p);
   REQUIRE(st.code == status_code::invalid_argument);
   REQUIRE(st.message.find("gated.d_ids") != std::string::npos);
+  // an id outside [0, E) in a valid token is named (the routing term indexes rows by it);
+  // in a padding token it is not read
+  std::vector<std::int32_t> ids(32, 1);
+  const std::vector<fate> fates(32, fate::kept);
+  p.gated.d_ids = ids.data();
+  p.dispatched.d_fate = fates.data();
+  p.weights = {1.0, 0.0, 0.0, 0.0};  // the routing term alone (no loss sums given)
+  REQUIRE(cpu::gating_backward(cfg, p).ok());
+  ids[13] = 8;
+  const auto bad = cpu::gating_backward(cfg, p);
+  REQUIRE(bad.code == status_code::invalid_argument);
+  REQUIRE(bad.message.find("gated.d_ids[13] = 8") != std::string::npos);
+  ids[13] = -1;
+  REQUIRE(cpu::gating_backward(cfg, p).code == status_code::invalid_argument);
+  std::vector<std::uint8_t> valid(16, 1);
+  valid[6] = 0;  // token 6 holds ids 12 and 13
+  p.d_valid = valid.data();
+  REQUIRE(cpu::gating_backward(cfg, p).ok());
+  p.weights.routing = 0.0;  // no routing term: the ids are not read
+  p.d_valid = nullptr;
+  REQUIRE(cpu::gating_backward(cfg, p).ok());
   p.tokens = 0;
   REQUIRE(cpu::gating_backward(cfg, p).ok());
 }

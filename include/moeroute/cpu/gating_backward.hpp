@@ -32,11 +32,27 @@ namespace moeroute::cpu {
 
 using moeroute::gating_backward_params;
 
-/// @brief Checks config, shape and pointers (check_params); names the first bad field.
+/// @brief Checks config, shape and pointers (check_params), and with a routing term each
+///        valid token's ids (the rows it indexes) in [0, num_experts); names the first bad
+///        field or element. An id named twice in a token is allowed: its parts add up.
 template <class Element>
 [[nodiscard]] status validate(const routing_config& cfg, const gating_backward_params<Element>& p) {
   static_assert(is_element_v<Element>, "Element must be float, half_bits or bf16_bits");
-  return check_params(cfg, p);
+  if (auto s = check_params(cfg, p); !s) return s;
+  if (p.d_grad_weight == nullptr || p.weights.routing == 0.0) return status::success();
+  const std::int32_t k = cfg.top_k, E = cfg.num_experts;
+  for (std::int64_t t = 0; t < p.tokens; ++t) {
+    if (p.d_valid != nullptr && p.d_valid[t] == 0) continue;
+    for (std::int32_t j = 0; j < k; ++j) {
+      const std::int32_t e = p.gated.d_ids[t * k + j];
+      if (e < 0 || e >= E)
+        return status::make(
+            status_code::invalid_argument,
+            "gated.d_ids[" + std::to_string(t * k + j) + "] = " + std::to_string(e) +
+                ": outside [0, num_experts = " + std::to_string(E) + ") in a valid token");
+    }
+  }
+  return status::success();
 }
 
 namespace detail {
