@@ -152,21 +152,6 @@ struct __attribute__((may_alias)) f32u {
 #endif
 }
 
-/// math::sanitize lane-wise: NaN and values below -FLT_MAX to -FLT_MAX, above FLT_MAX to
-/// FLT_MAX. maxps / minps are exactly `f > lo ? f : lo` and `f < hi ? f : hi` (NaN gives the
-/// second operand), which GCC 12 compiles to a compare and a blend each.
-[[gnu::always_inline]] inline f32w clamp_lanes(f32w f) {
-  const f32w lo = f32w{} - FLT_MAX, hi = f32w{} + FLT_MAX;
-#if defined(__AVX512F__)
-  return (f32w)_mm256_min_ps(_mm256_max_ps((__m256)f, (__m256)lo), (__m256)hi);
-#elif defined(__AVX__)
-  return (f32w)_mm_min_ps(_mm_max_ps((__m128)f, (__m128)lo), (__m128)hi);
-#else
-  f = f > lo ? f : lo;
-  return f < hi ? f : hi;
-#endif
-}
-
 /// A double or a vector of W doubles rounded to float(s).
 [[gnu::always_inline]] inline float to_f32(double x) { return static_cast<float>(x); }
 [[gnu::always_inline]] inline f32w to_f32(const f64w& x) {
@@ -432,7 +417,11 @@ struct gating_backward_agent {
         __attribute__((always_inline)) {
       const i32w exponent = __builtin_bit_cast(i32w, f) & 0x7F800000;
       exponents = exponent > exponents ? exponent : exponents;
-      f = clamp_lanes(f);
+#if defined(__AVX2__) && defined(__FMA__)
+      f = math::clamp(f, -FLT_MAX, FLT_MAX);  // sanitize_lanes' two selects as maxps / minps
+#else
+      f = math::sanitize_lanes(f);
+#endif
       if (whole) lowest = f < lowest ? f : lowest;
       highest[h] = f > highest[h] ? f : highest[h];
       store_widened(f, s.x + i);

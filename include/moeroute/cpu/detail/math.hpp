@@ -75,6 +75,9 @@ inline constexpr int sum_lanes = 8;
   // (maxps returns its second operand for a NaN: lo)
   return (f32x8)_mm256_min_ps(_mm256_max_ps((__m256)y, _mm256_set1_ps(lo)), _mm256_set1_ps(hi));
 }
+[[gnu::always_inline]] inline f32x4 clamp(f32x4 y, float lo, float hi) noexcept {
+  return (f32x4)_mm_min_ps(_mm_max_ps((__m128)y, _mm_set1_ps(lo)), _mm_set1_ps(hi));
+}
 #if defined(__AVX512F__)
 // (the maskz forms: the plain ones trip GCC 12's -Wmaybe-uninitialized on their undefined
 // pass-through operand)
