@@ -123,7 +123,8 @@ TEST_CASE("cpu gating columns: the path is taken where it applies", "[cpu][gatin
     b.p.out.d_aux_count_ids = nullptr;
     const cpu::detail::gating_agent<float> lean(c.cfg, b.p);
 #if defined(MOEROUTE_CPU_TOKEN_COLUMNS)
-    CHECK(lean.columns);
+    // (where they pay: every row of up to 64 experts, and some of 128)
+    CHECK(lean.columns == cpu::detail::columns::pays(c.cfg.num_experts, c.cfg.top_k));
 #else
     CHECK_FALSE(lean.columns);
 #endif

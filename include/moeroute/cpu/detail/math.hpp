@@ -448,21 +448,43 @@ using i32n = std::int32_t __attribute__((vector_size(4 * native_lanes)));
   return s;
 }
 
-/// native_lanes elements as floats: float and bf16 as whole vectors (bf16 a widen and a shift),
-/// half one by one.
-template <class Element>
-[[nodiscard]] inline f32n load_lanes(const Element* __restrict p) noexcept {
-  f32n v = {};
+/// The generic vectors of N lanes load_lanes works in (a template argument cannot size a
+/// vector_size attribute).
+template <std::int32_t N>
+struct lane_vectors;
+template <>
+struct lane_vectors<4> {
+  using f = f32x4;
+  using u16 = std::uint16_t __attribute__((vector_size(8)));
+  using u32 = std::uint32_t __attribute__((vector_size(16)));
+};
+template <>
+struct lane_vectors<8> {
+  using f = f32x8;
+  using u16 = std::uint16_t __attribute__((vector_size(16)));
+  using u32 = std::uint32_t __attribute__((vector_size(32)));
+};
+template <>
+struct lane_vectors<16> {
+  using f = f32x16;
+  using u16 = std::uint16_t __attribute__((vector_size(32)));
+  using u32 = std::uint32_t __attribute__((vector_size(64)));
+};
+
+/// N elements as floats (by default a native register's; the token columns take 8 on every
+/// build): float and bf16 as whole vectors (bf16 a widen and a shift), half one by one.
+template <class Element, std::int32_t N = native_lanes>
+[[nodiscard]] inline typename lane_vectors<N>::f load_lanes(const Element* __restrict p) noexcept {
+  using V = lane_vectors<N>;
+  typename V::f v = {};
   if constexpr (std::is_same_v<Element, float>) {
     std::memcpy(&v, p, sizeof v);
   } else if constexpr (std::is_same_v<Element, bf16_bits>) {
-    using u16n = std::uint16_t __attribute__((vector_size(2 * native_lanes)));
-    using u32n = std::uint32_t __attribute__((vector_size(4 * native_lanes)));
-    u16n b;
+    typename V::u16 b;
     std::memcpy(&b, p, sizeof b);
-    v = (f32n)(__builtin_convertvector(b, u32n) << 16);
+    v = (typename V::f)(__builtin_convertvector(b, typename V::u32) << 16);
   } else {
-    for (std::int32_t l = 0; l < native_lanes; ++l) v[l] = load(p[l]);
+    for (std::int32_t l = 0; l < N; ++l) v[l] = load(p[l]);
   }
   return v;
 }
@@ -756,7 +778,17 @@ alignas(64) inline constexpr float exp2_sixteenths_lo[16] = {0.0f,
 }
 #endif
 
-#if defined(__AVX2__) && defined(__FMA__) && !defined(__AVX512F__)
+#if defined(__AVX512F__)
+/// sigmoid16 of 8 lanes (the token columns' sigmoid on AVX-512 builds, which must give
+/// sigmoid_row's bits there).
+[[gnu::always_inline]] inline __m256 sigmoid8(__m256 v) noexcept {
+  // (shuffles, not the cast intrinsics: those trip GCC 12's -Wmaybe-uninitialized)
+  const auto wide = __builtin_shufflevector((f32x8)v, f32x8{}, 0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11,
+                                            12, 13, 14, 15);
+  const auto s = (f32x16)sigmoid16((__m512)wide);
+  return (__m256)__builtin_shufflevector(s, s, 0, 1, 2, 3, 4, 5, 6, 7);
+}
+#elif defined(__AVX2__) && defined(__FMA__)
 /// The AVX2 sigmoid of 8 lanes, sigmoid(sanitize(v)) for any v: clamped (a NaN to its low
 /// bound), negated, exp8, 1 / (1 + e).
 [[gnu::always_inline]] inline __m256 sigmoid8(__m256 v) noexcept {

@@ -11,7 +11,8 @@
 // multiply, sigmoid8, sum_row_f32's 16 lanes — so a token's bits are the same in either path
 // (tests/cpu/gating_columns_test.cpp compares each kernel with its row kernel and the outputs
 // token by token, and every gating case compares its lean run, which takes this path, with its
-// full run, which takes rows). AVX-512 builds keep the rows: their load_row folds 16 lanes.
+// full run, which takes rows). AVX-512 builds take the same 8-lane columns, with load_row's
+// 16-lane maxima and its half-register tail; `pays` says for which rows.
 #pragma once
 
 #include <cfloat>
@@ -23,14 +24,31 @@
 #include <moeroute/config.hpp>
 #include <moeroute/cpu/detail/math.hpp>
 
-#if defined(__AVX2__) && defined(__FMA__) && !defined(__AVX512F__)
+#if defined(__AVX2__) && defined(__FMA__)
 #define MOEROUTE_CPU_TOKEN_COLUMNS 1
 #include <immintrin.h>
 
 namespace moeroute::cpu::detail::columns {
 
-/// Tokens of a column tile (lanes of an AVX2 float register).
+/// Tokens of a column tile (lanes of an AVX2 float register; AVX-512 builds take the same
+/// 8-lane columns).
 inline constexpr std::int32_t lanes = 8;
+
+/// True where the columns beat the row path for rows of E experts and k choices (the other
+/// bounds are gating_agent's). Measured on one thread at T = 16384 (docs/performance.md,
+/// session 35, an Intel Xeon with AVX-512): up to 64 experts the columns win on both ISAs
+/// (AVX-512: Mixtral (8, 2) 11.8 -> 2.4 ns per logit, Megatron (64, 2) 1.83 -> 1.65). At 128
+/// AVX-512's 16-lane rows win or tie (Qwen3 (128, 8) 1.52 -> 1.93, Switch (128, 1) even);
+/// on AVX2 the columns' K-place insertion loses at k = 8 (2.13 -> 2.49) and to the rows'
+/// float top-2 at k = 2 (1.66 -> 1.83), and wins at k = 1 (1.82 -> 1.43) and ties at k = 4.
+[[nodiscard]] constexpr bool pays(std::int32_t E, std::int32_t k) noexcept {
+#if defined(__AVX512F__)
+  (void)k;
+  return E <= 64;
+#else
+  return E <= 64 || (E <= 128 && k <= 4 && k != 2);
+#endif
+}
 
 using math::f32x4;
 using math::f32x8;
@@ -78,14 +96,21 @@ using i32x8 = std::int32_t __attribute__((vector_size(32)));
 template <class Element>
 [[nodiscard]] inline bool load(const Element* __restrict rows, std::int32_t E, float* __restrict xc,
                                f32x8& m) noexcept {
-  f32x8 lane[8];  // lane[l]: load_row's running max of lane l, for each token
+  // lane[l]: load_row's running max of its lane l (native_lanes of them: 8 on AVX2, 16 on
+  // AVX-512), for each token; on AVX-512 a row's last 8 experts when E % 16 == 8 are load_row's
+  // half-register tail, folded on their own
+  constexpr std::int32_t R = math::native_lanes;
+  static_assert(R == 8 || R == 16);
+  f32x8 lane[R];
   for (auto& v : lane) v = f32x8{} - FLT_MAX;
+  f32x8 tail[8];
+  const std::int32_t whole = E / R * R;
   i32x8 special = {};  // all-ones exponent fields seen
   const i32x8 exponent = i32x8{} + 0x7F800000;
   for (std::int32_t b = 0; b < E; b += 8) {
     __m256 r[8];
     for (std::int32_t t = 0; t < 8; ++t) {
-      const f32x8 v = math::load_lanes(rows + static_cast<std::int64_t>(t) * E + b);
+      const f32x8 v = math::load_lanes<Element, 8>(rows + static_cast<std::int64_t>(t) * E + b);
       special |= ((i32x8)v & exponent) == exponent;
       r[t] = (__m256)v;
     }
@@ -93,14 +118,25 @@ template <class Element>
     for (std::int32_t l = 0; l < 8; ++l) {
       const auto c = (f32x8)r[l];
       store8(xc + (b + l) * 8, c);
-      lane[l] = lane[l] > c ? lane[l] : c;
+      if (b < whole) {
+        f32x8& x = lane[b % R + l];
+        x = x > c ? x : c;
+      } else {
+        tail[l] = c;
+      }
     }
   }
-  // max_of_lanes(f32x8): lanes l and l + 4, then (0, 2) and (1, 3), then the two
-  f32x8 h[4];
-  for (std::int32_t l = 0; l < 4; ++l) h[l] = lane[l] > lane[l + 4] ? lane[l] : lane[l + 4];
-  const f32x8 a = h[0] > h[2] ? h[0] : h[2], c = h[1] > h[3] ? h[1] : h[3];
-  m = a > c ? a : c;
+  // max_of_lanes: lanes l and l + w / 2 for w = R, ..., 2 (the lower half's when greater)
+  const auto fold = [](f32x8* v, std::int32_t w) {
+    for (; w > 1; w /= 2)
+      for (std::int32_t l = 0; l < w / 2; ++l) v[l] = v[l] > v[l + w / 2] ? v[l] : v[l + w / 2];
+    return v[0];
+  };
+  m = fold(lane, R);
+  if (whole < E) {
+    const f32x8 h = fold(tail, 8);
+    m = m > h ? m : h;
+  }
   return _mm256_testz_si256((__m256i)special, (__m256i)special) != 0;
 }
 
