@@ -381,6 +381,63 @@ TEST_CASE("cpu math::log is within 1e-15 of log over every binade", "[cpu][math]
 }
 
 namespace {
+// log_lanes takes its caller's contraction (always inlined): called here as the logit
+// gradient calls it, from a precise region
+MOEROUTE_PRECISE_FP_BEGIN
+/// out[w][l] = log_lanes of x through vectors of 8 (w = 0), 4 (w = 1) and 2 (w = 2) lanes.
+void log_lanes_of(const double (&x)[8], double (&out)[3][8]) {
+  math::f64x8 v8;
+  math::f64x4 v4[2];
+  math::f64x2 v2[4];
+  std::memcpy(&v8, x, sizeof v8);
+  std::memcpy(v4, x, sizeof v4);
+  std::memcpy(v2, x, sizeof v2);
+  math::log_lanes(v8);
+  for (auto& v : v4) math::log_lanes(v);
+  for (auto& v : v2) math::log_lanes(v);
+  std::memcpy(out[0], &v8, sizeof v8);
+  std::memcpy(out[1], v4, sizeof v4);
+  std::memcpy(out[2], v2, sizeof v2);
+}
+MOEROUTE_PRECISE_FP_END
+}  // namespace
+
+TEST_CASE("cpu math::log_lanes gives log's bits in every lane", "[cpu][math]") {
+  // the inputs of the test above, 8 at a time through each vector width (a wrong exponent or
+  // rounding in one lane shows as a differing bit pattern)
+  std::mt19937_64 rng(5);
+  std::int64_t differs = 0, checked = 0;
+  for (int i = 0; i < 200000; ++i) {
+    double x[8];
+    for (int l = 0; l < 8; ++l)
+      x[l] = (i + l) % 2 == 0 ? std::ldexp(1.0 + static_cast<double>(rng() >> 12) * 0x1p-52,
+                                           static_cast<int>(rng() % 2046) - 1022)
+                              : 1.0 + static_cast<double>(rng() >> 11) * 0x1p-53 * 8191.0;
+    if (i == 0) {  // the binade edges and sqrt(1/2)'s neighbours
+      x[0] = 1.0;
+      x[1] = 0x1.6a09e667f3bcdp-1;
+      x[2] = std::nextafter(x[1], 0.0);
+      x[3] = 0x1p-1022;
+      x[4] = 0x1.fffffffffffffp+1023;
+      x[5] = 2.0;
+      x[6] = 0.5;
+      x[7] = 8192.0;
+    }
+    double got[3][8];
+    log_lanes_of(x, got);
+    for (int l = 0; l < 8; ++l) {
+      const double want = math::log(x[l]);
+      for (const auto& g : got) {
+        differs += std::bit_cast<std::uint64_t>(g[l]) != std::bit_cast<std::uint64_t>(want) ? 1 : 0;
+        ++checked;
+      }
+    }
+  }
+  CHECK(checked == 4800000);
+  CHECK(differs == 0);
+}
+
+namespace {
 /// The n best of v (allowed only), larger value first, ties to the lower index.
 std::vector<std::int32_t> plain_top(const std::vector<float>& v, const std::uint8_t* allowed,
                                     std::int32_t n) {

@@ -754,15 +754,12 @@ struct gating_backward_agent {
     if (valid_tokens == 0) return false;
     const bool routing = p.d_grad_weight != nullptr && routing_weight != 0.0;
     alignas(64) double xt[n][W], dwt[n][W], alt[n][W], idt[n][W];
+    if (p.d_valid != nullptr)
+      for (std::int32_t l = 0; l < W; ++l)
+        if (p.d_valid[t0 + l] == 0) return false;
+    if (!load_columns(t0, xt)) return false;
     for (std::int32_t l = 0; l < W; ++l) {
       const std::int64_t t = t0 + l;
-      if (p.d_valid != nullptr && p.d_valid[t] == 0) return false;
-      const Element* row = p.d_logits + t * E;
-      for (std::int32_t e = 0; e < E; ++e) {
-        const float f = math::load(row[e]);
-        if (math::nonfinite(f) != 0) return false;
-        xt[e][l] = static_cast<double>(math::sanitize(f));
-      }
       for (std::int32_t j = 0; j < k; ++j) {
         dwt[j][l] = routing ? d_weight(t, j) : 0.0;
         alt[j][l] = routing && holds_row(p.dispatched.d_fate[t * k + j]) ? 1.0 : 0.0;
@@ -802,8 +799,9 @@ struct gating_backward_agent {
     fold8(dot, dot_aux);
     const f64w inv = 1.0 / sum;
     dot_aux *= inv;
-    f64w lse;
-    for (std::int32_t l = 0; l < W; ++l) lse[l] = cm[l] + math::log(sum[l]);
+    f64w lse = sum;
+    math::log_lanes(lse);
+    lse = cm + lse;
     const bool need_soft = L.zl || L.aux;
     // ---- the routing term's scalars, per lane (used where `any`)
     f64w dense = {}, chosen[n];
@@ -884,10 +882,9 @@ struct gating_backward_agent {
     // ---- pass 3 per expert: each term rounded to float and added in the reference's order
     const f64w gdense = inv * dense, czl = L.c_z * lse;
     alignas(64) float vt[n][W];
+    if (p.accumulate) transpose_rows(p.d_grad_logits + t0 * E, vt);
     for (std::int32_t e = 0; e < E; ++e) {
-      f32w v = {};
-      if (p.accumulate)
-        for (std::int32_t l = 0; l < W; ++l) v[l] = p.d_grad_logits[(t0 + l) * E + e];
+      f32w v = p.accumulate ? block(vt[e]).v : f32w{};
       if (routing) {
         f64w ct = {};
         for (std::int32_t j = 0; j < k; ++j)
@@ -903,10 +900,93 @@ struct gating_backward_agent {
       if (L.zl) v += __builtin_convertvector(czl * (ex[e] * inv), f32w);
       block(vt[e]).v = v;
     }
-    for (std::int32_t l = 0; l < W; ++l)
-      for (std::int32_t e = 0; e < E; ++e) p.d_grad_logits[(t0 + l) * E + e] = vt[e][l];
+    store_rows(vt, p.d_grad_logits + t0 * E);
     return true;
   }
+
+  // The column path's transposes between W rows of E (<= 8) floats and E columns of W: with
+  // E = 8 (Mixtral) an 8 x 8 transpose in registers (on AVX2, W = 4, its upper rows repeat
+  // the lower and only W columns are kept), else element by element.
+
+  /// xt[e][l] = the clean logit of token t0 + l at expert e; false when one is NaN or +-Inf.
+  [[nodiscard]] bool load_columns(std::int64_t t0, double (&xt)[8][W]) const {
+#if defined(MOEROUTE_CPU_TOKEN_COLUMNS)
+    if (E == 8) {
+      using columns::f32x8;
+      using columns::i32x8;
+      __m256 r[8];
+      i32x8 special = {};  // all-ones exponent fields seen
+      const i32x8 exponent = i32x8{} + 0x7F800000;
+      for (std::int32_t l = 0; l < 8; ++l) {
+        const f32x8 v = math::load_lanes<Element, 8>(p.d_logits + (t0 + l % W) * 8);
+        special |= ((i32x8)v & exponent) == exponent;
+        r[l] = (__m256)v;
+      }
+      if (_mm256_testz_si256((__m256i)special, (__m256i)special) == 0) return false;
+      columns::transpose8(r);
+      for (std::int32_t e = 0; e < 8; ++e) store_widened(low_lanes(r[e]), xt[e]);
+      return true;
+    }
+#endif
+    for (std::int32_t l = 0; l < W; ++l) {
+      const Element* row = p.d_logits + (t0 + l) * E;
+      for (std::int32_t e = 0; e < E; ++e) {
+        const float f = math::load(row[e]);
+        if (math::nonfinite(f) != 0) return false;
+        xt[e][l] = static_cast<double>(math::sanitize(f));
+      }
+    }
+    return true;
+  }
+
+  /// vt[e][l] = rows[l * E + e].
+  void transpose_rows(const float* rows, float (&vt)[8][W]) const {
+#if defined(MOEROUTE_CPU_TOKEN_COLUMNS)
+    if (E == 8) {
+      __m256 r[8];
+      for (std::int32_t l = 0; l < 8; ++l) r[l] = _mm256_loadu_ps(rows + (l % W) * 8);
+      columns::transpose8(r);
+      for (std::int32_t e = 0; e < 8; ++e) block(vt[e]).v = low_lanes(r[e]);
+      return;
+    }
+#endif
+    for (std::int32_t l = 0; l < W; ++l)
+      for (std::int32_t e = 0; e < E; ++e) vt[e][l] = rows[l * E + e];
+  }
+
+  /// rows[l * E + e] = vt[e][l].
+  void store_rows(const float (&vt)[8][W], float* rows) const {
+#if defined(MOEROUTE_CPU_TOKEN_COLUMNS)
+    if (E == 8) {
+      __m256 r[8];
+      for (std::int32_t e = 0; e < 8; ++e) r[e] = full_lanes(block(vt[e]).v);
+      columns::transpose8(r);
+      for (std::int32_t l = 0; l < W; ++l) _mm256_storeu_ps(rows + l * 8, r[l]);
+      return;
+    }
+#endif
+    for (std::int32_t l = 0; l < W; ++l)
+      for (std::int32_t e = 0; e < E; ++e) rows[l * E + e] = vt[e][l];
+  }
+
+#if defined(MOEROUTE_CPU_TOKEN_COLUMNS)
+  /// A column register's first W floats, and W floats as a column register (upper lanes 0).
+  [[nodiscard, gnu::always_inline]] static f32w low_lanes(__m256 r) {
+#if defined(__AVX512F__)  // (W = 8)
+    return (f32w)r;
+#else  // (W = 4)
+    const auto v = (columns::f32x8)r;
+    return __builtin_shufflevector(v, v, 0, 1, 2, 3);
+#endif
+  }
+  [[nodiscard, gnu::always_inline]] static __m256 full_lanes(const f32w& v) {
+#if defined(__AVX512F__)
+    return (__m256)v;
+#else
+    return (__m256)__builtin_shufflevector(v, f32w{}, 0, 1, 2, 3, 4, 5, 6, 7);
+#endif
+  }
+#endif
 
   /// max (from its start value) and sum of exp(x(e) - max) over the row, in e order, as the
   /// reference makes them.
