@@ -193,8 +193,9 @@ TEST_CASE("cpu gating_backward row path: the same bits on every ISA build", "[cp
 // Rows spread over more than 700 take exp's full path and narrower ones leave its clamp and
 // subnormal scaling out (exps_row's `moderate`): pinned to the bits the full path gave for
 // every row before that split (cc5b55b's tree), on Megatron's (64, 2), a 29-expert row with a
-// tail vector, Qwen3's (128, 8) and Mixtral's column path (which keeps the full path). Checked
-// to fail with the bound moved to -800.
+// tail vector, Qwen3's (128, 8) and Mixtral's column path (which splits the same way per group
+// of W tokens). Checked to fail with the bound moved to -800, in the row path and in the column
+// path, on AVX2 (AVX-512's vscalefpd makes the moderate path exact beyond the bound too).
 TEST_CASE("cpu gating_backward row path: wide rows keep their bits", "[cpu][backward]") {
   CHECK(row_path_hash({presets::megatron(64, 2), presets::mixtral(8, 2),
                        presets::switch_top1(29, 1.0, 1), presets::qwen_moe(128, 8)},

@@ -778,16 +778,27 @@ struct gating_backward_agent {
       any |= dw[j] != 0.0;
     }
     // ---- the softmax: max, exps, their sum folded as the row path's 8 lanes, the aux dot
-    f64w cm = f64w{} - static_cast<double>(FLT_MAX);
-    for (std::int32_t e = 0; e < E; ++e) select_lanes(cm, x[e] > cm, x[e]);
+    f64w cm = f64w{} - static_cast<double>(FLT_MAX), lowest = f64w{} + static_cast<double>(FLT_MAX);
+    for (std::int32_t e = 0; e < E; ++e) {
+      select_lanes(cm, x[e] > cm, x[e]);
+      select_lanes(lowest, x[e] < lowest, x[e]);
+    }
     f64w lane[8], dot[8];
     for (std::int32_t e = 0; e < 8; ++e) {
       lane[e] = f64w{};
       dot[e] = f64w{};
+      ex[e] = e < E ? x[e] - cm : f64w{};
+    }
+    // the exps of all 8 in lock-step, by the moderate path where every x - max >= -700 (the
+    // row path's test: the same bits either way)
+    bool moderate = true;
+    for (std::int32_t l = 0; l < W; ++l) moderate &= lowest[l] - cm[l] >= -700.0;
+    if (moderate) {
+      math::exp_lanes<n, true>(ex);
+    } else {
+      math::exp_lanes<n>(ex);
     }
     for (std::int32_t e = 0; e < E; ++e) {
-      ex[e] = x[e] - cm;
-      math::exp_lanes(ex[e]);
       lane[e] = f64w{} + ex[e];
       if (L.aux) dot[e] = f64w{} + (L.c_aux * static_cast<double>(L.aux_count[e])) * ex[e];
     }
