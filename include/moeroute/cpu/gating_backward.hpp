@@ -27,6 +27,12 @@
 #include <moeroute/status.hpp>
 #include <moeroute/types.hpp>
 
+#if defined(__AVX512F__) && defined(__AVX512VL__) && defined(__AVX512BW__)
+// the row path's choices as the lanes of one vector (row_token)
+#define MOEROUTE_CPU_CHOICE_LANES 1
+#include <immintrin.h>
+#endif
+
 MOEROUTE_PRECISE_FP_BEGIN
 namespace moeroute::cpu {
 
@@ -544,7 +550,51 @@ struct gating_backward_agent {
     // -s(e) dot3 of a softmax score is added in pass 3
     double dense = 0.0;    // the routing term is dense * gsoft(e) + the chosen parts at e
     double chosen[max_k];  // choice j's part of the routing term at its expert ids[j]
-    if (any) {
+#if defined(MOEROUTE_CPU_CHOICE_LANES)
+    // AVX-512, a softmax score before top-k, at most 8 choices, no after-drop
+    // renormalisation (OLMoE, Qwen3, Mixtral's rows): the choices are the lanes of one vector
+    // (pads 0), their sums fold_sum(v + 0.0) (choice_sum's lanes and order: each lane from +0),
+    // every other step the scalar one lane-wise: the same bits. The chosen parts are then
+    // made by gathers (pass 3's vector patch).
+    const bool lanes = any && softmax && !softmax_after && !after_drop && k <= 8;
+    const __mmask8 live = static_cast<__mmask8>((1u << k) - 1u);
+    const __m256i id_lanes = lanes ? _mm256_maskz_loadu_epi32(live, ids) : __m256i{};
+    const auto gather = [&](const double* a) __attribute__((always_inline)) {
+      return (f64w)_mm512_mask_i32gather_pd(_mm512_setzero_pd(), live, id_lanes, a, 8);
+    };
+    f64w chosen_v = {};
+    if (lanes) {
+      const auto fold = [](const f64w& v) __attribute__((always_inline)) {
+        return math::fold_sum(v + 0.0);
+      };
+      // d_weight's lanes: the gradient where the fate holds a row, else 0
+      const __m128i fb = _mm_maskz_loadu_epi8(live, p.dispatched.d_fate + t * k);
+      const __m256i f32 = _mm256_cvtepu8_epi32(fb);
+      const __mmask8 held =
+          _mm256_mask_cmpeq_epi32_mask(live, f32, _mm256_set1_epi32(static_cast<int>(fate::kept))) |
+          _mm256_mask_cmpeq_epi32_mask(live, f32,
+                                       _mm256_set1_epi32(static_cast<int>(fate::rerouted)));
+      const __m256 gw = _mm256_maskz_loadu_ps(live, p.d_grad_weight + t * k);
+      f64w dwv = (f64w)_mm512_maskz_cvtps_pd(0xff, gw);
+      if (routing_weight != 1.0)
+        dwv = (f64w)_mm512_maskz_cvtps_pd(0xff, (__m256)to_f32(routing_weight * dwv));
+      dwv = (f64w)_mm512_maskz_mov_pd(held, (__m512d)dwv);
+      const f64w hv = gather(gex) * ginv;
+      const double sf = static_cast<double>(g.scaling_factor);
+      const double denom = before_drop ? fold(hv) + static_cast<double>(g.renorm_epsilon) : 1.0;
+      const double inv_denom = denom > 0.0 ? 1.0 / denom : 0.0;
+      const f64w dgpre = sf * dwv;
+      const double dot2 = before_drop ? fold(dgpre * hv) : 0.0;
+      const double dot2_d2 = dot2 * inv_denom * inv_denom;
+      const f64w dh = before_drop ? dgpre * inv_denom - dot2_d2 : dgpre;
+      dense = -fold(dh * hv);
+      chosen_v = hv * dh;
+      block(chosen).v = chosen_v;  // (the scalar patch's, for a row with a repeated id)
+    }
+#else
+    constexpr bool lanes = false;
+#endif
+    if (any && !lanes) {
       // the choices' gates h; the sums over j in 8 lanes, as over the experts
       double h[max_k], dgpre[max_k], dh[max_k];
       if (softmax_after) {
@@ -653,7 +703,12 @@ struct gating_backward_agent {
       };
       // the chosen elements' values before the loop writes them (accumulating into out)
       float before[max_k];
-      if (routing != no_routing && p.accumulate)
+#if defined(MOEROUTE_CPU_CHOICE_LANES)
+      f32w before_v = {};
+      if (lanes && p.accumulate)
+        before_v = (f32w)_mm256_mmask_i32gather_ps(_mm256_setzero_ps(), live, id_lanes, out, 4);
+#endif
+      if (routing != no_routing && p.accumulate && !lanes)
         for (std::int32_t j = 0; j < k; ++j) before[j] = out[ids[j]];
       // whole vectors to out (to res when the row has a non-finite logit), the tail to res
       float* const to = any_nonfinite ? s.res : out;
@@ -687,6 +742,18 @@ struct gating_backward_agent {
           repeated = repeated || s.chosen_in[ids[j]] == t;
           s.chosen_in[ids[j]] = t;
         }
+#if defined(MOEROUTE_CPU_CHOICE_LANES)
+        if (lanes) {
+          if (!repeated) {  // every chosen element at once, the scalar patch's terms lane-wise
+            f32w v = before_v;
+            add_terms(gather, chosen_v + 0.0, v);
+            for (std::int32_t j = 0; j < k; ++j) (ids[j] < whole ? to : s.res)[ids[j]] = v[j];
+            return;
+          }
+          if (p.accumulate)
+            for (std::int32_t j = 0; j < k; ++j) before[j] = before_v[j];
+        }
+#endif
         for (std::int32_t j = 0; j < k; ++j) {
           const std::int32_t e = ids[j];
           double part = 0.0 + chosen[j];  // (a sum over the expert's choices, from +0)
