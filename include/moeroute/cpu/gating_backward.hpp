@@ -551,12 +551,14 @@ struct gating_backward_agent {
     double dense = 0.0;    // the routing term is dense * gsoft(e) + the chosen parts at e
     double chosen[max_k];  // choice j's part of the routing term at its expert ids[j]
 #if defined(MOEROUTE_CPU_CHOICE_LANES)
-    // AVX-512, a softmax score before top-k, at most 8 choices, no after-drop
-    // renormalisation (OLMoE, Qwen3, Mixtral's rows): the choices are the lanes of one vector
-    // (pads 0), their sums fold_sum(v + 0.0) (choice_sum's lanes and order: each lane from +0),
-    // every other step the scalar one lane-wise: the same bits. The chosen parts are then
-    // made by gathers (pass 3's vector patch).
-    const bool lanes = any && softmax && !softmax_after && !after_drop && k <= 8;
+    // AVX-512, at most 8 choices, no after-drop renormalisation, and a softmax score before
+    // top-k (OLMoE, Qwen3, Switch) or a sigmoid one whose scores the aux terms made
+    // (DeepSeek-V3): the choices are the lanes of one vector (pads 0), their sums
+    // fold_sum(v + 0.0) (choice_sum's lanes and order: each lane from +0), every other step
+    // the scalar one lane-wise: the same bits. The chosen parts are then made by gathers
+    // (pass 3's vector patch).
+    const bool sigmoid_sc = score == score_function::sigmoid && have_sc && !noisy_gates;
+    const bool lanes = any && ((softmax && !softmax_after) || sigmoid_sc) && !after_drop && k <= 8;
     const __mmask8 live = static_cast<__mmask8>((1u << k) - 1u);
     const __m256i id_lanes = lanes ? _mm256_maskz_loadu_epi32(live, ids) : __m256i{};
     const auto gather = [&](const double* a) __attribute__((always_inline)) {
@@ -579,7 +581,7 @@ struct gating_backward_agent {
       if (routing_weight != 1.0)
         dwv = (f64w)_mm512_maskz_cvtps_pd(0xff, (__m256)to_f32(routing_weight * dwv));
       dwv = (f64w)_mm512_maskz_mov_pd(held, (__m512d)dwv);
-      const f64w hv = gather(gex) * ginv;
+      const f64w hv = softmax ? gather(gex) * ginv : gather(s.sc);
       const double sf = static_cast<double>(g.scaling_factor);
       const double denom = before_drop ? fold(hv) + static_cast<double>(g.renorm_epsilon) : 1.0;
       const double inv_denom = denom > 0.0 ? 1.0 / denom : 0.0;
@@ -587,8 +589,12 @@ struct gating_backward_agent {
       const double dot2 = before_drop ? fold(dgpre * hv) : 0.0;
       const double dot2_d2 = dot2 * inv_denom * inv_denom;
       const f64w dh = before_drop ? dgpre * inv_denom - dot2_d2 : dgpre;
-      dense = -fold(dh * hv);
-      chosen_v = hv * dh;
+      if (softmax) {
+        dense = -fold(dh * hv);
+        chosen_v = hv * dh;
+      } else {
+        chosen_v = dh * gather(s.dv);  // dh * score_deriv: dv is sc * (1 - sc)
+      }
       block(chosen).v = chosen_v;  // (the scalar patch's, for a row with a repeated id)
     }
 #else
