@@ -146,34 +146,6 @@ template <class V>
 #endif
 
 MOEROUTE_PRECISE_FP_BEGIN
-/// @brief log(x) in double for a normal, finite x > 0: x = 2^e * f with f in [sqrt(1/2),
-///        sqrt(2)), log f = 2 atanh(s), s = (f - 1) / (f + 1), |s| < 0.172, by its odd series
-///        to s^19, and e * ln2 in two parts.
-/// @note Inline, without a call (a libm call in a vector loop spills every vector register):
-///       within 4e-16 relative of log(x) (tests/cpu/math_test.cpp checks 1e-15 over
-///       [2^-1022, 2^1023]), so float(m + log(sum)) is the float the reference rounds to except
-///       where that double lies within 1e-15 of a float rounding boundary. Uncontracted
-///       (MOEROUTE_PRECISE_FP), so the same bits whatever -march the caller is built with.
-[[nodiscard]] inline double log(double x) noexcept {
-  const auto bits = std::bit_cast<std::uint64_t>(x);
-  // the exponent that puts f in [sqrt(1/2), sqrt(2)): the bits' distance from those of
-  // sqrt(1/2), in whole binades (arithmetic shift: negative below 1/2)
-  constexpr std::uint64_t sqrt_half = 0x3fe6a09e667f3bcdULL;
-  const std::int64_t e = static_cast<std::int64_t>(bits - sqrt_half) >> 52;
-  const double f = std::bit_cast<double>(bits - (static_cast<std::uint64_t>(e) << 52));
-  const double s = (f - 1.0) / (f + 1.0), z = s * s;
-  // the series 1/3 + z/5 + ... + z^8/19 by Estrin's scheme (a chain of 5 operations after z,
-  // not Horner's 16: the logit gradient takes one log per token)
-  const double z2 = z * z, z4 = z2 * z2, z8 = z4 * z4;
-  const double a0 = z * (1.0 / 5) + 1.0 / 3, a1 = z * (1.0 / 9) + 1.0 / 7;
-  const double a2 = z * (1.0 / 13) + 1.0 / 11, a3 = z * (1.0 / 17) + 1.0 / 15;
-  const double b0 = a1 * z2 + a0, b1 = a3 * z2 + a2;
-  const double p = (1.0 / 19) * z8 + (b1 * z4 + b0);
-  constexpr double ln2_hi = 6.93147180369123816490e-01, ln2_lo = 1.90821492927058770002e-10;
-  const double ed = static_cast<double>(e);
-  return ed * ln2_hi + ((2.0 * s) * (z * p) + (ed * ln2_lo + 2.0 * s));
-}
-
 using i64x4 = std::int64_t __attribute__((vector_size(32)));
 /// The 64-bit integer lanes matching double lanes V.
 template <class V>
@@ -196,7 +168,9 @@ struct int_lanes<f64x2> {
 /// The unsigned lanes of 64-bit integer lanes I (a left shift of a negative signed lane is
 /// not defined).
 template <class I>
-struct unsigned_lanes;
+struct unsigned_lanes {
+  using type = std::uint64_t;
+};
 template <>
 struct unsigned_lanes<i64x8> {
   using type = std::uint64_t __attribute__((vector_size(64)));
@@ -210,23 +184,29 @@ struct unsigned_lanes<i64x2> {
   using type = std::uint64_t __attribute__((vector_size(16)));
 };
 
-/// @brief x = log(x) lane by lane, in place, for V = f64x2, f64x4 or f64x8: log()'s
-///        operations above on each lane, so each lane gets log()'s bits (each step is exact or
-///        one IEEE operation). The exponent goes to double by the 1.5 * 2^52 trick (exact for
-///        |e| < 2^51): AVX2 has no 64-bit integer to double conversion. For the W tokens of
-///        the logit gradient's columns, where log() was W scalar calls of ~40 dependent
-///        operations.
+/// @brief x = log(x) in double, in place, for a normal, finite x > 0, lane by lane for V =
+///        double, f64x2, f64x4 or f64x8 (log() below is the double one): x = 2^e * f with f in
+///        [sqrt(1/2), sqrt(2)), log f = 2 atanh(s), s = (f - 1) / (f + 1), |s| < 0.172, by its
+///        odd series to s^19, and e * ln2 in two parts. Each step is exact or one IEEE
+///        operation, so every lane gets the double's bits; the exponent goes to double by the
+///        1.5 * 2^52 trick (exact for |e| < 2^51: AVX2 has no 64-bit integer conversion).
+///        Vectors: the W logsumexps of the logit gradient's columns, where log() was W scalar
+///        calls of ~40 dependent operations.
 /// @note Always inlined, so contracted or not as its caller is: call it from a
 ///       MOEROUTE_PRECISE_FP region (math_test: contracted, 138 of 4.8M lanes differed by an ulp).
 template <class V>
 [[gnu::always_inline]] inline void log_lanes(V& x) noexcept {
   using I = typename int_lanes<V>::type;
+  // the exponent that puts f in [sqrt(1/2), sqrt(2)): the bits' distance from those of
+  // sqrt(1/2), in whole binades (arithmetic shift: negative below 1/2)
   constexpr std::int64_t sqrt_half = 0x3fe6a09e667f3bcdLL;
   constexpr double magic = 6755399441055744.0;  // 1.5 * 2^52
   const I bits = __builtin_bit_cast(I, x);
-  const I e = (bits - sqrt_half) >> 52;  // (arithmetic shift, as log()'s)
+  const I e = (bits - sqrt_half) >> 52;
   const V f = __builtin_bit_cast(V, bits - (I)((typename unsigned_lanes<I>::type)e << 52));
   const V s = (f - 1.0) / (f + 1.0), z = s * s;
+  // the series 1/3 + z/5 + ... + z^8/19 by Estrin's scheme (a chain of 5 operations after z,
+  // not Horner's 16: the logit gradient takes one log per token)
   const V z2 = z * z, z4 = z2 * z2, z8 = z4 * z4;
   const V a0 = z * (1.0 / 5) + 1.0 / 3, a1 = z * (1.0 / 9) + 1.0 / 7;
   const V a2 = z * (1.0 / 13) + 1.0 / 11, a3 = z * (1.0 / 17) + 1.0 / 15;
@@ -235,6 +215,17 @@ template <class V>
   constexpr double ln2_hi = 6.93147180369123816490e-01, ln2_lo = 1.90821492927058770002e-10;
   const V ed = __builtin_bit_cast(V, e + std::bit_cast<std::int64_t>(magic)) - magic;
   x = ed * ln2_hi + ((2.0 * s) * (z * p) + (ed * ln2_lo + 2.0 * s));
+}
+
+/// @brief log(x) in double for a normal, finite x > 0 (log_lanes' steps).
+/// @note Inline, without a call (a libm call in a vector loop spills every vector register):
+///       within 4e-16 relative of log(x) (tests/cpu/math_test.cpp checks 1e-15 over
+///       [2^-1022, 2^1023]), so float(m + log(sum)) is the float the reference rounds to except
+///       where that double lies within 1e-15 of a float rounding boundary. Uncontracted
+///       (MOEROUTE_PRECISE_FP), so the same bits whatever -march the caller is built with.
+[[nodiscard]] inline double log(double x) noexcept {
+  log_lanes(x);
+  return x;
 }
 
 /// Calls f(std::integral_constant<int, j>{}) for j = 0 .. N-1, expanded at compile time (a fold,
