@@ -211,7 +211,8 @@ inline void normalize(float* __restrict c, std::int32_t E, const f64x4* inv) noe
 #endif
 }
 
-/// @brief sc = sigmoid(xc) column by column (sigmoid_row's AVX2 sigmoid8, lane-wise: its bits).
+/// @brief sc = sigmoid(xc) column by column (sigmoid_row's sigmoid lane-wise: its bits; sigmoid8
+///        on AVX2, sigmoid16 on AVX-512).
 inline void sigmoid(const float* __restrict xc, std::int32_t E, float* __restrict sc) noexcept {
 #if defined(__AVX512F__)
   for (std::int32_t e = 0; e < E; e += 2)  // (two columns a register)
