@@ -394,6 +394,13 @@ inline void accumulate(const float* __restrict c, std::int32_t E, const i32x8& k
     for (std::int32_t l = 0; l < 8; ++l)
       r[l] = _mm256_and_ps(_mm256_loadu_ps(c + (b + l) * 8), (__m256)keep);
     transpose8(r);
+#if defined(__AVX512F__)
+    // the 8 experts' doubles in one register (the same adds lane by lane)
+    f64x8 a;
+    std::memcpy(&a, acc + b, sizeof a);
+    for (std::int32_t t = 0; t < 8; ++t) a += (f64x8)_mm512_maskz_cvtps_pd(0xff, r[t]);
+    std::memcpy(acc + b, &a, sizeof a);
+#else
     f64x4 lo, hi;
     std::memcpy(&lo, acc + b, sizeof lo);
     std::memcpy(&hi, acc + b + 4, sizeof hi);
@@ -403,6 +410,7 @@ inline void accumulate(const float* __restrict c, std::int32_t E, const i32x8& k
     }
     std::memcpy(acc + b, &lo, sizeof lo);
     std::memcpy(acc + b + 4, &hi, sizeof hi);
+#endif
   }
 }
 
