@@ -283,7 +283,7 @@ struct gating_agent {
     // takes the mask, which it opens and closes per expert)
     gathers =
         G > 1 && group_limit_by_top2(cfg, E, G) && !sampling && !selects_by_columns(cfg) && !replay;
-    // softmax and sigmoid rows of whole registers up to 128 where the columns pay (at 256 the
+    // softmax and sigmoid rows of whole registers where the columns pay (columns::pays; at 256 the
     // columns' scratch crowds L1: 5-15 % slower than rows, measured), up to 8 choices, none of the
     // per-token aux rows, and nothing that makes a token's steps differ from the plain score
     // function's (the columns' 3 * 8 * E floats of scratch are the task's 7 * tile * E of row
@@ -292,8 +292,7 @@ struct gating_agent {
     columns = (softmax_score || g.score == score_function::sigmoid) && !noise &&
               !(g.expert_bias && softmax_score) && G == 1 && !sampling && !random_second &&
               !replay && R == 0 && k <= columns::max_choices && E % columns::lanes == 0 &&
-              E <= 128 && columns::pays(E, k) &&
-              !(softmax_after && g.select == select_from::scores) &&
+              columns::pays(E, k) && !(softmax_after && g.select == select_from::scores) &&
               p.out.d_aux_scores == nullptr && p.out.d_aux_count_ids == nullptr &&
               7 * gating_tile(cfg) >= 3 * columns::lanes;
 #else

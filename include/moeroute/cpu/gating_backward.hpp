@@ -559,7 +559,7 @@ struct gating_backward_agent {
     // (pass 3's vector patch).
     const bool sigmoid_sc = score == score_function::sigmoid && have_sc && !noisy_gates;
     const bool lanes = any && ((softmax && !softmax_after) || sigmoid_sc) && !after_drop && k <= 8;
-    const __mmask8 live = static_cast<__mmask8>((1u << k) - 1u);
+    const auto live = static_cast<__mmask8>(k >= 8 ? 0xffu : (1u << k) - 1u);  // (k may be 64)
     const __m256i id_lanes = lanes ? _mm256_maskz_loadu_epi32(live, ids) : __m256i{};
     const auto gather = [&](const double* a) __attribute__((always_inline)) {
       return (f64w)_mm512_mask_i32gather_pd(_mm512_setzero_pd(), live, id_lanes, a, 8);

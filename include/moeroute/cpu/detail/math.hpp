@@ -812,17 +812,7 @@ alignas(64) inline constexpr float exp2_sixteenths_lo[16] = {0.0f,
 }
 #endif
 
-#if defined(__AVX512F__)
-/// sigmoid16 of 8 lanes (the token columns' sigmoid on AVX-512 builds, which must give
-/// sigmoid_row's bits there).
-[[gnu::always_inline]] inline __m256 sigmoid8(__m256 v) noexcept {
-  // (shuffles, not the cast intrinsics: those trip GCC 12's -Wmaybe-uninitialized)
-  const auto wide = __builtin_shufflevector((f32x8)v, f32x8{}, 0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11,
-                                            12, 13, 14, 15);
-  const auto s = (f32x16)sigmoid16((__m512)wide);
-  return (__m256)__builtin_shufflevector(s, s, 0, 1, 2, 3, 4, 5, 6, 7);
-}
-#elif defined(__AVX2__) && defined(__FMA__)
+#if defined(__AVX2__) && defined(__FMA__) && !defined(__AVX512F__)
 /// The AVX2 sigmoid of 8 lanes, sigmoid(sanitize(v)) for any v: clamped (a NaN to its low
 /// bound), negated, exp8, 1 / (1 + e).
 [[gnu::always_inline]] inline __m256 sigmoid8(__m256 v) noexcept {
