@@ -10,6 +10,7 @@
 // conditions cannot leave it untested.
 #include <catch2/catch.hpp>
 
+#include <algorithm>
 #include <cmath>
 #include <cstdint>
 #include <cstring>
@@ -123,8 +124,8 @@ TEST_CASE("cpu gating columns: the path is taken where it applies", "[cpu][gatin
     b.p.out.d_aux_count_ids = nullptr;
     const cpu::detail::gating_agent<float> lean(c.cfg, b.p);
 #if defined(MOEROUTE_CPU_TOKEN_COLUMNS)
-    // (where they pay: every row of up to 64 experts, and some of 128)
-    CHECK(lean.columns == cpu::detail::columns::pays(c.cfg.num_experts, c.cfg.top_k));
+    // (where they pay: rows of up to 128 experts)
+    CHECK(lean.columns == cpu::detail::columns::pays(c.cfg.num_experts));
 #else
     CHECK_FALSE(lean.columns);
 #endif
@@ -235,6 +236,118 @@ TEST_CASE("cpu gating columns: each kernel gives the row kernel's bits", "[cpu][
         CHECK(same(pc[e * W + l], p[e]));
         CHECK(same(sc[e * W + l], s[e]));
       }
+    }
+  }
+}
+#endif
+
+#if defined(MOEROUTE_CPU_TOKEN_COLUMNS)
+namespace {
+
+namespace col = cpu::detail::columns;
+
+// top_k (keys where a tile allows) against top_k_inserted, and whether the keys took the tile
+template <std::int32_t K>
+void check_top_k(const std::vector<float>& c, std::int32_t E, bool keys_expected) {
+  INFO("K = " << K);
+  col::i32x8 id[K], want_id[K];
+  col::f32x8 b[K], want_b[K];
+  col::top_k_inserted<K>(c.data(), E, want_id, want_b);
+  col::top_k<K>(c.data(), E, id, b);
+  for (std::int32_t j = 0; j < K; ++j)
+    for (std::int32_t l = 0; l < col::lanes; ++l) {
+      INFO("place " << j << " lane " << l);
+      CHECK(id[j][l] == want_id[j][l]);
+      const float got = b[j][l], want = want_b[j][l];  // (clang: no address of an element)
+      CHECK(std::memcmp(&got, &want, sizeof got) == 0);
+    }
+  if constexpr (K >= 2) {
+    col::i32x8 kid[K];
+    col::f32x8 kb[K];
+    CHECK(col::top_k_by_keys<K>(c.data(), E, kid, kb) == keys_expected);
+  }
+}
+
+// every K; a (near) tie between a token's best of ranks tie and tie + 1 (none: -1) stops the
+// keys where it lies among the K + 1 best
+template <std::int32_t... K>
+void check_top_k_all(const std::vector<float>& c, std::int32_t E, std::int32_t tie,
+                     std::integer_sequence<std::int32_t, K...>) {
+  (check_top_k<K + 1>(c, E, E >= K + 2 && (tie < 0 || tie + 1 > K + 1)), ...);
+}
+
+// a float's int32 order (select.hpp's), and back: the map is its own inverse
+float from_order(std::int32_t o) {
+  const std::int32_t bits = o ^ ((o >> 31) & 0x7fffffff);
+  float f;
+  std::memcpy(&f, &bits, sizeof f);
+  return f;
+}
+std::int32_t order_of(float f) {
+  std::int32_t bits;
+  std::memcpy(&bits, &f, sizeof f);
+  return bits ^ ((bits >> 31) & 0x7fffffff);
+}
+
+}  // namespace
+
+TEST_CASE("cpu gating columns: the keyed top-k selects what insertion selects", "[cpu][gating]") {
+  // columns (8 tokens a column) of distinct values, then among one token's best a near tie
+  // the keys cannot rank (two values in one block of 128 in the int32 order), a true tie, or
+  // -0 and +0: those tiles go by insertion, the others by keys, both with insertion's ids and
+  // values
+  constexpr std::int32_t W = col::lanes;
+  const auto seq = std::make_integer_sequence<std::int32_t, col::max_choices>{};
+  constexpr std::int32_t multipliers[] = {5, 7, 11, 13, 17, 19};  // (prime to every E)
+  for (const std::int32_t E : {8, 16, 24, 64, 128}) {
+    INFO("E = " << E);
+    std::vector<float> c(static_cast<std::size_t>(E * W));
+    const auto fill = [&](std::int32_t seed) {
+      // a permutation of the experts per token, 0.375 apart from -0.375 E / 2 + 0.125 (never
+      // 0), lane 5's scaled by powers of two from 2^-100 to 2^99; and one +0 (lane 2)
+      for (std::int32_t e = 0; e < E; ++e)
+        for (std::int32_t l = 0; l < W; ++l) {
+          const std::int32_t rank = (e * multipliers[seed] + seed * 3 + l * 11) % E;
+          const float x = static_cast<float>(rank - E / 2) * 0.375f + 0.125f;
+          c[e * W + l] = l == 5 ? std::ldexp(x, (e * 37) % 200 - 100) : x;
+        }
+      c[(E / 2) * W + 2] = 0.0f;
+    };
+    const auto expert_at = [&](std::int32_t l, std::int32_t rank) {  // lane l's rank-th best
+      std::vector<std::int32_t> e(E);
+      for (std::int32_t i = 0; i < E; ++i) e[i] = i;
+      std::stable_sort(e.begin(), e.end(),
+                       [&](std::int32_t a, std::int32_t b) { return c[a * W + l] > c[b * W + l]; });
+      return e[rank];
+    };
+    for (std::int32_t seed = 0; seed < 6; ++seed) {
+      INFO("seed " << seed);
+      fill(seed);
+      check_top_k_all(c, E, -1, seq);
+      for (std::int32_t rank = 0; rank < 9 && rank + 1 < E; ++rank) {
+        INFO("tie at rank " << rank);
+        const std::int32_t l = (seed + rank) % W;
+        const std::int32_t upper = expert_at(l, rank), lower = expert_at(l, rank + 1);
+        const float v = c[upper * W + l];
+        // a near tie, the order still by value: both within v's block of 128 (the values
+        // are much further apart than that, so no rank changes)
+        const std::int32_t block = order_of(v) & ~col::key_index_mask;
+        c[upper * W + l] = from_order(block + 64);
+        c[lower * W + l] = from_order(block + 32);
+        check_top_k_all(c, E, rank, seq);
+        c[upper * W + l] = v;
+        c[lower * W + l] = v;  // a true tie: the lower index first
+        check_top_k_all(c, E, rank, seq);
+        fill(seed);
+      }
+      // -0 and +0 the best of lane 3 (the rest below -1): a tie, expert 0's -0 first; a lone
+      // -0 (made +0 before the keys) is none
+      for (std::int32_t e = 0; e < E; ++e) c[e * W + 3] = -1.0f - std::fabs(c[e * W + 3]);
+      c[(E - 1) * W + 3] = 0.0f;
+      c[3] = -0.0f;
+      check_top_k_all(c, E, 0, seq);
+      c[(E - 1) * W + 3] = -1.0f;
+      check_top_k_all(c, E, -1, seq);
     }
   }
 }

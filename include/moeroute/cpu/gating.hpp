@@ -292,7 +292,7 @@ struct gating_agent {
     columns = (softmax_score || g.score == score_function::sigmoid) && !noise &&
               !(g.expert_bias && softmax_score) && G == 1 && !sampling && !random_second &&
               !replay && R == 0 && k <= columns::max_choices && E % columns::lanes == 0 &&
-              columns::pays(E, k) && !(softmax_after && g.select == select_from::scores) &&
+              columns::pays(E) && !(softmax_after && g.select == select_from::scores) &&
               p.out.d_aux_scores == nullptr && p.out.d_aux_count_ids == nullptr &&
               7 * gating_tile(cfg) >= 3 * columns::lanes;
 #else

@@ -34,21 +34,13 @@ namespace moeroute::cpu::detail::columns {
 /// 8-lane columns).
 inline constexpr std::int32_t lanes = 8;
 
-/// True where the columns beat the row path for rows of E experts and k choices (the other
-/// bounds are gating_agent's). Measured on one thread at T = 16384 (docs/performance.md,
-/// session 35, an Intel Xeon with AVX-512): up to 64 experts the columns win on both ISAs
-/// (AVX-512: Mixtral (8, 2) 11.8 -> 2.4 ns per logit, Megatron (64, 2) 1.83 -> 1.65). At 128
-/// AVX-512's 16-lane rows win or tie (Qwen3 (128, 8) 1.52 -> 1.93, Switch (128, 1) even);
-/// on AVX2 the columns' K-place insertion loses at k = 8 (2.13 -> 2.49) and to the rows'
-/// float top-2 at k = 2 (1.66 -> 1.83), and wins at k = 1 (1.82 -> 1.43) and ties at k = 4.
-[[nodiscard]] constexpr bool pays(std::int32_t E, std::int32_t k) noexcept {
-#if defined(__AVX512F__)
-  (void)k;
-  return E <= 64;
-#else
-  return E <= 64 || (E <= 128 && k <= 4 && k != 2);
-#endif
-}
+/// True where the columns beat the row path for rows of E experts (the other bounds are
+/// gating_agent's). Measured on one thread at T = 16384 (docs/performance.md, session 36, an
+/// Intel Xeon with AVX-512), with top_k's keys: up to 128 experts the columns win on both ISAs
+/// or tie (AVX-512: Qwen3 (128, 8) 1.63 -> 1.20 ns per logit, Switch (128, 1) 1.45 -> 1.01;
+/// AVX2: Qwen3 2.17 -> 1.65, Megatron (128, 2) 1.82 -> 1.58, (128, 4) and (128, 1) even).
+/// At 256 the columns' scratch crowds L1 (rows 5-15 % faster, session 30).
+[[nodiscard]] constexpr bool pays(std::int32_t E) noexcept { return E <= 128; }
 
 using math::f32x4;
 using math::f32x8;
@@ -257,16 +249,17 @@ inline void divide(float* __restrict c, std::int32_t E, const f32x8& denom) noex
   for (std::int32_t e = 0; e < E; ++e) store8(c + e * 8, load8(c + e * 8) / denom);
 }
 
-/// The most choices per token the columns select (a place costs a compare and four selects
-/// per expert; at 8 still faster than rows: OLMoE (64, 8) 3.3 -> 2.35 ns per logit on AVX2).
+/// The most choices per token the columns select.
 inline constexpr std::int32_t max_choices = 8;
 
-/// @brief The K best experts of each token over columns c, best first: ids id[j], values b[j].
-///        Ties to the lower index: an expert displaces a place only when strictly larger, so
-///        equal values keep index order (-0 and +0 tie, as select.hpp ranks them; b[j] may then
-///        hold the other zero). The values must be finite.
+/// @brief The K best experts of each token over columns c, best first, by insertion: ids id[j],
+///        values b[j]. Ties to the lower index: an expert displaces a place only when strictly
+///        larger, so equal values keep index order (-0 and +0 tie, as select.hpp ranks them; b[j]
+///        may then hold the other zero). The values must be finite. A place costs a compare and
+///        four selects per expert (top_k's keys take the tiles without near ties).
 template <std::int32_t K>
-inline void top_k(const float* __restrict c, std::int32_t E, i32x8* id, f32x8* b) noexcept {
+inline void top_k_inserted(const float* __restrict c, std::int32_t E, i32x8* id,
+                           f32x8* b) noexcept {
   for (std::int32_t j = 0; j < K; ++j) {
     b[j] = f32x8{} - __builtin_inff();
     id[j] = i32x8{};
@@ -286,6 +279,123 @@ inline void top_k(const float* __restrict c, std::int32_t E, i32x8* id, f32x8* b
     id[0] = gt[0] ? e_lanes : id[0];
     b[0] = b[0] > v ? b[0] : v;
   }
+}
+
+// Selection by 32-bit keys. A key is a value's int32 order (select.hpp's: -0 made +0, the sign
+// folded so that integer order is float order) with its low key_index_bits replaced by
+// 127 - e: eight tokens a register (where 64-bit keys take four on AVX2, which has no 64-bit
+// max), and a place one integer max and one min (where insertion by value carries the ids
+// through four selects). Replacing those bits ranks two values that agree above them by index
+// rather than value, so the keys' choice is top_k_inserted's exactly when no two of a token's
+// K + 1 best keys agree above the index bits (adjacent in order: a sorted sequence); a tile
+// where any token has such a near tie (true ties included: equal values, or -0 and +0) goes by
+// insertion instead. Random data: about 1 tile in 200 (an agreement on 25 of 32 bits).
+
+/// Index bits of a column key: rows of up to 128 experts (columns::pays).
+inline constexpr std::int32_t key_index_bits = 7;
+inline constexpr std::int32_t key_index_mask = (1 << key_index_bits) - 1;
+
+[[gnu::always_inline]] inline i32x8 max_keys(const i32x8& a, const i32x8& b) noexcept {
+  return (i32x8)_mm256_max_epi32((__m256i)a, (__m256i)b);
+}
+[[gnu::always_inline]] inline i32x8 min_keys(const i32x8& a, const i32x8& b) noexcept {
+  return (i32x8)_mm256_min_epi32((__m256i)a, (__m256i)b);
+}
+/// A comparator: the larger key to i, the smaller to j.
+[[gnu::always_inline]] inline void order_keys(i32x8& i, i32x8& j) noexcept {
+  const i32x8 hi = max_keys(i, j);
+  j = min_keys(i, j);
+  i = hi;
+}
+
+/// Column e's keys.
+[[gnu::always_inline]] inline i32x8 key_of(const float* __restrict c, std::int32_t e) noexcept {
+  const auto bits = (i32x8)_mm256_add_ps(_mm256_loadu_ps(c + e * 8), _mm256_setzero_ps());
+  const i32x8 ordered = bits ^ ((bits >> 31) & 0x7fffffff);
+  return (ordered & ~key_index_mask) | (key_index_mask - e);
+}
+
+/// Sorts 8 key vectors lane-wise, best first: Knuth's 19-comparator network of depth 6 (the
+/// network select_columns.hpp's sort8 uses on 64-bit keys).
+[[gnu::always_inline]] inline void sort8_keys(i32x8* v) noexcept {
+  order_keys(v[0], v[2]), order_keys(v[1], v[3]), order_keys(v[4], v[6]), order_keys(v[5], v[7]);
+  order_keys(v[0], v[4]), order_keys(v[1], v[5]), order_keys(v[2], v[6]), order_keys(v[3], v[7]);
+  order_keys(v[0], v[1]), order_keys(v[2], v[3]), order_keys(v[4], v[5]), order_keys(v[6], v[7]);
+  order_keys(v[2], v[4]), order_keys(v[3], v[5]);
+  order_keys(v[1], v[4]), order_keys(v[3], v[6]);
+  order_keys(v[1], v[2]), order_keys(v[3], v[4]), order_keys(v[5], v[6]);
+}
+
+/// @brief acc = the 8 best of acc and g (each sorted best first), sorted (merge8's bitonic
+///        merge); returns the best of the 8 it drops.
+[[gnu::always_inline]] inline i32x8 merge8_keys(i32x8* acc, const i32x8* g) noexcept {
+  i32x8 dropped[8];
+  for (std::int32_t i = 0; i < 8; ++i) {
+    dropped[i] = min_keys(acc[i], g[7 - i]);
+    acc[i] = max_keys(acc[i], g[7 - i]);
+  }
+  for (std::int32_t s = 4; s >= 1; s /= 2)
+    for (std::int32_t i = 0; i < 8; ++i)
+      if ((i & s) == 0) order_keys(acc[i], acc[i + s]);
+  for (std::int32_t s = 4; s >= 1; s /= 2)
+    for (std::int32_t i = 0; i < s; ++i) dropped[i] = max_keys(dropped[i], dropped[i + s]);
+  return dropped[0];
+}
+
+/// @brief top_k_inserted's ids and values by keys, when no token of the tile has a near tie
+///        (above); false, with id and b unspecified, when one has (or E is beyond the keys:
+///        more than 128 experts, or not whole groups of 8 for the network). From 5 choices the
+///        K + 1 best come from groups of 8 keys sorted by a network and merged into the running
+///        8 best (about 10 comparators a group of 8 per key, where insertion takes K); up to 4
+///        by insertion of keys into K + 1 places. Measured at T = 16384, E = 64, one thread on
+///        AVX2 (docs/performance.md, session 36): K = 8 1.11 -> 0.39 ns per logit, K = 2 0.48
+///        -> 0.21; K = 1 gains nothing (one max and one select a value).
+template <std::int32_t K>
+[[nodiscard]] inline bool top_k_by_keys(const float* __restrict c, std::int32_t E, i32x8* id,
+                                        f32x8* b) noexcept {
+  constexpr bool network = K >= 5;
+  if (E > key_index_mask + 1 || E < K + 1 || (network && E % 8 != 0)) return false;
+  const i32x8 none = i32x8{} + INT32_MIN;  // below every key (-Inf's order is above it)
+  i32x8 best[8];
+  i32x8 next = none;  // the (K + 1)-th best key
+  if constexpr (network) {
+    for (std::int32_t j = 0; j < 8; ++j) best[j] = key_of(c, j);
+    sort8_keys(best);
+    for (std::int32_t e = 8; e < E; e += 8) {
+      i32x8 g[8];
+      for (std::int32_t j = 0; j < 8; ++j) g[j] = key_of(c, e + j);
+      sort8_keys(g);
+      const i32x8 dropped = merge8_keys(best, g);
+      if constexpr (K == 8) next = max_keys(next, dropped);
+    }
+    if constexpr (K < 8) next = best[K];
+  } else {
+    for (std::int32_t j = 0; j <= K; ++j) best[j] = none;
+    for (std::int32_t e = 0; e < E; ++e) {
+      i32x8 x = key_of(c, e);
+      for (std::int32_t j = 0; j <= K; ++j) order_keys(best[j], x);
+    }
+    next = best[K];
+  }
+  const i32x8 high = i32x8{} + ~key_index_mask;
+  i32x8 near = (next & high) == (best[K - 1] & high);
+  for (std::int32_t j = 0; j + 1 < K; ++j) near |= (best[j] & high) == (best[j + 1] & high);
+  if (_mm256_testz_si256((__m256i)near, (__m256i)near) == 0) return false;
+  const i32x8 lane = {0, 1, 2, 3, 4, 5, 6, 7};
+  for (std::int32_t j = 0; j < K; ++j) {
+    id[j] = key_index_mask - (best[j] & key_index_mask);
+    b[j] = (f32x8)_mm256_i32gather_ps(c, (__m256i)(id[j] * lanes + lane), sizeof(float));
+  }
+  return true;
+}
+
+/// @brief The K best experts of each token over columns c, best first: ids id[j], values b[j]
+///        — top_k_inserted's (its ties, its values), by keys where the tile allows.
+template <std::int32_t K>
+inline void top_k(const float* __restrict c, std::int32_t E, i32x8* id, f32x8* b) noexcept {
+  if constexpr (K >= 2)
+    if (top_k_by_keys<K>(c, E, id, b)) return;
+  top_k_inserted<K>(c, E, id, b);
 }
 
 /// @brief top_k<K> for k = K known at run time (1 .. max_choices): each K its own unrolled
