@@ -193,8 +193,8 @@ TEST_CASE(
 #if defined(MOEROUTE_CPU_TOKEN_COLUMNS)
 TEST_CASE("cpu gating columns: each kernel gives the row kernel's bits", "[cpu][gating]") {
   // rows of mixed magnitudes with ties, +0 / -0 maxima (their sign reaches the logsumexp),
-  // and values whose exps underflow: the double and float sums, exps, P and sigmoids of the
-  // columns compared with math.hpp's row kernels bit for bit, lane by lane
+  // and values whose exps underflow: the double and float sums, exps, logsumexps, P and sigmoids
+  // of the columns compared with math.hpp's row kernels bit for bit, lane by lane
   namespace col = cpu::detail::columns;
   constexpr std::int32_t W = col::lanes;
   const auto same = [](const auto& a, const auto& b) { return std::memcmp(&a, &b, sizeof a) == 0; };
@@ -218,6 +218,8 @@ TEST_CASE("cpu gating columns: each kernel gives the row kernel's bits", "[cpu][
     std::vector<float> sc(xc.size());
     col::sigmoid(xc.data(), E, sc.data());
     const col::f32x8 ssum = col::sum_f32(sc.data(), E);
+    float lse[W];
+    col::logsumexp(m, sum, lse);
     for (std::int32_t l = 0; l < W; ++l) {
       INFO("row " << l);
       std::vector<float> x(E), ex(E), p(E), s(E);
@@ -226,6 +228,7 @@ TEST_CASE("cpu gating columns: each kernel gives the row kernel's bits", "[cpu][
       CHECK(same(m[l], rm));
       const double rs = cpu::math::exp_row(x.data(), E, rm, ex.data());
       CHECK(same(sum[l / 4][l % 4], rs));
+      CHECK(same(lse[l], static_cast<float>(static_cast<double>(rm) + cpu::math::log(rs))));
       cpu::math::normalize_row(ex.data(), E, rs, p.data());
       cpu::math::sigmoid_row(x.data(), E, s.data());
       CHECK(same(ssum[l], cpu::math::sum_row_f32(s.data(), E)));

@@ -10,6 +10,7 @@
 #include <cmath>
 #include <cstddef>
 #include <cstdint>
+#include <cstring>
 #include <string>
 #include <type_traits>
 
@@ -727,11 +728,10 @@ struct gating_agent {
     col::f64x4 sum[2] = {};  // the exps' sums: the softmax's, and the logsumexp's
     if (softmax_score || wants_lse) col::exp_and_sum(xc, E, m, pc, sum);
     float lse[W] = {};
-    if (wants_lse)
-      for (std::int32_t l = 0; l < W; ++l) {
-        lse[l] = static_cast<float>(static_cast<double>(m[l]) + math::log(sum[l / 4][l % 4]));
-        if (p.out.d_logsumexp != nullptr) p.out.d_logsumexp[t0 + l] = lse[l];
-      }
+    if (wants_lse) {
+      col::logsumexp(m, sum, lse);
+      if (p.out.d_logsumexp != nullptr) std::memcpy(p.out.d_logsumexp + t0, lse, sizeof lse);
+    }
     if (!softmax_score) {
       col::sigmoid(xc, E, pc);
     } else if (aux || !softmax_after) {  // P is read (the aux sums, the gates or the selection)
