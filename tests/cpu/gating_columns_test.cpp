@@ -193,54 +193,62 @@ TEST_CASE(
 #if defined(MOEROUTE_CPU_TOKEN_COLUMNS)
 TEST_CASE("cpu gating columns: each kernel gives the row kernel's bits", "[cpu][gating]") {
   // rows of mixed magnitudes with ties, +0 / -0 maxima (their sign reaches the logsumexp),
-  // and values whose exps underflow: the double and float sums, exps, logsumexps, P and sigmoids
-  // of the columns compared with math.hpp's row kernels bit for bit, lane by lane
+  // and values whose exps underflow (wide: exp8 on AVX2), or values within 86 of their row's
+  // max (moderate: exp8_moderate, the boundary included): the double and float sums, exps,
+  // logsumexps, P and sigmoids of the columns compared with math.hpp's row kernels bit for
+  // bit, lane by lane
   namespace col = cpu::detail::columns;
   constexpr std::int32_t W = col::lanes;
   const auto same = [](const auto& a, const auto& b) { return std::memcmp(&a, &b, sizeof a) == 0; };
-  for (const std::int32_t E : {8, 16, 24, 40, 64, 128}) {
-    INFO("E = " << E);
-    std::vector<float> rows = test::grid_logits(W, E, static_cast<std::uint32_t>(E));
-    for (std::int32_t e = 0; e < E; ++e) {
-      rows[1 * E + e] = e % 2 == 0 ? -0.0f : -1.0f - static_cast<float>(e);  // max -0
-      rows[2 * E + e] = e % 3 == 0 ? 0.0f : (e % 3 == 1 ? -0.0f : -2.0f);    // +0 and -0
-      rows[3 * E + e] = static_cast<float>(e) * 9.0f - 200.0f;               // exps underflow
-      rows[4 * E + e] = 1e30f / static_cast<float>(e + 1);
-    }
-    std::vector<float> xc(static_cast<std::size_t>(W * E)), ec(xc.size()), pc(xc.size());
-    col::f32x8 m;
-    REQUIRE(col::load(rows.data(), E, xc.data(), m));
-    col::f64x4 sum[2];
-    col::exp_and_sum(xc.data(), E, m, ec.data(), sum);
-    const col::f64x4 inv[2] = {1.0 / sum[0], 1.0 / sum[1]};
-    pc = ec;
-    col::normalize(pc.data(), E, inv);
-    std::vector<float> sc(xc.size());
-    col::sigmoid(xc.data(), E, sc.data());
-    const col::f32x8 ssum = col::sum_f32(sc.data(), E);
-    float lse[W];
-    col::logsumexp(m, sum, lse);
-    for (std::int32_t l = 0; l < W; ++l) {
-      INFO("row " << l);
-      std::vector<float> x(E), ex(E), p(E), s(E);
-      std::int64_t bad = 0;
-      const float rm = cpu::math::load_row(rows.data() + l * E, E, x.data(), bad);
-      CHECK(same(m[l], rm));
-      const double rs = cpu::math::exp_row(x.data(), E, rm, ex.data());
-      CHECK(same(sum[l / 4][l % 4], rs));
-      CHECK(same(lse[l], static_cast<float>(static_cast<double>(rm) + cpu::math::log(rs))));
-      cpu::math::normalize_row(ex.data(), E, rs, p.data());
-      cpu::math::sigmoid_row(x.data(), E, s.data());
-      CHECK(same(ssum[l], cpu::math::sum_row_f32(s.data(), E)));
+  for (const bool wide : {true, false})
+    for (const std::int32_t E : {8, 16, 24, 40, 64, 128}) {
+      INFO("E = " << E << (wide ? ", wide" : ", moderate"));
+      std::vector<float> rows = test::grid_logits(W, E, static_cast<std::uint32_t>(E));
       for (std::int32_t e = 0; e < E; ++e) {
-        INFO("expert " << e);
-        CHECK(same(xc[e * W + l], x[e]));
-        CHECK(same(ec[e * W + l], ex[e]));
-        CHECK(same(pc[e * W + l], p[e]));
-        CHECK(same(sc[e * W + l], s[e]));
+        const auto f = static_cast<float>(e);
+        rows[1 * E + e] = e % 2 == 0 ? -0.0f : -1.0f - f;                    // max -0
+        rows[2 * E + e] = e % 3 == 0 ? 0.0f : (e % 3 == 1 ? -0.0f : -2.0f);  // +0 and -0
+        // (moderate: from -93.5 to -7.5, exactly 86 apart)
+        rows[3 * E + e] =
+            wide ? f * 9.0f - 200.0f
+                 : std::clamp(-93.5f + f * 86.0f / static_cast<float>(E - 1), -93.5f, -7.5f);
+        rows[4 * E + e] = wide ? 1e30f / (f + 1.0f) : 1e30f;
+      }
+      std::vector<float> xc(static_cast<std::size_t>(W * E)), ec(xc.size()), pc(xc.size());
+      col::f32x8 m, lo;
+      REQUIRE(col::load(rows.data(), E, xc.data(), m, lo));
+      col::f64x4 sum[2];
+      col::exp_and_sum(xc.data(), E, m, lo, ec.data(), sum);
+      const col::f64x4 inv[2] = {1.0 / sum[0], 1.0 / sum[1]};
+      pc = ec;
+      col::normalize(pc.data(), E, inv);
+      std::vector<float> sc(xc.size());
+      col::sigmoid(xc.data(), E, sc.data());
+      const col::f32x8 ssum = col::sum_f32(sc.data(), E);
+      float lse[W];
+      col::logsumexp(m, sum, lse);
+      for (std::int32_t l = 0; l < W; ++l) {
+        INFO("row " << l);
+        std::vector<float> x(E), ex(E), p(E), s(E);
+        std::int64_t bad = 0;
+        const float rm = cpu::math::load_row(rows.data() + l * E, E, x.data(), bad);
+        CHECK(same(m[l], rm));
+        CHECK(lo[l] == *std::min_element(x.begin(), x.end()));
+        const double rs = cpu::math::exp_row(x.data(), E, rm, ex.data());
+        CHECK(same(sum[l / 4][l % 4], rs));
+        CHECK(same(lse[l], static_cast<float>(static_cast<double>(rm) + cpu::math::log(rs))));
+        cpu::math::normalize_row(ex.data(), E, rs, p.data());
+        cpu::math::sigmoid_row(x.data(), E, s.data());
+        CHECK(same(ssum[l], cpu::math::sum_row_f32(s.data(), E)));
+        for (std::int32_t e = 0; e < E; ++e) {
+          INFO("expert " << e);
+          CHECK(same(xc[e * W + l], x[e]));
+          CHECK(same(ec[e * W + l], ex[e]));
+          CHECK(same(pc[e * W + l], p[e]));
+          CHECK(same(sc[e * W + l], s[e]));
+        }
       }
     }
-  }
 }
 #endif
 

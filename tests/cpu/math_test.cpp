@@ -139,6 +139,42 @@ TEST_CASE("cpu math::exp_row equals exp() bit for bit", "[cpu][math]") {
   REQUIRE(differs == 0);
 }
 
+#if defined(__AVX2__) && defined(__FMA__)
+// exp8_moderate (the token columns' exp on AVX2 where a tile's logits lie within 86 of their
+// max) gives exp8's bits, which are exp()'s, over every 7th float of [-86, 0] and its ends
+TEST_CASE("cpu math::exp8_moderate equals exp() bit for bit on [-86, 0]", "[cpu][math]") {
+  // (the floats' bits run from -0 up to -86's)
+  const std::uint32_t first_bits = std::bit_cast<std::uint32_t>(-0.0f),
+                      last_bits = std::bit_cast<std::uint32_t>(math::exp8_moderate_min);
+  std::int64_t checked = 0, differs = 0;
+  float first = 0.0f;
+  const auto check = [&](const float* y) {
+    float got[8];
+    _mm256_storeu_ps(got, math::exp8_moderate(_mm256_loadu_ps(y)));
+    for (std::int32_t i = 0; i < 8; ++i, ++checked)
+      if (std::bit_cast<std::uint32_t>(got[i]) != std::bit_cast<std::uint32_t>(math::exp(y[i])))
+        if (differs++ == 0) first = y[i];
+  };
+  for (std::uint32_t b = first_bits; b <= last_bits - 8 * 7; b += 8 * 7) {
+    float y[8];
+    for (std::uint32_t i = 0; i < 8; ++i) y[i] = std::bit_cast<float>(b + 7 * i);
+    check(y);
+  }
+  const float ends[8] = {math::exp8_moderate_min,
+                         0.0f,
+                         -0.0f,
+                         -1e-30f,
+                         -85.99999f,
+                         -1.0f,
+                         -0.5f,
+                         -std::numeric_limits<float>::denorm_min()};
+  check(ends);
+  INFO(differs << " of " << checked << " differ, the first at " << first);
+  CHECK(checked > 150000000);
+  REQUIRE(differs == 0);
+}
+#endif
+
 // sigmoid_row (sigmoid16's own exp on AVX-512, math::exp elsewhere) against the exact sigmoid
 // over every 61st float of [-89, 104], rows of 4093: within 3 ulp where exp(-x) is finite, 0
 // where it overflows (as the reference's float formula gives), monotonic; the non-finite

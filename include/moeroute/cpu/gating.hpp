@@ -723,10 +723,10 @@ struct gating_agent {
     float* xc = scratch;     // [E, W] sanitised logits
     float* pc = xc + W * E;  // [E, W] exps, then P (softmax) or the scores (sigmoid)
     float* bc = pc + W * E;  // [E, W] the selection values plus the bias
-    col::f32x8 m;
-    if (!col::load(p.d_logits + t0 * E, E, xc, m)) return false;
+    col::f32x8 m, lo;
+    if (!col::load(p.d_logits + t0 * E, E, xc, m, lo)) return false;
     col::f64x4 sum[2] = {};  // the exps' sums: the softmax's, and the logsumexp's
-    if (softmax_score || wants_lse) col::exp_and_sum(xc, E, m, pc, sum);
+    if (softmax_score || wants_lse) col::exp_and_sum(xc, E, m, lo, pc, sum);
     float lse[W] = {};
     if (wants_lse) {
       col::logsumexp(m, sum, lse);
