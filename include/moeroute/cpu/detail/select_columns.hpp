@@ -18,6 +18,8 @@
 #include <cstdint>
 #include <cstring>
 
+#include <moeroute/cpu/detail/sort_network.hpp>
+
 #if defined(__AVX512F__)
 #include <immintrin.h>
 #endif
@@ -63,31 +65,23 @@ inline constexpr std::int32_t column_places = 8;
 
 /// A comparator on keys: the larger to place i, the smaller to place j (a key list sorts best
 /// first).
-[[gnu::always_inline]] inline void order_pair(__m512i& i, __m512i& j) noexcept {
-  const __m512i hi = _mm512_maskz_max_epi64(0xff, i, j);
-  j = _mm512_maskz_min_epi64(0xff, i, j);
-  i = hi;
-}
+struct order_pair {
+  [[gnu::always_inline]] void operator()(__m512i& i, __m512i& j) const noexcept {
+    const __m512i hi = _mm512_maskz_max_epi64(0xff, i, j);
+    j = _mm512_maskz_min_epi64(0xff, i, j);
+    i = hi;
+  }
+};
 
-/// Sorts 8 key vectors lane-wise, best first: Knuth's 19-comparator network of depth 6
-/// (tests/cpu/math_test.cpp checks the selections it makes).
-[[gnu::always_inline]] inline void sort8(__m512i* v) noexcept {
-  order_pair(v[0], v[2]), order_pair(v[1], v[3]), order_pair(v[4], v[6]), order_pair(v[5], v[7]);
-  order_pair(v[0], v[4]), order_pair(v[1], v[5]), order_pair(v[2], v[6]), order_pair(v[3], v[7]);
-  order_pair(v[0], v[1]), order_pair(v[2], v[3]), order_pair(v[4], v[5]), order_pair(v[6], v[7]);
-  order_pair(v[2], v[4]), order_pair(v[3], v[5]);
-  order_pair(v[1], v[4]), order_pair(v[3], v[6]);
-  order_pair(v[1], v[2]), order_pair(v[3], v[4]), order_pair(v[5], v[6]);
-}
+/// Sorts 8 key vectors lane-wise, best first (sort_network.hpp's network).
+[[gnu::always_inline]] inline void sort8(__m512i* v) noexcept { sort8_network(v, order_pair{}); }
 
 /// @brief acc = the 8 best of acc and g (each sorted best first), sorted: the lane-wise larger
 ///        of acc[i] and g[7 - i] are those 8 (and a bitonic sequence), which a bitonic
 ///        half-cleaner cascade sorts.
 [[gnu::always_inline]] inline void merge8(__m512i* acc, const __m512i* g) noexcept {
   for (std::int32_t i = 0; i < 8; ++i) acc[i] = _mm512_maskz_max_epi64(0xff, acc[i], g[7 - i]);
-  for (std::int32_t s = 4; s >= 1; s /= 2)
-    for (std::int32_t i = 0; i < 8; ++i)
-      if ((i & s) == 0) order_pair(acc[i], acc[i + s]);
+  bitonic_clean8(acc, order_pair{});
 }
 
 /// @brief The n best (1 <= n <= column_places) of each row rows[r][0, size), r < count <= 16,

@@ -23,6 +23,7 @@
 
 #include <moeroute/config.hpp>
 #include <moeroute/cpu/detail/math.hpp>
+#include <moeroute/cpu/detail/sort_network.hpp>
 
 #if defined(__AVX2__) && defined(__FMA__)
 #define MOEROUTE_CPU_TOKEN_COLUMNS 1
@@ -330,7 +331,7 @@ inline void top_k_inserted(const float* __restrict c, std::int32_t E, i32x8* id,
 // rather than value, so the keys' choice is top_k_inserted's exactly when no two of a token's
 // K + 1 best keys agree above the index bits (adjacent in order: a sorted sequence); a tile
 // where any token has such a near tie (true ties included: equal values, or -0 and +0) goes by
-// insertion instead. Random data: about 1 tile in 200 (an agreement on 25 of 32 bits).
+// insertion instead. Random logits: about 1 tile in 200 at K = 8 (agreements on 25 of 32 bits).
 
 /// Index bits of a column key: rows of up to 128 experts (columns::pays).
 inline constexpr std::int32_t key_index_bits = 7;
@@ -343,11 +344,13 @@ inline constexpr std::int32_t key_index_mask = (1 << key_index_bits) - 1;
   return (i32x8)_mm256_min_epi32((__m256i)a, (__m256i)b);
 }
 /// A comparator: the larger key to i, the smaller to j.
-[[gnu::always_inline]] inline void order_keys(i32x8& i, i32x8& j) noexcept {
-  const i32x8 hi = max_keys(i, j);
-  j = min_keys(i, j);
-  i = hi;
-}
+struct order_keys {
+  [[gnu::always_inline]] void operator()(i32x8& i, i32x8& j) const noexcept {
+    const i32x8 hi = max_keys(i, j);
+    j = min_keys(i, j);
+    i = hi;
+  }
+};
 
 /// Column e's keys.
 [[gnu::always_inline]] inline i32x8 key_of(const float* __restrict c, std::int32_t e) noexcept {
@@ -356,28 +359,15 @@ inline constexpr std::int32_t key_index_mask = (1 << key_index_bits) - 1;
   return (ordered & ~key_index_mask) | (key_index_mask - e);
 }
 
-/// Sorts 8 key vectors lane-wise, best first: Knuth's 19-comparator network of depth 6 (the
-/// network select_columns.hpp's sort8 uses on 64-bit keys).
-[[gnu::always_inline]] inline void sort8_keys(i32x8* v) noexcept {
-  order_keys(v[0], v[2]), order_keys(v[1], v[3]), order_keys(v[4], v[6]), order_keys(v[5], v[7]);
-  order_keys(v[0], v[4]), order_keys(v[1], v[5]), order_keys(v[2], v[6]), order_keys(v[3], v[7]);
-  order_keys(v[0], v[1]), order_keys(v[2], v[3]), order_keys(v[4], v[5]), order_keys(v[6], v[7]);
-  order_keys(v[2], v[4]), order_keys(v[3], v[5]);
-  order_keys(v[1], v[4]), order_keys(v[3], v[6]);
-  order_keys(v[1], v[2]), order_keys(v[3], v[4]), order_keys(v[5], v[6]);
-}
-
-/// @brief acc = the 8 best of acc and g (each sorted best first), sorted (merge8's bitonic
-///        merge); returns the best of the 8 it drops.
+/// @brief acc = the 8 best of acc and g (each sorted best first), sorted (select_columns.hpp's
+///        merge8); returns the best of the 8 it drops.
 [[gnu::always_inline]] inline i32x8 merge8_keys(i32x8* acc, const i32x8* g) noexcept {
   i32x8 dropped[8];
   for (std::int32_t i = 0; i < 8; ++i) {
     dropped[i] = min_keys(acc[i], g[7 - i]);
     acc[i] = max_keys(acc[i], g[7 - i]);
   }
-  for (std::int32_t s = 4; s >= 1; s /= 2)
-    for (std::int32_t i = 0; i < 8; ++i)
-      if ((i & s) == 0) order_keys(acc[i], acc[i + s]);
+  bitonic_clean8(acc, order_keys{});
   for (std::int32_t s = 4; s >= 1; s /= 2)
     for (std::int32_t i = 0; i < s; ++i) dropped[i] = max_keys(dropped[i], dropped[i + s]);
   return dropped[0];
@@ -387,8 +377,8 @@ inline constexpr std::int32_t key_index_mask = (1 << key_index_bits) - 1;
 ///        (above); false, with id and b unspecified, when one has (or E is beyond the keys:
 ///        more than 128 experts, or not whole groups of 8 for the network). From 5 choices the
 ///        K + 1 best come from groups of 8 keys sorted by a network and merged into the running
-///        8 best (about 10 comparators a group of 8 per key, where insertion takes K); up to 4
-///        by insertion of keys into K + 1 places. Measured at T = 16384, E = 64, one thread on
+///        8 best (about 5 comparators a key, where insertion takes K + 1); up to 4 by insertion
+///        of keys into K + 1 places. Measured at T = 16384, E = 64, one thread on
 ///        AVX2 (docs/performance.md, session 36): K = 8 1.11 -> 0.39 ns per logit, K = 2 0.48
 ///        -> 0.21; K = 1 gains nothing (one max and one select a value).
 template <std::int32_t K>
@@ -401,11 +391,11 @@ template <std::int32_t K>
   i32x8 next = none;  // the (K + 1)-th best key
   if constexpr (network) {
     for (std::int32_t j = 0; j < 8; ++j) best[j] = key_of(c, j);
-    sort8_keys(best);
+    sort8_network(best, order_keys{});
     for (std::int32_t e = 8; e < E; e += 8) {
       i32x8 g[8];
       for (std::int32_t j = 0; j < 8; ++j) g[j] = key_of(c, e + j);
-      sort8_keys(g);
+      sort8_network(g, order_keys{});
       const i32x8 dropped = merge8_keys(best, g);
       if constexpr (K == 8) next = max_keys(next, dropped);
     }
@@ -414,7 +404,7 @@ template <std::int32_t K>
     for (std::int32_t j = 0; j <= K; ++j) best[j] = none;
     for (std::int32_t e = 0; e < E; ++e) {
       i32x8 x = key_of(c, e);
-      for (std::int32_t j = 0; j <= K; ++j) order_keys(best[j], x);
+      for (std::int32_t j = 0; j <= K; ++j) order_keys{}(best[j], x);
     }
     next = best[K];
   }
@@ -446,7 +436,7 @@ inline void top_k(const float* __restrict c, std::int32_t E, i32x8* id, f32x8* b
 }
 
 /// @brief top_k<K> for k = K known at run time (1 .. max_choices): each K its own unrolled
-///        insertion, chosen by a fold over the K's.
+///        selection, chosen by a fold over the K's.
 template <std::int32_t... K>
 inline void top_k(const float* __restrict c, std::int32_t E, std::int32_t k, i32x8* id, f32x8* b,
                   std::integer_sequence<std::int32_t, K...>) noexcept {
