@@ -285,7 +285,10 @@ TEST_CASE("cpu gating_backward: bad params name the field", "[cpu][backward]") {
   p.gated.d_ids = ids.data();
   p.dispatched.d_fate = fates.data();
   p.weights = {1.0, 0.0, 0.0, 0.0};  // the routing term alone (no loss sums given)
+  std::int64_t invalid_ids = 7;
+  p.d_invalid_ids = &invalid_ids;  // the CUDA backend's count: 0 here, which refuses instead
   REQUIRE(cpu::gating_backward(cfg, p).ok());
+  CHECK(invalid_ids == 0);
   ids[13] = 8;
   const auto bad = cpu::gating_backward(cfg, p);
   REQUIRE(bad.code == status_code::invalid_argument);

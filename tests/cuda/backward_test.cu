@@ -142,6 +142,67 @@ TEST_CASE("cuda backward: logit gradients equal the CPU reference", "[cuda][back
     check_logit_grads(cases[i], 10 + static_cast<std::uint32_t>(i));
 }
 
+TEST_CASE("cuda backward: ids outside [0, E) skip their token's routing term and are counted",
+          "[cuda][backward][quick]") {
+  // the CPU backends refuse such ids; the kernel cannot without a sync, so it must not read a
+  // logit at one (compute-sanitizer runs this case in tests/gpu_check.sh) and must say how
+  // many tokens it skipped: the reference's gradient with those tokens' d weight zeroed
+  presets::megatron_options mo;
+  mo.capacity_factor = 1.0;
+  for (const routing_config& cfg : {presets::megatron(8, 2, mo), presets::mixtral(24, 2)}) {
+    const std::int32_t E = cfg.num_experts, k = cfg.top_k;
+    INFO("E = " << E);
+    const std::int64_t T = 32;
+    const auto x = random_logits(T, E, 5);
+    std::vector<std::uint8_t> valid(T, 1);
+    valid[12] = 0;
+    const auto g = ref::gating(cfg, x, T, {}, valid);
+    const auto d = ref::dispatch(cfg, g);
+    const auto dw = random_values(T * k, 6);
+    std::vector<std::int32_t> bad_ids = g.ids;
+    bad_ids[3 * k + 1] = -1;
+    bad_ids[7 * k] = E;
+    bad_ids[20 * k + 1] = 1 << 30;
+    bad_ids[12 * k] = 99;  // a padding token: not read, not counted
+    std::vector<float> dw_skipped = dw;
+    for (const std::int64_t t : {3, 7, 20})
+      for (std::int32_t j = 0; j < k; ++j) dw_skipped[t * k + j] = 0.0f;
+    gating_backward_weights w;
+    w.routing = 1.0;
+    w.aux = 2.0;
+    w.z = 0.5;
+    std::vector<float> want(T * E, 0.0f);
+    ref::gating_backward(cfg, x, g, d, dw_skipped, want, w);
+
+    device_buffer<float> d_x(x), d_dw(dw), d_out(std::vector<float>(T * E, 0.0f));
+    device_buffer<std::int32_t> d_bad_ids(bad_ids);
+    device_buffer<std::int64_t> d_invalid(std::vector<std::int64_t>{-5});
+    const moeroute::test::device_forward forward(g, d);
+    cuda::gating_backward_params<float> p;
+    p.d_logits = d_x.get();
+    p.tokens = T;
+    forward.attach(p);
+    p.gated.d_ids = d_bad_ids.get();
+    p.d_grad_weight = d_dw.get();
+    p.weights = w;
+    p.d_grad_logits = d_out.get();
+    p.d_invalid_ids = d_invalid.get();
+    REQUIRE(cuda::gating_backward(cfg, p));
+    cuda::throw_if_cuda_error(cudaDeviceSynchronize(), "sync");
+    CHECK(d_invalid.download()[0] == 3);
+    const auto got = d_out.download();
+    for (std::size_t i = 0; i < got.size(); ++i) {
+      INFO("element " << i << ": gpu " << got[i] << ", cpu " << want[i]);
+      REQUIRE(std::fabs(got[i] - want[i]) <= 1e-6 * std::fabs(want[i]) + 1e-9);
+    }
+    // the count restarts at every call; without the routing term no id is read or counted
+    p.weights.routing = 0.0;
+    REQUIRE(cuda::gating_backward(cfg, p));
+    cuda::throw_if_cuda_error(cudaDeviceSynchronize(), "sync");
+    CHECK(d_invalid.download()[0] == 0);
+  }
+}
+
 TEST_CASE("cuda backward: zero tokens and bad params", "[cuda][backward][quick]") {
   const auto cfg = presets::mixtral(8, 2);
   cuda::gating_backward_params<float> p;

@@ -1238,7 +1238,8 @@ struct gating_backward_agent {
 ///        loss (when loss.sequence_length > 0) and the z-loss, added per element in that order
 ///        into d_grad_logits (or written, accumulate = false). Same formulas and order as
 ///        reference::gating_backward; math in double.
-/// @return success, or invalid_* naming the field.
+/// @return success, or invalid_* naming the field (an id outside [0, E) in a valid token
+///         included: d_invalid_ids, when given, is set to 0 on success).
 /// @note Synchronous, no allocation; tokens in fixed blocks on `ex`, bit-identical for any
 ///       thread count. T = 0: no-op. Padding tokens get 0 (written) or nothing (accumulate);
 ///       non-finite logits get 0.
@@ -1247,6 +1248,7 @@ template <class Element>
                                      const gating_backward_params<Element>& p,
                                      const executor& ex = {}) {
   if (auto s = validate(cfg, p); !s) return s;
+  if (p.d_invalid_ids != nullptr) *p.d_invalid_ids = 0;  // (validate refused any)
   if (p.tokens == 0) return status::success();
   const detail::gating_backward_agent<Element> agent(cfg, p);
   // about 16k logits a task (tens of microseconds), as cpu::gating: a small call is one task,

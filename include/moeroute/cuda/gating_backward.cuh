@@ -38,6 +38,9 @@ template <class Element>
 ///        d_grad_logits (or written, accumulate = false). Same formulas and order as
 ///        reference::gating_backward; math in double.
 /// @return success, invalid_* (naming the field) or cuda_error.
+/// @note A valid token whose d_ids hold an id outside [0, E) (the CPU backends refuse the
+///       call) gets no routing term here and is counted in d_invalid_ids when given (zeroed
+///       first, on the stream): its logits are never read at such an id.
 /// @note Asynchronous, no allocation, no synchronisation, graph-capturable. One warp per
 ///       token (one thread for E <= 16), fixed order (each sum over the experts: strided lane
 ///       parts, then a fixed butterfly): bitwise reproducible, within ~1e-16 relative of the
@@ -49,6 +52,11 @@ template <class Element>
                                      const gating_backward_params<Element>& p,
                                      cudaStream_t stream = nullptr) {
   if (auto s = validate(cfg, p); !s) return s;
+  if (p.d_invalid_ids != nullptr)
+    if (auto s = from_cuda(cudaMemsetAsync(p.d_invalid_ids, 0, sizeof(std::int64_t), stream),
+                           "cudaMemsetAsync(d_invalid_ids)");
+        !s)
+      return s;
   if (p.tokens == 0) return status::success();
   kernels::gating_backward_args<Element> a;
   a.logits = p.d_logits;
@@ -73,6 +81,7 @@ template <class Element>
   a.z_weight = cfg.loss.z_coefficient != 0.0f ? p.weights.z * cfg.loss.z_coefficient : 0.0;
   a.accumulate = p.accumulate;
   a.grad_logits = p.d_grad_logits;
+  a.invalid_ids = p.d_invalid_ids;
   constexpr int threads = 128;
   if (cfg.num_experts <= 16)  // a thread per token: a warp's lanes would mostly idle
     return launch("gating_backward_kernel", kernels::gating_backward_kernel<Element, 1>,

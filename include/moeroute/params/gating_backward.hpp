@@ -35,6 +35,11 @@ struct gating_backward_params {
       weights{};                   ///< dL/d(term); 0 skips a term (loss coefficients apply on top)
   bool accumulate = true;          ///< add into d_grad_logits (true) or overwrite it
   float* d_grad_logits = nullptr;  ///< [T, E] f32 out
+  /// [1] int64 out, optional: how many valid tokens held an id outside [0, E) in gated.d_ids
+  /// (with a routing term). The CUDA backend, which cannot refuse the call without a sync,
+  /// skips those tokens' routing term and counts them here; the CPU backend refuses such ids
+  /// (invalid_argument naming the element) and writes 0 here when it runs. Null: not counted.
+  std::int64_t* d_invalid_ids = nullptr;
 };
 
 /// @brief Checks config, shape and pointers; names the first bad field. Every backend's validate()
@@ -83,6 +88,7 @@ template <class To, class From>
   q.weights = p.weights;
   q.accumulate = p.accumulate;
   q.d_grad_logits = p.d_grad_logits;
+  q.d_invalid_ids = p.d_invalid_ids;
   return q;
 }
 

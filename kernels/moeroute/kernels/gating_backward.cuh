@@ -61,7 +61,8 @@ struct gating_backward_args {
   // 0 = no such term
   double routing_weight = 1.0, aux_weight = 0.0, seq_weight = 0.0, z_weight = 0.0;
   bool accumulate = true;
-  float* grad_logits = nullptr;  // [T, E]
+  float* grad_logits = nullptr;         // [T, E]
+  std::int64_t* invalid_ids = nullptr;  // [1] or null: tokens skipped for an id outside [0, E)
 };
 
 template <class Element>
@@ -142,8 +143,15 @@ __global__ void gating_backward_kernel(const gating_backward_args<Element> a) {
     auto gates_of = [&](std::int32_t j) {
       return sem.after_drop ? gpre_of(j) : static_cast<double>(sem.scaling) * gpre_of(j);
     };
+    // an id outside [0, E) (bad input, which the CPU backends refuse): the token gets no
+    // routing term, and is counted; below, ids index the logits only when `any`
+    bool ids_ok = true;
+    if (routing)
+      for (std::int32_t j = 0; j < k; ++j) ids_ok = ids_ok && ids[j] >= 0 && ids[j] < E;
+    if (!ids_ok && lane == 0 && a.invalid_ids != nullptr)
+      atomicAdd(reinterpret_cast<unsigned long long*>(a.invalid_ids), 1ull);
     bool any = false;
-    if (routing) {
+    if (routing && ids_ok) {
       for (std::int32_t j = 0; j < k; ++j) any = any || dw_of(j) != 0.0;
     }
     if (any) {
