@@ -91,13 +91,19 @@ struct launch_shape {
   };
   thread_local std::array<entry, 64> cache{};
   thread_local std::size_t next = 0;
+  // (a failed query is cleared from the thread's last error, where the caller's next
+  // cudaGetLastError would take it for its own: the launch then goes without the attribute)
   int device = 0;
-  if (cudaGetDevice(&device) != cudaSuccess) return false;
+  if (cudaGetDevice(&device) != cudaSuccess) {
+    (void)cudaGetLastError();
+    return false;
+  }
   for (const entry& e : cache)
     if (e.kernel == kernel && e.device == device) return e.allowed;
   cudaFuncAttributes attributes{};
-  const bool allowed =
-      cudaFuncGetAttributes(&attributes, kernel) == cudaSuccess && attributes.ptxVersion >= 90;
+  const cudaError_t queried = cudaFuncGetAttributes(&attributes, kernel);
+  if (queried != cudaSuccess) (void)cudaGetLastError();
+  const bool allowed = queried == cudaSuccess && attributes.ptxVersion >= 90;
   cache[next] = {kernel, device, allowed};
   next = (next + 1) % cache.size();
   return allowed;
