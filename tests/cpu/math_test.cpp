@@ -141,7 +141,7 @@ TEST_CASE("cpu math::exp_row equals exp() bit for bit", "[cpu][math]") {
 
 #if defined(__AVX2__) && defined(__FMA__)
 // exp8_moderate (the token columns' exp on AVX2 where a tile's logits lie within 86 of their
-// max) gives exp8's bits, which are exp()'s, over every 7th float of [-86, 0] and its ends
+// max) gives exp8's bits, which are exp()'s, over every 13th float of [-86, 0] and its ends
 TEST_CASE("cpu math::exp8_moderate equals exp() bit for bit on [-86, 0]", "[cpu][math]") {
   // (the floats' bits run from -0 up to -86's)
   const std::uint32_t first_bits = std::bit_cast<std::uint32_t>(-0.0f),
@@ -155,9 +155,9 @@ TEST_CASE("cpu math::exp8_moderate equals exp() bit for bit on [-86, 0]", "[cpu]
       if (std::bit_cast<std::uint32_t>(got[i]) != std::bit_cast<std::uint32_t>(math::exp(y[i])))
         if (differs++ == 0) first = y[i];
   };
-  for (std::uint32_t b = first_bits; b <= last_bits - 8 * 7; b += 8 * 7) {
+  for (std::uint32_t b = first_bits; b <= last_bits - 8 * 13; b += 8 * 13) {
     float y[8];
-    for (std::uint32_t i = 0; i < 8; ++i) y[i] = std::bit_cast<float>(b + 7 * i);
+    for (std::uint32_t i = 0; i < 8; ++i) y[i] = std::bit_cast<float>(b + 13 * i);
     check(y);
   }
   const float ends[8] = {math::exp8_moderate_min,
@@ -170,7 +170,7 @@ TEST_CASE("cpu math::exp8_moderate equals exp() bit for bit on [-86, 0]", "[cpu]
                          -std::numeric_limits<float>::denorm_min()};
   check(ends);
   INFO(differs << " of " << checked << " differ, the first at " << first);
-  CHECK(checked > 150000000);
+  CHECK(checked > 80000000);
   REQUIRE(differs == 0);
 }
 #endif
