@@ -338,6 +338,17 @@ inline void top2_of_values(const float* v, std::int32_t size, std::int32_t* ids)
 #endif
 }
 
+#if defined(__AVX2__)
+/// The lanes of v as ordered int32, as the AVX-512 ordered_int32 below (-0 folded onto +0,
+/// sign-magnitude made two's complement): the AVX2 threshold selection's and the token
+/// columns' keys (token_columns.hpp).
+[[gnu::always_inline]] inline __m256i ordered_int32(__m256 v) noexcept {
+  const __m256i b = _mm256_castps_si256(_mm256_add_ps(v, _mm256_setzero_ps()));  // -0 onto +0
+  return _mm256_xor_si256(
+      b, _mm256_and_si256(_mm256_srai_epi32(b, 31), _mm256_set1_epi32(0x7fffffff)));
+}
+#endif
+
 #if defined(__AVX512F__) && defined(__AVX512BW__) && defined(__AVX512VL__)
 #define MOEROUTE_CPU_SELECT_AVX512 1
 #define MOEROUTE_CPU_SELECT_ROWS 1  // top_n_rows_by_threshold (AVX-512 or AVX2)
@@ -444,13 +455,6 @@ inline void top_n_rows_by_threshold(const float* const* v, const std::uint8_t* c
 
 #elif defined(__AVX2__)
 #define MOEROUTE_CPU_SELECT_ROWS 1
-/// The lanes of v as ordered int32, as the AVX-512 ordered_int32.
-[[gnu::always_inline]] inline __m256i ordered_int32(__m256 v) noexcept {
-  const __m256i b = _mm256_castps_si256(_mm256_add_ps(v, _mm256_setzero_ps()));  // -0 onto +0
-  return _mm256_xor_si256(
-      b, _mm256_and_si256(_mm256_srai_epi32(b, 31), _mm256_set1_epi32(0x7fffffff)));
-}
-
 /// For each 8-bit mask, the positions of its set bits in order, a nibble each (AVX2 has no
 /// compress: a vpermps by these moves the set lanes to the front).
 inline constexpr auto left_pack_nibbles = [] {

@@ -23,6 +23,7 @@
 
 #include <moeroute/config.hpp>
 #include <moeroute/cpu/detail/math.hpp>
+#include <moeroute/cpu/detail/select.hpp>
 #include <moeroute/cpu/detail/sort_network.hpp>
 
 #if defined(__AVX2__) && defined(__FMA__)
@@ -323,8 +324,8 @@ inline void top_k_inserted(const float* __restrict c, std::int32_t E, i32x8* id,
   }
 }
 
-// Selection by 32-bit keys. A key is a value's int32 order (select.hpp's: -0 made +0, the sign
-// folded so that integer order is float order) with its low key_index_bits replaced by
+// Selection by 32-bit keys. A key is a value's int32 order (select.hpp's ordered_int32: -0 made
+// +0, the sign folded so that integer order is float order) with its low key_index_bits replaced by
 // 127 - e: eight tokens a register (where 64-bit keys take four on AVX2, which has no 64-bit
 // max), and a place one integer max and one min (where insertion by value carries the ids
 // through four selects). Replacing those bits ranks two values that agree above them by index
@@ -354,8 +355,7 @@ struct order_keys {
 
 /// Column e's keys.
 [[gnu::always_inline]] inline i32x8 key_of(const float* __restrict c, std::int32_t e) noexcept {
-  const auto bits = (i32x8)_mm256_add_ps(_mm256_loadu_ps(c + e * 8), _mm256_setzero_ps());
-  const i32x8 ordered = bits ^ ((bits >> 31) & 0x7fffffff);
+  const auto ordered = (i32x8)ordered_int32(_mm256_loadu_ps(c + e * 8));
   return (ordered & ~key_index_mask) | (key_index_mask - e);
 }
 
