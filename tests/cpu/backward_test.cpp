@@ -25,9 +25,10 @@
 namespace moeroute::test {
 namespace {
 
+/// `padded`: the grid's padding tokens (grid_valid); without them every token is valid.
 template <class Bits>
 void check_logit_grads(const grid_logit_case& c, std::int64_t T, std::uint32_t seed,
-                       bool repeat_ids = false) {
+                       bool repeat_ids = false, bool padded = true) {
   auto cfg = c.cfg;
   if (c.sequence) cfg.loss.sequence_length = T == 300 ? 60 : (T > 0 ? T : 1);
   const std::int32_t E = cfg.num_experts, k = cfg.top_k;
@@ -42,7 +43,7 @@ void check_logit_grads(const grid_logit_case& c, std::int64_t T, std::uint32_t s
   std::vector<float> bias;
   if (c.bias) bias = random_values(E, seed + 7);
   for (auto& b : bias) b *= 0.1f;
-  const auto valid = grid_valid(T);
+  const auto valid = padded ? grid_valid(T) : std::vector<std::uint8_t>{};
   auto g = reference::gating<Bits>(cfg, std::span<const Bits>(xb), T, bias, valid);
   const auto d = reference::dispatch(cfg, g);
   // an engine's own ids may name an expert twice in a token (only dispatch rejects that):
@@ -98,6 +99,18 @@ TEST_CASE("cpu gating_backward equals the reference with repeated ids in a token
   const auto cases = grid_logit_cases();
   for (std::size_t i = 0; i < cases.size(); ++i)
     check_logit_grads<float>(cases[i], 300, 500 + static_cast<std::uint32_t>(i), true);
+}
+
+// The column path (rows of at most 8 experts: softmax, no noise on the gates, no sequence
+// aux loss) takes only groups of W tokens without padding, and the grid pads every fifth
+// token: the grid's narrow cases again with every token valid, so that the column path meets
+// the reference too (selection-only noise chooses experts other than a token's largest logit,
+// whose gates then take their own exps; checked to fail with those exps scaled).
+TEST_CASE("cpu gating_backward equals the reference without padding", "[cpu][backward]") {
+  const auto cases = grid_logit_cases();
+  for (std::size_t i = 0; i < cases.size(); ++i)
+    if (cases[i].cfg.num_experts <= 8)
+      check_logit_grads<float>(cases[i], 300, 700 + static_cast<std::uint32_t>(i), false, false);
 }
 
 // Rows wider than the row path's 512, and more than its 64 choices, take the element path:
@@ -223,6 +236,13 @@ TEST_CASE("cpu gating_backward: a token's bits do not depend on its position in 
   std::vector<routing_config> cfgs = {presets::mixtral(8, 2), presets::seed_reference(8, 2, 0.75),
                                       presets::deepspeed_top2(5, 0.5, 1),
                                       presets::deepspeed_topk(6, 6, 0.5, 1), presets::olmoe(64, 8)};
+  {  // choices other than a token's largest logit: their gates take their own exps
+    auto c = presets::mixtral(8, 2);
+    c.gating.noise.kind = noise_kind::gaussian;
+    c.gating.noise.scale = 1.0f;
+    c.gating.noise.target = noise_target::selection_only;
+    cfgs.push_back(c);
+  }
   for (auto cfg : cfgs) {
     cfg.loss.aux_coefficient = 0.01f;
     cfg.loss.z_coefficient = 0.001f;
