@@ -295,6 +295,9 @@ namespace {
 [[gnu::noinline]] void precise_exp_2_moderate(math::f64x2 (&x)[2]) { math::exp_lanes<2, true>(x); }
 // (8 lanes: AVX-512 builds scale by vscalefpd there, moderate or not)
 [[gnu::noinline]] void precise_exp_8_moderate(math::f64x8 (&x)[2]) { math::exp_lanes<2, true>(x); }
+// (8 lanes, the full path: AVX-512 builds round n by vrndscalepd and take x - n ln2_hi in one
+// vfnmaddpd there)
+[[gnu::noinline]] void precise_exp_8(math::f64x8 (&x)[2]) { math::exp_lanes<2>(x); }
 }  // namespace
 MOEROUTE_PRECISE_FP_END
 
@@ -308,7 +311,7 @@ TEST_CASE("cpu math::exp_lanes: vectors in lock-step and the moderate path give 
   for (int i = 0; i < 40000; ++i) {
     math::f64x4 full[4], moderate[4];
     math::f64x2 narrow[2];
-    math::f64x8 wide[2];
+    math::f64x8 wide[2], wide_full[2];
     for (int j = 0; j < 4; ++j)
       for (int l = 0; l < 4; ++l) {
         full[j][l] = uniform(-750.0, 712.0);  // past both ends of the clamp
@@ -320,7 +323,10 @@ TEST_CASE("cpu math::exp_lanes: vectors in lock-step and the moderate path give 
     }
     for (int j = 0; j < 2; ++j)
       for (int l = 0; l < 2; ++l) narrow[j][l] = moderate[j][l];
-    for (int l = 0; l < 16; ++l) wide[l / 8][l % 8] = moderate[l / 4][l % 4];
+    for (int l = 0; l < 16; ++l) {
+      wide[l / 8][l % 8] = moderate[l / 4][l % 4];
+      wide_full[l / 8][l % 8] = full[l / 4][l % 4];
+    }
     math::f64x4 want_full[4], want_moderate[4];
     for (int j = 0; j < 4; ++j)
       for (int l = 0; l < 4; ++l) {
@@ -331,6 +337,7 @@ TEST_CASE("cpu math::exp_lanes: vectors in lock-step and the moderate path give 
     precise_exp_4_moderate(moderate);
     precise_exp_2_moderate(narrow);
     precise_exp_8_moderate(wide);
+    precise_exp_8(wide_full);
     for (int j = 0; j < 4; ++j)
       for (int l = 0; l < 4; ++l) {
         differ += std::bit_cast<std::uint64_t>(full[j][l]) !=
@@ -342,9 +349,12 @@ TEST_CASE("cpu math::exp_lanes: vectors in lock-step and the moderate path give 
       for (int l = 0; l < 2; ++l)
         differ_moderate += std::bit_cast<std::uint64_t>(narrow[j][l]) !=
                            std::bit_cast<std::uint64_t>(want_moderate[j][l]);
-    for (int l = 0; l < 16; ++l)
+    for (int l = 0; l < 16; ++l) {
       differ_moderate += std::bit_cast<std::uint64_t>(wide[l / 8][l % 8]) !=
                          std::bit_cast<std::uint64_t>(want_moderate[l / 4][l % 4]);
+      differ += std::bit_cast<std::uint64_t>(wide_full[l / 8][l % 8]) !=
+                std::bit_cast<std::uint64_t>(want_full[l / 4][l % 4]);
+    }
   }
   REQUIRE(differ == 0);
   REQUIRE(differ_moderate == 0);
