@@ -27,9 +27,13 @@ if [ ! -f "$archer" ]; then
   exit 1
 fi
 export OMP_TOOL_LIBRARIES="$archer"
-# ignore_noninstrumented_modules: libomp's own memory is not ours to check (Archer supplies
-# the ordering its synchronisation gives)
-TSAN="halt_on_error=1:ignore_noninstrumented_modules=1:second_deadlock_stack=1:history_size=4"
+# TSan's options for the canary and the Python run: the tsan test preset's, which ctest sets
+# for the C++ tests (one place to change them). ignore_noninstrumented_modules: libomp's own
+# memory is not ours to check (Archer supplies the ordering its synchronisation gives).
+TSAN=$(/usr/bin/python3 -c 'import json, sys
+presets = json.load(open(sys.argv[1]))["testPresets"]
+print(next(p for p in presets if p["name"] == "tsan")["environment"]["TSAN_OPTIONS"])' \
+  "$ROOT/CMakePresets.json")
 
 log "configure (tsan: clang ThreadSanitizer, LLVM OpenMP + Archer)"
 cmake --preset tsan >/dev/null
