@@ -88,7 +88,7 @@ template <class Element>
         continue;
       }
       std::int64_t c0 = 0;
-      if constexpr (rows::has_vec16<Element>) {
+      if constexpr (rows::has_vector_path<Element>) {
         // 16 columns at a time, the k rows summed in a register: 0 + w0 v0 + w1 v1 + ..., the
         // reference's order and rounding (no fma in this file)
         const Element* row_ptr[select_small_max_rows];

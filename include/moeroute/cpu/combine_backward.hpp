@@ -75,7 +75,7 @@ template <class Element>
       for (std::int64_t r = begin; r < end; ++r) {
         const std::int32_t t = p.layout.d_row_token[r];
         std::int64_t c0 = 0;
-        if constexpr (rows::has_vec16<Element>) {  // 16 columns at a time, in registers
+        if constexpr (rows::has_vector_path<Element>) {  // 16 columns at a time, in registers
           float wt[32];
           std::int32_t live = 0;
           if (t >= 0 && k <= 32)
@@ -128,7 +128,8 @@ template <class Element>
         if (row >= 0 && holds_row(p.dispatched.d_fate[a])) {
           any = true;
           std::int64_t c0 = 0;
-          if constexpr (rows::has_vec16<Element>) {  // 16 lanes over the row, folded by halves
+          // 16 lanes over the row, folded by halves
+          if constexpr (rows::has_vector_path<Element>) {
             // the next assignment's row (this token's next, or the next token's first), a line
             // at a time (rows::prefetch_along)
             const std::int64_t next_a = a + 1 < p.tokens * k ? a + 1 : a;

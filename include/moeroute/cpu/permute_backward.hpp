@@ -52,7 +52,7 @@ template <class Element>
     for (std::int64_t t = begin; t < end; ++t) {
       const std::int64_t* rows_of = p.layout.d_assignment_row + t * k;
       std::int64_t c0 = 0;
-      if constexpr (rows::has_vec16<Element>) {  // 16 columns at a time, in registers
+      if constexpr (rows::has_vector_path<Element>) {  // 16 columns at a time, in registers
         const Element* distinct[32];
         std::int32_t live = 0;
         if (k <= 32)

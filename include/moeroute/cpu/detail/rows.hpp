@@ -175,9 +175,10 @@ inline constexpr std::int32_t lanes = math::native_lanes;
 using f32l = row_vec<lanes>::f;
 using f32x16 = row_vec<16>::f;
 
-/// Element types with a vector path.
+/// Element types with a vector path (float and bf16: loads and stores by whole registers;
+/// half goes element by element through dtype.hpp).
 template <class Element>
-inline constexpr bool has_vec16 =
+inline constexpr bool has_vector_path =
     std::is_same_v<Element, float> || std::is_same_v<Element, bf16_bits>;
 
 /// r = float(src[0, L))
