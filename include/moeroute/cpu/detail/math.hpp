@@ -296,9 +296,10 @@ template <int N, bool moderate = false, class V>
   if constexpr (sizeof(V) == 64) {
     // 8-double vectors (the logit gradient's): n by vrndscalepd, which rounds x log2e to the
     // nearest integer, ties to even, as the magic add does (it gives -0 where the add gives
-    // +0; r and 2^n are then the same); x - n ln2_hi in one vfnmaddpd, which rounds once
-    // what is exact anyway (n ln2_hi has at most 43 significant bits, and x lies within a
-    // factor 2 of it: Sterbenz). Two of about 35 operations, the same bits.
+    // +0: r is then x, or +0 for -0, whose series is 1 all the same, and 2^n is 1); x - n
+    // ln2_hi in one vfnmaddpd, which rounds once what is exact anyway (n ln2_hi has at most
+    // 43 significant bits, and x lies within a factor 2 of it: Sterbenz). Two of about 35
+    // operations, the same bits.
     each_lane_vector<N>([&](auto j) __attribute__((always_inline)) {
       // (the zero-masked forms: GCC 12 takes the unmasked one's undefined source for
       // uninitialised)
