@@ -286,6 +286,54 @@ TEST_CASE("cpu gating_backward: a token's bits do not depend on its position in 
   }
 }
 
+// Writing the gradient (accumulate = false) takes shortcuts that hold only for a row that
+// starts at +0 (the routing term's + 0 left out of a written row's vectors); accumulating onto
+// rows of +0 takes none. The two must agree bit for bit, -0 included, on every path: rows
+// (softmax before and after top-k, sigmoid, a tail vector), columns (Mixtral), elements.
+TEST_CASE("cpu gating_backward: writing equals accumulating onto +0, bit for bit",
+          "[cpu][backward]") {
+  std::vector<routing_config> cfgs = {
+      presets::olmoe(64, 8),  presets::megatron(64, 2),         presets::deepseek_v3(64, 8, 8, 4),
+      presets::mixtral(8, 2), presets::switch_top1(29, 1.0, 1), presets::qwen_moe(520, 4)};
+  for (auto cfg : cfgs)
+    for (const bool losses : {true, false}) {  // (without them a routing term's -0 shows)
+      cfg.loss.aux_coefficient = losses ? 0.01f : 0.0f;
+      cfg.loss.z_coefficient = losses ? 0.001f : 0.0f;
+      INFO("E = " << cfg.num_experts << ", k = " << cfg.top_k << ", losses " << losses);
+      const std::int64_t T = 67;
+      const std::int32_t E = cfg.num_experts, k = cfg.top_k;
+      auto x = random_logits(T, E, 41);
+      for (std::int64_t t = 0; t < T; t += 5)  // rows whose terms are exact zeros
+        std::fill(x.begin() + t * E, x.begin() + (t + 1) * E, -0.0f);
+      for (std::int64_t t = 1; t < T; t += 3)  // exps that underflow to 0: terms of -0 and +0
+        for (std::int32_t e = 1; e < E; e += 2) x[static_cast<std::size_t>(t * E + e)] = -800.0f;
+      const std::vector<float> bias(cfg.gating.expert_bias ? E : 0, 0.0f);
+      const auto g = reference::gating<float>(cfg, std::span<const float>(x), T, bias, {});
+      const auto d = reference::dispatch(cfg, g);
+      auto dw = random_values(static_cast<std::size_t>(T * k), 42);
+      for (std::size_t i = 0; i < dw.size(); i += 3) dw[i] = -0.0f;
+      std::vector<float> written(static_cast<std::size_t>(T * E), 123.0f),
+          accumulated(written.size(), 0.0f);
+      gating_backward_params<float> p;
+      p.d_logits = x.data();
+      p.tokens = T;
+      p.gated = reference::view(g);
+      p.dispatched.d_fate = d.fates.data();
+      p.d_grad_weight = dw.data();
+      p.accumulate = false;
+      p.d_grad_logits = written.data();
+      REQUIRE(cpu::gating_backward(cfg, p, cpu::executor::serial()).ok());
+      p.accumulate = true;
+      p.d_grad_logits = accumulated.data();
+      REQUIRE(cpu::gating_backward(cfg, p, cpu::executor::serial()).ok());
+      for (std::size_t i = 0; i < written.size(); ++i)
+        if (std::bit_cast<std::uint32_t>(written[i]) !=
+            std::bit_cast<std::uint32_t>(accumulated[i]))
+          FAIL("token " << i / E << ", expert " << i % E << ": " << written[i] << " written, "
+                        << accumulated[i] << " accumulated onto +0");
+    }
+}
+
 TEST_CASE("cpu gating_backward: bad params name the field", "[cpu][backward]") {
   const routing_config cfg = presets::mixtral(8, 2);
   std::vector<float> x(16 * 8), out(16 * 8);

@@ -685,13 +685,23 @@ struct gating_backward_agent {
       // the terms at element(s) `at` (a block of W lanes or one element), added to v in the
       // reference's order: routing (`chosen_part`: the chosen parts there, +0 elsewhere), aux,
       // sequence-aux, z
-      const auto add_terms = [&](auto at, auto chosen_part, auto& v)
+      // (`fresh`: v is +0, the routing term the first added and its chosen part +0 — a
+      // written row's whole vectors: +0 + float(y) is +0 + float(y + 0) for every y, -0
+      // included, so the + 0 is left out, and a zero routing term is not added at all: one or
+      // three operations of a vector's ~16; 1.5-3 % in a harness, best of 30, within
+      // bench_cpu's noise on a noisy VM — backward_test checks the two bit for bit)
+      const auto add_terms = [&](auto at, auto chosen_part, auto& v, auto fresh_c)
           __attribute__((always_inline)) {
         using D = decltype(chosen_part);
+        constexpr bool fresh = decltype(fresh_c)::value;
         if constexpr (routing == dense_and_chosen) {
-          v += to_f32(at(gex) * gdense + chosen_part);
+          if constexpr (fresh) {
+            v += to_f32(at(gex) * gdense);
+          } else {
+            v += to_f32(at(gex) * gdense + chosen_part);
+          }
         } else if constexpr (routing == chosen_only) {
-          v += to_f32(D{} + chosen_part);
+          if constexpr (!fresh) v += to_f32(D{} + chosen_part);
         }
         D soft{};  // the softmax s(e) = ex * inv: the aux terms' factor and the z term's
         if (z || (softmax && (aux || L.seq))) soft = at(s.ex) * inv;
@@ -702,10 +712,11 @@ struct gating_backward_agent {
         }
         if constexpr (z) v += to_f32(czl * soft);
       };
-      const auto block_terms = [&](std::int32_t i, f32w & v) __attribute__((always_inline)) {
+      const auto block_terms = [&](std::int32_t i, f32w & v, auto fresh_c)
+          __attribute__((always_inline)) {
         add_terms(
             [i](const double* a) __attribute__((always_inline)) { return block(a + i).v; }, f64w{},
-            v);
+            v, fresh_c);
       };
       // the chosen elements' values before the loop writes them (accumulating into out)
       float before[max_k];
@@ -723,13 +734,13 @@ struct gating_backward_agent {
       if (p.accumulate) {
         for (; i < whole; i += W) {
           f32w v = block(out + i).v;
-          block_terms(i, v);
+          block_terms(i, v, std::false_type{});
           block(to + i).v = v;
         }
       } else {
         for (; i < whole; i += W) {
           f32w v = {};
-          block_terms(i, v);
+          block_terms(i, v, std::true_type{});
           block(to + i).v = v;
         }
       }
@@ -737,7 +748,7 @@ struct gating_backward_agent {
         f32w v = {};
         if (p.accumulate)
           for (std::int32_t l = 0; i + l < E; ++l) v[l] = out[i + l];
-        block_terms(i, v);
+        block_terms(i, v, std::false_type{});
         block(s.res + i).v = v;
       }
       if constexpr (routing != no_routing) {
@@ -752,7 +763,7 @@ struct gating_backward_agent {
         if (lanes) {
           if (!repeated) {  // every chosen element at once, the scalar patch's terms lane-wise
             f32w v = before_v;
-            add_terms(gather, chosen_v + 0.0, v);
+            add_terms(gather, chosen_v + 0.0, v, std::false_type{});
             for (std::int32_t j = 0; j < k; ++j) (ids[j] < whole ? to : s.res)[ids[j]] = v[j];
             return;
           }
@@ -773,7 +784,8 @@ struct gating_backward_agent {
           }
           float v = p.accumulate ? before[j] : 0.0f;
           add_terms(
-              [e](const double* a) __attribute__((always_inline)) { return a[e]; }, part, v);
+              [e](const double* a) __attribute__((always_inline)) { return a[e]; }, part, v,
+              std::false_type{});
           (e < whole ? to : s.res)[e] = v;
         }
       }
