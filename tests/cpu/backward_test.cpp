@@ -141,6 +141,23 @@ TEST_CASE("cpu gating_backward equals the reference on the element path", "[cpu]
 // A hash of them on softmax and sigmoid configs, with every term, pinned here: a change to the
 // row path's arithmetic must change this constant on purpose.
 namespace {
+/// cpu::gating_backward's params over T rows of logits x, the reference's gating g and
+/// dispatch d, and the d weights dw of the routing term, onto out.
+template <class Gated, class Dispatched>
+gating_backward_params<float> params_of(const std::vector<float>& x, std::int64_t T, const Gated& g,
+                                        const Dispatched& d, const std::vector<float>& dw,
+                                        float* out, bool accumulate) {
+  gating_backward_params<float> p;
+  p.d_logits = x.data();
+  p.tokens = T;
+  p.gated = reference::view(g);
+  p.dispatched.d_fate = d.fates.data();
+  p.d_grad_weight = dw.data();
+  p.accumulate = accumulate;
+  p.d_grad_logits = out;
+  return p;
+}
+
 /// FNV-1a over the d logits' bits of `cfgs` (every term, accumulated onto 0.25) on T = 96
 /// tokens of logits in [-3, 3]; `wide`: a quarter of the rows with one logit 750 below the
 /// rest, and rows whose smallest logit lies 699.9 / 700.1 below their largest (either side
@@ -179,14 +196,7 @@ std::uint64_t row_path_hash(std::vector<routing_config> cfgs, bool wide, bool re
     std::vector<float> dw(static_cast<std::size_t>(T * k));
     for (auto& v : dw) v = next(64) * (1.0f / 64);
     std::vector<float> out(static_cast<std::size_t>(T * E), 0.25f);
-    gating_backward_params<float> p;
-    p.d_logits = x.data();
-    p.tokens = T;
-    p.gated = reference::view(g);
-    p.dispatched.d_fate = d.fates.data();
-    p.d_grad_weight = dw.data();
-    p.accumulate = true;
-    p.d_grad_logits = out.data();
+    const auto p = params_of(x, T, g, d, dw, out.data(), true);
     REQUIRE(cpu::gating_backward(cfg, p, cpu::executor::serial()).ok());
     for (const float v : out) {
       hash ^= std::bit_cast<std::uint32_t>(v);
@@ -258,15 +268,8 @@ TEST_CASE("cpu gating_backward: a token's bits do not depend on its position in 
     const auto dw = random_values(static_cast<std::size_t>(T * k), 32);
     for (const bool accumulate : {false, true}) {
       std::vector<float> full(static_cast<std::size_t>(T * E), 0.5f), shifted(full);
-      gating_backward_params<float> p;
-      p.d_logits = x.data();
-      p.tokens = T;
+      auto p = params_of(x, T, g, d, dw, full.data(), accumulate);
       p.d_valid = valid.data();
-      p.gated = reference::view(g);
-      p.dispatched.d_fate = d.fates.data();
-      p.d_grad_weight = dw.data();
-      p.accumulate = accumulate;
-      p.d_grad_logits = full.data();
       REQUIRE(cpu::gating_backward(cfg, p, cpu::executor::serial()).ok());
       constexpr std::int64_t s = 3;
       p.d_logits += s * E;
@@ -314,14 +317,7 @@ TEST_CASE("cpu gating_backward: writing equals accumulating onto +0, bit for bit
       for (std::size_t i = 0; i < dw.size(); i += 3) dw[i] = -0.0f;
       std::vector<float> written(static_cast<std::size_t>(T * E), 123.0f),
           accumulated(written.size(), 0.0f);
-      gating_backward_params<float> p;
-      p.d_logits = x.data();
-      p.tokens = T;
-      p.gated = reference::view(g);
-      p.dispatched.d_fate = d.fates.data();
-      p.d_grad_weight = dw.data();
-      p.accumulate = false;
-      p.d_grad_logits = written.data();
+      auto p = params_of(x, T, g, d, dw, written.data(), false);
       REQUIRE(cpu::gating_backward(cfg, p, cpu::executor::serial()).ok());
       p.accumulate = true;
       p.d_grad_logits = accumulated.data();
