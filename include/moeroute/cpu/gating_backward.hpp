@@ -368,7 +368,7 @@ struct gating_backward_agent {
   }
 
   /// One token's row of d logits: zero for padding, else the row path or the element path
-  /// (the column path takes whole groups of tokens: column_group).
+  /// (the column path takes whole groups of tokens: column_groups).
   void token(std::int64_t t, gating_backward_row* row) const {
     float* out = p.d_grad_logits + t * E;
     const bool valid = p.d_valid == nullptr || p.d_valid[t] != 0;
