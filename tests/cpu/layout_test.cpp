@@ -55,6 +55,27 @@ TEST_CASE("cpu layout and rows: errors name the argument", "[cpu][layout]") {
   const auto st = cpu::layout(cfg, bad.p);
   REQUIRE(st.code == status_code::invalid_argument);
   REQUIRE(st.message.find("assignment 0") != std::string::npos);
+  REQUIRE(st.message.find("outside that expert's segment") != std::string::npos);
+  // the first bad assignment is named, wherever it is (the walk stops there)
+  dv.d.slot[0] = d.slot[0];
+  dv.d.expert[21] = 8;    // a 9th expert of 8
+  std::size_t held = 39;  // the last assignment that holds a slot
+  while (d.expert[held] < 0) --held;
+  REQUIRE(held > 21);
+  dv.d.slot[held] = -2;
+  cpu_layout late(cfg, dv.view(), 20, layout_kind::padded, 1);
+  const auto sl = cpu::layout(cfg, late.p);
+  INFO(sl.message);
+  REQUIRE(sl.code == status_code::invalid_argument);
+  REQUIRE(sl.message.find("assignment 21 has expert 8, outside [-1, total_experts)") !=
+          std::string::npos);
+  dv.d.expert[21] = d.expert[21];
+  cpu_layout last(cfg, dv.view(), 20, layout_kind::padded, 1);
+  const auto sk = cpu::layout(cfg, last.p);
+  INFO(sk.message);
+  REQUIRE(sk.message.find("assignment " + std::to_string(held) + " has expert") !=
+          std::string::npos);
+  REQUIRE(sk.message.find("slot -2, outside that expert's segment") != std::string::npos);
   const std::vector<float> x(20 * 4);
   std::vector<float> y(20 * 4);
   cl.assignment_row[3] = 1 << 20;
