@@ -79,8 +79,9 @@ namespace moeroute::cpu::detail {
 /// @brief The (n + 1)-th smallest of m distinct pairs (key << 32 | assignment), 0 <= n < m:
 ///        a histogram of 2^11 buckets over the span of their keys finds the bucket that holds
 ///        it, and nth_element orders that bucket's pairs only (copied to scratch, room for m).
-///        The same pair as nth_element over all of them, in two passes and a small one: a Zipf
-///        batch's over-subscribed experts (Megatron's top-2 of 64, T = 16384) 207 -> ~50 us.
+///        The same pair as nth_element over all of them, in three linear passes and a small
+///        selection: a Zipf batch's over-subscribed experts (Megatron's top-2 of 64, T = 16384,
+///        one thread) ~220 -> ~85 us.
 [[nodiscard]] inline std::uint64_t nth_smallest(const std::uint64_t* pairs, std::int64_t m,
                                                 std::int64_t n, std::uint64_t* scratch) {
   constexpr int bucket_bits = 11;
