@@ -96,7 +96,7 @@ namespace moeroute::cpu::detail {
   const auto bucket_of = [&](std::uint64_t q) {
     return (static_cast<std::uint32_t>(q >> 32) - lo) >> shift;
   };
-  std::int32_t count[std::int64_t{1} << bucket_bits] = {};
+  std::uint32_t count[std::int64_t{1} << bucket_bits] = {};  // (m < 2^32: the pairs' 32 bits)
   for (std::int64_t i = 0; i < m; ++i) ++count[bucket_of(pairs[i])];
   std::int64_t below = 0;  // pairs in the buckets before b
   std::uint32_t b = 0;
@@ -370,7 +370,7 @@ template <bool PerChoice>
         slots[a] = static_cast<std::int32_t>((static_cast<std::uint32_t>(rank) & all) | ~all);
         weights[a] = std::bit_cast<float>(std::bit_cast<std::uint32_t>(gate_of[a]) & all);
         if (sink_pairs) {  // (a pair written where it is not one goes to `sink`, branch-free)
-          std::uint64_t* const to = valid & paired_here ? pairs + rank : &sink;
+          std::uint64_t* const to = (valid && paired_here) ? pairs + rank : &sink;
           *to = std::uint64_t{descending_key(gate_of[a])} << 32 | static_cast<std::uint64_t>(a);
         } else if (valid && paired_here) {
           pairs[rank] =
