@@ -219,6 +219,32 @@ TEST_CASE("cpu dispatch: a bad gating output gets an error naming the element", 
   REQUIRE(st.message.find("gated.d_gates[3]") != std::string::npos);
 }
 
+TEST_CASE("cpu dispatch: only the keyed priorities carve the sort's keys", "[cpu][dispatch]") {
+  // the counting path (reroutes: no selection) under each priority; token- and choice-major
+  // order by counting passes alone, so their workspace lacks the two key arrays of n uint32
+  // and the radix histograms (the grids above run each priority on exactly the queried bytes)
+  const std::int64_t T = 1000;
+  const std::int32_t E = 16, k = 2;
+  const std::size_t n = static_cast<std::size_t>(T * k);
+  const auto bytes = [&](priority prio) {
+    case_spec s;
+    s.prio = prio;
+    s.drop = drop_case::next_choice;
+    const routing_config cfg = make_config(E, k, s, T);
+    REQUIRE_FALSE(cpu::detail::keeps_by_selection(cfg, T));
+    return cpu::dispatch_workspace_bytes(cfg, T);
+  };
+  const std::size_t unkeyed = bytes(priority::token_major);
+  CHECK(bytes(priority::choice_major) == unkeyed);
+  // the keys, and the radix histograms beyond the E int64 counts every priority takes
+  const auto radix_cells =
+      static_cast<std::size_t>(cpu::detail::radix_passes * (cpu::detail::radix_digits + 1) - E);
+  for (const priority keyed :
+       {priority::score_per_expert, priority::random, priority::batch_prioritized})
+    CHECK(bytes(keyed) >=
+          unkeyed + 2 * n * sizeof(std::uint32_t) + radix_cells * sizeof(std::int64_t));
+}
+
 TEST_CASE("cpu dispatch: bad input on the selection path is named, and nothing is written",
           "[cpu][dispatch]") {
   case_spec s;

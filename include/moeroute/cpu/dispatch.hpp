@@ -91,28 +91,40 @@ namespace detail {
 struct dispatch_space {
   std::int32_t* order = nullptr;         // [n] valid assignments in priority order
   std::int32_t* scratch = nullptr;       // [n] radix sort ping-pong
-  std::uint32_t* key = nullptr;          // [n] 32-bit priority keys (ascending = first)
-  std::uint32_t* key_scratch = nullptr;  // [n]
+  std::uint32_t* key = nullptr;          // [n] 32-bit priority keys (ascending = first);
+                                         // keyed priorities only
+  std::uint32_t* key_scratch = nullptr;  // [n] keyed priorities only
   std::int64_t* held = nullptr;          // [Q * ET] slots held in (group, expert)
   std::int64_t* base = nullptr;          // [Q * ET] first slot of (group, expert)
   std::uint8_t* owns = nullptr;          // [n] 1 = the assignment owns its slot (not shared)
   std::int32_t* next = nullptr;          // [T] next reroute candidate per token
-  std::int64_t* histogram = nullptr;  // [max(radix_passes * (radix_digits + 1), Q + 1, k + 1, E)]
-  selection_space selection;          // keeps_by_selection only (nothing else is carved)
+  std::int64_t* histogram = nullptr;     // [max(radix_passes * (radix_digits + 1) where keyed,
+                                         //      Q + 1, k + 1, E)]
+  selection_space selection;             // keeps_by_selection only (nothing else is carved)
 };
 
 inline constexpr int radix_bits = 11;  // three passes of 11 bits cover a 32-bit key
 inline constexpr int radix_passes = 3;
 inline constexpr std::int64_t radix_digits = std::int64_t{1} << radix_bits;
 
+/// True when the priority order is a radix sort by a 32-bit value key (score, random draw or
+/// token priority); token- and choice-major priority need no keys, their buffers, nor the
+/// radix histograms.
+[[nodiscard]] inline bool keyed_priority(const routing_config& cfg) noexcept {
+  const priority p = cfg.dispatch.prio;
+  return p == priority::score_per_expert || p == priority::random ||
+         p == priority::batch_prioritized;
+}
+
 inline dispatch_space carve_dispatch_space(workspace_carver& w, const routing_config& cfg,
                                            std::int64_t tokens) {
   const std::size_t n = static_cast<std::size_t>(tokens * cfg.top_k);
   const std::size_t cells =
       static_cast<std::size_t>(cfg.capacity_groups(tokens) * cfg.total_experts());
+  const bool keyed = keyed_priority(cfg);
   const std::size_t hist = static_cast<std::size_t>(
-      std::max<std::int64_t>({radix_passes * (radix_digits + 1), cfg.capacity_groups(tokens) + 1,
-                              cfg.top_k + 1, cfg.num_experts}));
+      std::max<std::int64_t>({keyed ? radix_passes * (radix_digits + 1) : 0,
+                              cfg.capacity_groups(tokens) + 1, cfg.top_k + 1, cfg.num_experts}));
   dispatch_space s;
   if (keeps_by_selection(cfg, tokens)) {
     s.selection = carve_selection_space(w, cfg, tokens);
@@ -120,8 +132,8 @@ inline dispatch_space carve_dispatch_space(workspace_carver& w, const routing_co
   }
   s.order = w.take<std::int32_t>(n);
   s.scratch = w.take<std::int32_t>(n);
-  s.key = w.take<std::uint32_t>(n);
-  s.key_scratch = w.take<std::uint32_t>(n);
+  s.key = w.take<std::uint32_t>(keyed ? n : 0);
+  s.key_scratch = w.take<std::uint32_t>(keyed ? n : 0);
   s.held = w.take<std::int64_t>(cells);
   s.base = w.take<std::int64_t>(cells);
   s.owns = w.take<std::uint8_t>(n);
@@ -396,9 +408,7 @@ class dispatch_run {
   void priority_order() {
     order_ = w_.order;
     std::int32_t* spare = w_.scratch;
-    const bool keyed = d_.prio == priority::score_per_expert || d_.prio == priority::random ||
-                       d_.prio == priority::batch_prioritized;
-    if (keyed) {
+    if (keyed_priority(cfg_)) {
       for (std::int64_t i = 0; i < m_; ++i) w_.key[i] = priority_key(cfg_, p_, order_[i]);
       // the three digit histograms in one read of the keys; a pass whose digit is the same
       // for every key would move nothing (the sort is stable), so it is skipped
