@@ -65,8 +65,10 @@ hf_python() {
   local venv="$ROOT/build/hf-venv"
   if ! "$venv/bin/python" -c "import transformers" >/dev/null 2>&1; then
     log "transformers 4.46.3 into $venv (PyPI)" >&2
+    rm -rf "$venv"  # (a venv that fails the import is a partial install: pip would keep it)
     if ! { /usr/bin/python3 -m venv --system-site-packages "$venv" &&
            "$venv/bin/pip" install --quiet "transformers==4.46.3"; } >&2; then
+      rm -rf "$venv"
       log "warning: no transformers (pip failed, its error above: no network? no disk space?): the HF tests are not registered" >&2
       return 0
     fi
@@ -84,8 +86,13 @@ hf_torch2_python() {
   local venv="$ROOT/build/hf-torch2-venv"
   if ! "$venv/bin/python" -c "import torch, transformers, pytest" >/dev/null 2>&1; then
     log "torch 2.5.1 + transformers 4.57.6 into $venv (PyPI)" >&2
+    # a venv that fails the import is a partial install (a full disk left torch without
+    # torch.cuda, and pip then called the pinned version installed): start it afresh, and
+    # remove what a failed install left
+    rm -rf "$venv"
     if ! { /usr/bin/python3 -m venv "$venv" &&
            "$venv/bin/pip" install --quiet "torch==2.5.1" "transformers==4.57.6" numpy pytest; } >&2; then
+      rm -rf "$venv"
       log "warning: no torch 2 venv (pip failed, its error above: no network? no disk space?): its tests are not registered" >&2
       return 0
     fi
