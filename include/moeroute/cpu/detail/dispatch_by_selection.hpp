@@ -316,60 +316,57 @@ template <bool PerChoice>
     const std::int32_t* const id_of = ids;
     const float* const gate_of = gates;
     const std::uint8_t* const valid_of = p.d_valid;
-    const std::int64_t cap = C;
     const std::int32_t kk = k;
     const std::int64_t* const requested = o.d_requested;
-    const std::int64_t room = C < 0 ? INT64_MAX : C;  // over(e): more requests than this
-    std::uint64_t* const pairs = w.pairs;
-    // the gate's key for every request, the ones that are not pairs written to `sink`, where
-    // many are pairs (under a Zipf batch most: a branch on whether one is would be mispredicted
-    // a fifth of the time); a branch where few are (uniform: the branch is always right, and
-    // the key and its store cost more than it)
-    const bool sink_pairs =
-        cfg.dispatch.prio == priority::score_per_expert && w.bucket[E] * 8 > T * k;
-    std::uint64_t sink = 0;
+    const std::int64_t room = C < 0 ? INT64_MAX : C;  // slots of an expert (over(e): more asked)
+    // assignment a of expert e at `rank`, kept or lost: branch-free, by masks (under skew
+    // whether a request is kept is a coin toss to the branch predictor, and GCC turns
+    // `keep ? x : y` here into branches)
+    const auto write = [&](std::int64_t a, std::int32_t e, std::int64_t rank, bool keep,
+                           std::uint32_t lost) {
+      const std::uint32_t all = 0u - static_cast<std::uint32_t>(keep);  // every bit when kept
+      static_assert(static_cast<std::uint32_t>(fate::kept) == 0);
+      fates[a] = static_cast<fate>(lost & ~all);
+      experts[a] = static_cast<std::int32_t>((static_cast<std::uint32_t>(e) & all) | ~all);
+      slots[a] = static_cast<std::int32_t>((static_cast<std::uint32_t>(rank) & all) | ~all);
+      weights[a] = std::bit_cast<float>(std::bit_cast<std::uint32_t>(gate_of[a]) & all);
+    };
     // (by token: no 64-bit division per assignment; a loop per kind of priority)
     if (by_rank) {
       for (std::int64_t t = t0; t < t1; ++t) {
         const bool valid = valid_of == nullptr || valid_of[t] != 0;
-        // branch-free, by masks (under skew whether a request is below C is a coin toss to the
-        // branch predictor, and GCC turns `keep ? x : y` here into branches)
         const std::int64_t step = valid ? 1 : 0;
         const auto lost = static_cast<std::uint32_t>(valid ? fate::dropped : fate::masked);
         for (std::int64_t a = t * kk; a < (t + 1) * kk; ++a) {
           std::int64_t* at = PerChoice ? at_task + (a - t * kk) * E : at_task;
           const std::int32_t e = id_of[a];
           const std::int64_t rank = at[e];
-          const auto keep = static_cast<std::uint32_t>(valid & ((cap < 0) | (rank < cap)));
-          const std::uint32_t all = 0u - keep;  // every bit when kept
-          static_assert(static_cast<std::uint32_t>(fate::kept) == 0);
-          fates[a] = static_cast<fate>(lost & ~all);
-          experts[a] = static_cast<std::int32_t>((static_cast<std::uint32_t>(e) & all) | ~all);
-          slots[a] = static_cast<std::int32_t>((static_cast<std::uint32_t>(rank) & all) | ~all);
-          weights[a] = std::bit_cast<float>(std::bit_cast<std::uint32_t>(gate_of[a]) & all);
+          write(a, e, rank, valid & (rank < room), lost);
           at[e] = rank + step;
         }
       }
       return;
     }
+    // value keys: an expert with room keeps every request, its rank the slot; an
+    // over-subscribed one's requests become pairs, dropped until the selection keeps them.
+    // Where many are pairs (under a Zipf batch most: a branch on whether one is would be
+    // mispredicted a fifth of the time) every request's gate key is written, to `sink` when it
+    // is not a pair; a branch where few are (uniform: the branch is always right, and the key
+    // and its store cost more than it)
+    std::uint64_t* const pairs = w.pairs;
+    const bool sink_pairs =
+        cfg.dispatch.prio == priority::score_per_expert && w.bucket[E] * 8 > T * k;
+    std::uint64_t sink = 0;
     for (std::int64_t t = t0; t < t1; ++t) {
       const bool valid = valid_of == nullptr || valid_of[t] != 0;
-      // value keys: an expert with room keeps every request, its rank the slot; an
-      // over-subscribed one's requests become pairs, dropped until the selection keeps them
-      // (by masks as above)
       const std::int64_t step = valid ? 1 : 0;
       const auto lost = static_cast<std::uint32_t>(valid ? fate::dropped : fate::masked);
       for (std::int64_t a = t * kk; a < (t + 1) * kk; ++a) {
         const std::int32_t e = id_of[a];
         const std::int64_t rank = at_task[e];
         const bool paired_here = requested[e] > room;
-        const auto keep = static_cast<std::uint32_t>(valid & !paired_here);
-        const std::uint32_t all = 0u - keep;
-        fates[a] = static_cast<fate>(lost & ~all);
-        experts[a] = static_cast<std::int32_t>((static_cast<std::uint32_t>(e) & all) | ~all);
-        slots[a] = static_cast<std::int32_t>((static_cast<std::uint32_t>(rank) & all) | ~all);
-        weights[a] = std::bit_cast<float>(std::bit_cast<std::uint32_t>(gate_of[a]) & all);
-        if (sink_pairs) {  // (a pair written where it is not one goes to `sink`, branch-free)
+        write(a, e, rank, valid & !paired_here, lost);
+        if (sink_pairs) {  // (priority_key's gate key, without its switch)
           std::uint64_t* const to = (valid && paired_here) ? pairs + rank : &sink;
           *to = std::uint64_t{descending_key(gate_of[a])} << 32 | static_cast<std::uint64_t>(a);
         } else if (valid && paired_here) {
