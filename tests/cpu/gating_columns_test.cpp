@@ -157,6 +157,54 @@ TEST_CASE("cpu gating columns: the reference's results, the rows' bits", "[cpu][
   }
 }
 
+TEST_CASE("cpu gating columns: fresh top-k counts where a P past the choices ties the least",
+          "[cpu][gating]") {
+  // Megatron's counts are a fresh top-k of P. Selecting by logits, the columns compare only
+  // the next expert's P with the least counted one's (P keeps the logits' order); here the
+  // last counted choice's logit is 2^-10 and the next one's 2^-10 - 2^-26, at a lower index:
+  // 128 ulps apart, so the keys rank them, but x - max rounds both to one value (or to 0 and
+  // a quarter ulp of exp's 1), so their P tie and the fresh top-k takes the lower index
+  struct fresh_case {
+    routing_config cfg;
+    std::int32_t last, next;  // the experts of the last counted choice and of the next one
+  };
+  routing_config top1 = presets::megatron(64, 2, {.capacity_factor = 1.25});
+  top1.loss.counts = aux_counts::top1;  // (the next one is the second choice)
+  for (const auto& [cfg, last, next] :
+       {fresh_case{presets::megatron(64, 2), 40, 10}, fresh_case{presets::megatron(32, 4), 30, 3},
+        fresh_case{top1, 50, 20}}) {
+    const std::int32_t E = cfg.num_experts, counted = cfg.aux_counts_per_token();
+    INFO("E = " << E << ", k = " << cfg.top_k << ", counted " << counted);
+    const std::int64_t T = 24;
+    // every other logit well below the ones set, and a permutation of distinct values (a
+    // token with a near tie among its best would send its tile to insertion, which counts P)
+    std::vector<float> x(static_cast<std::size_t>(T * E));
+    for (std::int64_t t = 0; t < T; ++t)
+      for (std::int32_t e = 0; e < E; ++e)
+        x[t * E + e] = -3.0f - 0.01f * static_cast<float>((e * 7 + t * 13) % E);
+    for (std::int64_t t = 0; t < T; t += 2) {  // every other token, in every lane of a tile
+      float* row = &x[t * E];
+      std::int32_t e = 0;  // the choices before the last counted one: 1, 1/2, ... (free ids)
+      for (std::int32_t j = 0; j + 1 < counted; ++j, ++e) {
+        while (e == last || e == next) ++e;
+        row[e] = 1.0f / static_cast<float>(1 << j);
+      }
+      row[last] = 0x1p-10f;
+      row[next] = 0x1p-10f - 0x1p-26f;
+    }
+    REQUIRE(test::check_gating<float>(cfg, x, T, {}) == "");
+    // the premise: P's fresh top-k is not the routed set (the rows write the count ids)
+    test::cpu_gating_buffers<float> b(cfg, x, T, {}, {}, 0);
+    const auto o = b.run(cfg, cpu::executor::serial());
+    REQUIRE(o.st.ok());
+    for (std::int64_t t = 0; t < T; t += 2) {
+      const auto* ids = &o.aux_count_ids[t * counted];
+      CHECK(std::find(ids, ids + counted, next) != ids + counted);
+      CHECK(std::find(ids, ids + counted, last) == ids + counted);
+    }
+  }
+}
+
 TEST_CASE(
     "cpu gating columns: a token's bits do not depend on its place in the batch or the threads",
     "[cpu][gating]") {

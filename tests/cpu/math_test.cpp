@@ -74,6 +74,43 @@ TEST_CASE("cpu math::exp is within 2 ulp of exp and monotonic", "[cpu][math]") {
   REQUIRE(math::exp(0.0f) == 1.0f);
 }
 
+#if defined(__AVX2__) && defined(__FMA__)
+// Every float of a softmax's range, [-104, 0] (below -104 exp clamps: one value), through
+// exp_row's vector path (exp16 or exp8: the token columns' bits): monotonic without exception.
+// The columns count a Megatron token's fresh top-k of P by comparing one P only, which holds
+// because P keeps the logits' order (gating.hpp, gate_columns); one step back anywhere would
+// break it. (Builds without the columns, whose exp is scalar, skip it: 10^9 exps.)
+TEST_CASE("cpu math::exp_row is monotonic over every float of [-104, 0]", "[cpu][math]") {
+  constexpr std::uint32_t chunk = 1u << 16;
+  std::vector<float> y(chunk), got(chunk);
+  const std::uint32_t last = std::bit_cast<std::uint32_t>(-104.0f);  // (bits from -0 up to it)
+  float prev = 2.0f;  // exp of the float before the chunk (2: above every exp of y <= 0)
+  std::int64_t checked = 0, steps_up = 0;
+  float first = 0.0f;
+  for (std::uint64_t b = 0x80000000u; b <= last; b += chunk) {
+    // (the chunk's floats toward -104: exp must never grow)
+    const auto n = static_cast<std::uint32_t>(std::min<std::uint64_t>(chunk, last + 1 - b));
+    for (std::uint32_t i = 0; i < n; ++i)
+      y[i] = std::bit_cast<float>(static_cast<std::uint32_t>(b + i));
+    (void)math::exp_row(y.data(), static_cast<std::int32_t>(n), 0.0f, got.data());
+    std::int64_t up = got[0] > prev;
+    for (std::uint32_t i = 1; i < n; ++i) up += got[i] > got[i - 1];
+    if (up != 0 && steps_up == 0)
+      for (std::uint32_t i = 0; i < n; ++i)
+        if (got[i] > (i == 0 ? prev : got[i - 1])) {
+          first = y[i];
+          break;
+        }
+    steps_up += up;
+    prev = got[n - 1];
+    checked += n;
+  }
+  INFO(steps_up << " steps up of " << checked << ", the first at " << first);
+  CHECK(checked == std::int64_t{last} - 0x80000000 + 1);
+  REQUIRE(steps_up == 0);
+}
+#endif
+
 namespace {
 /// Every 61st float of [lo, 0] and [0, hi] (lo < 0 < hi), in increasing order: the row
 /// kernels' test grid.

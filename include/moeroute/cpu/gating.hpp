@@ -746,7 +746,8 @@ struct gating_agent {
     constexpr std::int32_t K = col::max_choices;
     col::i32x8 id[K];
     col::f32x8 b[K];
-    col::top_k(sel, E, k, id, b);
+    col::i32x8 after;  // each token's (k + 1)-th best, where the keys ranked the tile
+    const bool ranked_after = col::top_k(sel, E, k, id, b, &after);
     // the gates: softmax after top-k from the selected logits (a zero's sign changes no gate),
     // softmax from the chosen P (the selected values when selected from P), sigmoid from
     // score_one of the chosen logits (libm, lane by lane: the reference's bits)
@@ -794,7 +795,19 @@ struct gating_agent {
         const col::f32x8 v = col::at_ids(pc, id[j]);
         least = v < least ? v : least;
       }
-      at_least = col::count_at_least(pc, E, least);
+      // P never decreases where the selection value grows (the selection is P, or a
+      // softmax's logits: x - m, exp and the product with 1 / sum each keep the order;
+      // math_test checks exp's over every float of [-104, 0]), so no expert past the first
+      // `counted` has a P above the next one's in the selection's order: the choices are P's
+      // fresh top-k unless that one reaches `least` (where insertion ranked the tile, whose
+      // next is not known, every P is compared)
+      const bool monotone = softmax_score && !g.expert_bias;
+      if (monotone && (counted < k || ranked_after)) {
+        const col::f32x8 next = col::at_ids(pc, counted < k ? id[counted] : after);
+        at_least = (col::i32x8{} + counted) - (next >= least);  // (true is -1)
+      } else {
+        at_least = col::count_at_least(pc, E, least);
+      }
     }
     col::accumulate(pc, E, keep, s.scores);
     for (std::int32_t l = 0; l < W; ++l) {

@@ -374,7 +374,8 @@ struct order_keys {
 }
 
 /// @brief top_k_inserted's ids and values by keys, when no token of the tile has a near tie
-///        (above); false, with id and b unspecified, when one has (or E is beyond the keys:
+///        (above), and in `after` each token's (K + 1)-th best expert (where not null); false,
+///        with id, b and after unspecified, when one has (or E is beyond the keys:
 ///        more than 128 experts, or not whole groups of 8 for the network). From 5 choices the
 ///        K + 1 best come from groups of 8 keys sorted by a network and merged into the running
 ///        8 best (about 5 comparators a key, where insertion takes K + 1); up to 4 by insertion
@@ -383,7 +384,7 @@ struct order_keys {
 ///        -> 0.21; K = 1 gains nothing (one max and one select a value).
 template <std::int32_t K>
 [[nodiscard]] inline bool top_k_by_keys(const float* __restrict c, std::int32_t E, i32x8* id,
-                                        f32x8* b) noexcept {
+                                        f32x8* b, i32x8* after = nullptr) noexcept {
   constexpr bool network = K >= 5;
   if (E > key_index_mask + 1 || E < K + 1 || (network && E % 8 != 0)) return false;
   const i32x8 none = i32x8{} + INT32_MIN;  // below every key (-Inf's order is above it)
@@ -417,13 +418,16 @@ template <std::int32_t K>
     id[j] = key_index_mask - (best[j] & key_index_mask);
     b[j] = (f32x8)_mm256_i32gather_ps(c, (__m256i)(id[j] * lanes + lane), sizeof(float));
   }
+  if (after != nullptr) *after = key_index_mask - (next & key_index_mask);
   return true;
 }
 
 /// @brief The K best experts of each token over columns c, best first: ids id[j], values b[j]
-///        — top_k_inserted's (its ties, its values), by keys where the tile allows.
+///        — top_k_inserted's (its ties, its values), by keys where the tile allows; then
+///        true, with each token's (K + 1)-th best in `after` (where not null).
 template <std::int32_t K>
-inline void top_k(const float* __restrict c, std::int32_t E, i32x8* id, f32x8* b) noexcept {
+inline bool top_k(const float* __restrict c, std::int32_t E, i32x8* id, f32x8* b,
+                  i32x8* after = nullptr) noexcept {
 #if defined(__AVX512F__)
   // (rows of 8 keep insertion on AVX-512, where a select is one masked move: Mixtral's gating
   // measured 5-7 % slower by keys)
@@ -431,20 +435,23 @@ inline void top_k(const float* __restrict c, std::int32_t E, i32x8* id, f32x8* b
 #else
   const bool keys = K >= 2;
 #endif
-  if (keys && top_k_by_keys<K>(c, E, id, b)) return;
+  if (keys && top_k_by_keys<K>(c, E, id, b, after)) return true;
   top_k_inserted<K>(c, E, id, b);
+  return false;
 }
 
 /// @brief top_k<K> for k = K known at run time (1 .. max_choices): each K its own unrolled
 ///        selection, chosen by a fold over the K's.
 template <std::int32_t... K>
-inline void top_k(const float* __restrict c, std::int32_t E, std::int32_t k, i32x8* id, f32x8* b,
-                  std::integer_sequence<std::int32_t, K...>) noexcept {
-  (void)((k == K + 1 ? (top_k<K + 1>(c, E, id, b), true) : false) || ...);
+inline bool top_k(const float* __restrict c, std::int32_t E, std::int32_t k, i32x8* id, f32x8* b,
+                  i32x8* after, std::integer_sequence<std::int32_t, K...>) noexcept {
+  bool keyed = false;
+  (void)((k == K + 1 ? (keyed = top_k<K + 1>(c, E, id, b, after), true) : false) || ...);
+  return keyed;
 }
-inline void top_k(const float* __restrict c, std::int32_t E, std::int32_t k, i32x8* id,
-                  f32x8* b) noexcept {
-  top_k(c, E, k, id, b, std::make_integer_sequence<std::int32_t, max_choices>{});
+inline bool top_k(const float* __restrict c, std::int32_t E, std::int32_t k, i32x8* id, f32x8* b,
+                  i32x8* after = nullptr) noexcept {
+  return top_k(c, E, k, id, b, after, std::make_integer_sequence<std::int32_t, max_choices>{});
 }
 
 /// The values of the chosen experts of each token: c[id[l] * 8 + l].
