@@ -724,7 +724,11 @@ struct gating_agent {
     float* pc = xc + W * E;  // [E, W] exps, then P (softmax) or the scores (sigmoid)
     float* bc = pc + W * E;  // [E, W] the selection values plus the bias
     col::f32x8 m, lo;
-    if (!col::load(p.d_logits + t0 * E, E, xc, m, lo)) return false;
+    // the next tile's rows, prefetched as this one's are loaded (where a row fills a cache line
+    // or more: a tile of Mixtral's 8 experts, 4 lines, went 2-4 % slower with it on AVX2)
+    const bool prefetch = t0 + 2 * W <= p.tokens && E * sizeof(Element) >= 64;
+    const Element* following = prefetch ? p.d_logits + (t0 + W) * E : nullptr;
+    if (!col::load(p.d_logits + t0 * E, E, xc, m, lo, following)) return false;
     col::f64x4 sum[2] = {};  // the exps' sums: the softmax's, and the logsumexp's
     if (softmax_score || wants_lse) col::exp_and_sum(xc, E, m, lo, pc, sum);
     float lse[W] = {};
