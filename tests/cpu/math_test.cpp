@@ -27,6 +27,7 @@
 #include <moeroute/cpu/detail/select.hpp>
 #include <moeroute/cpu/detail/select_columns.hpp>
 #include <moeroute/dtype.hpp>
+#include <moeroute/exp_fma.hpp>
 #include <moeroute/macros.hpp>
 
 using namespace moeroute::cpu;
@@ -175,6 +176,32 @@ TEST_CASE("cpu math::exp_row equals exp() bit for bit", "[cpu][math]") {
   INFO(differs << " differ, the first at " << first);
   REQUIRE(differs == 0);
 }
+
+#if defined(__AVX2__) && defined(__FMA__)
+// ... and where exp_row is vector code (exp16 / exp8: explicit fused multiply-adds), those bits
+// are moeroute::exp_fma's, the GPU gating's exp, whatever this target's contraction: the CPU
+// backend and the kernels make the same exps.
+TEST_CASE("cpu math::exp_row equals moeroute::exp_fma bit for bit", "[cpu][math]") {
+  const std::vector<float> y = every_61st_float(-110.0f, 95.0f);
+  std::vector<float> got(4093);
+  std::int64_t differs = 0;
+  float first = 0.0f;
+  for (std::size_t at = 0; at < y.size(); at += got.size()) {
+    const auto n = static_cast<std::int32_t>(std::min(got.size(), y.size() - at));
+    (void)math::exp_row(y.data() + at, n, 0.0f, got.data());
+    for (std::int32_t i = 0; i < n; ++i)
+      if (std::bit_cast<std::uint32_t>(got[i]) !=
+          std::bit_cast<std::uint32_t>(moeroute::exp_fma(y[at + i]))) {
+        if (differs++ == 0) first = y[at + i];
+      }
+  }
+  INFO(differs << " differ, the first at " << first);
+  REQUIRE(differs == 0);
+  REQUIRE(moeroute::exp_fma(0.0f) == 1.0f);
+  REQUIRE(moeroute::exp_fma(-200.0f) == 0.0f);
+  REQUIRE(std::isinf(moeroute::exp_fma(100.0f)));
+}
+#endif
 
 #if defined(__AVX2__) && defined(__FMA__)
 // exp8_moderate (the token columns' exp on AVX2 where a tile's logits lie within 86 of their

@@ -46,8 +46,11 @@ __device__ __forceinline__ int gating_acc_position(int s, int l) {
 ///        memory gating_kernel_smem(Lanes, Slots, Warps, Generic, E).
 ///        The arguments are __grid_constant__: the agent keeps a reference to them, which
 ///        otherwise makes nvcc copy the whole struct into local memory in every thread.
+/// (At least two blocks an SM where the row takes up to 8 slots a lane: without the bound ptxas
+/// gave E = 128 with the inlined exps 80 registers and spilled in the token loop; with it, 99
+/// and none. The 16-slot kernel needs its ~250.)
 template <class Element, int Lanes, int Slots, int Warps, bool Generic>
-__global__ void __launch_bounds__(Warps * 32)
+__global__ void __launch_bounds__(Warps * 32, Slots <= 8 ? 2 : 1)
     gating_kernel(const __grid_constant__ gating_kernel_args<Element> a) {
   enter_after_prior_grid();
   constexpr int Groups = Warps * (32 / Lanes);
@@ -84,8 +87,7 @@ __global__ void __launch_bounds__(Warps * 32)
 
   agent_type agent(a, tid % Lanes);
   double z_acc = 0.0;
-  // the logsumexp only where written or summed (an exp per logit: configs without a z-loss
-  // skip it)
+  // the logsumexp only where written or summed (configs without a z-loss skip it)
   const bool wants_lse = a.out.d_logsumexp != nullptr || a.out.sums.d_z_sum_squares != nullptr;
   for (std::int64_t base = begin; base < end; base += Groups) {  // block-uniform trip count
     const std::int64_t v = base + grp;
@@ -93,8 +95,12 @@ __global__ void __launch_bounds__(Warps * 32)
     const std::int64_t t = a.plan.token(active ? v : base);  // idle groups recompute a real row
 
     const int nonfinite = agent.load_row(t);
-    const float lse = wants_lse ? agent.logsumexp() : 0.0f;
-    agent.noise_and_scores(t);
+    // a softmax of the clean logits as the gate scores makes the logsumexp's exps and sum: one
+    // exp per logit, not two (block-uniform)
+    const bool lse_from_scores = agent.lse_from_scores();
+    float lse = wants_lse && !lse_from_scores ? agent.logsumexp() : 0.0f;
+    const auto gate_exps = agent.noise_and_scores(t);
+    if (wants_lse && lse_from_scores) lse = agent_type::logsumexp(gate_exps);
     if (a.sem.groups > 1) agent.group_limit();
     if (a.sem.second_sampling) agent.sample_second(t);
     const bool counts_here = active && (a.valid == nullptr || a.valid[t] != 0);

@@ -133,21 +133,16 @@ struct gating_agent {
     return warp::group_sum<Lanes>(nonfinite);
   }
 
-  /// logsumexp of x, the max in float, the sum of exp in double (as the reference).
-  __device__ __forceinline__ float logsumexp() const {
-    float m = -FLT_MAX;
-    for_slots([&](int s) { m = fmaxf(m, x[s]); });  // out-of-range slots hold -FLT_MAX
-    m = warp::group_max<Lanes>(m);
-    double se = 0.0;
-    for_slots([&](int s) {
-      if (in_row(s)) se += exp(static_cast<double>(x[s]) - static_cast<double>(m));
-    });
-    se = warp::group_sum<Lanes>(se);
-    return static_cast<float>(static_cast<double>(m) + log(se));
-  }
+  /// A row's max and its sum of exp(v - max) (float exps, the sum in double): the softmax's
+  /// denominator and the logsumexp's.
+  struct exp_sum {
+    float max;
+    double sum;
+  };
 
-  /// softmax over the in-range slots of v, in place (max-subtracted, sum in double).
-  __device__ __forceinline__ void softmax(float (&v)[Slots]) const {
+  /// exp(v - max) over the in-range slots of v, in place (0 elsewhere), and their sum in double
+  /// (each lane's slots in order, then the fixed butterfly).
+  __device__ __forceinline__ exp_sum exps(float (&v)[Slots]) const {
     float m = -FLT_MAX;
     for_slots([&](int s) {
       if (in_row(s)) m = fmaxf(m, v[s]);
@@ -162,22 +157,50 @@ struct gating_agent {
         v[s] = 0.0f;
       }
     });
-    sum = warp::group_sum<Lanes>(sum);
-    for_slots([&](int s) { v[s] = static_cast<float>(static_cast<double>(v[s]) / sum); });
+    return {m, warp::group_sum<Lanes>(sum)};
   }
 
-  /// The score function over the row, in place.
-  __device__ __forceinline__ void scores(float (&v)[Slots]) const {
-    if (sem.score == score_function::softmax) {
-      softmax(v);
-    } else {
-      for_slots([&](int s) { v[s] = gating_math::score_one(sem.score, v[s]); });
-    }
+  /// logsumexp = float(max + log(sum)) of an exp_sum (the CPU backend's formula: the exps are
+  /// floats, the reference's doubles; within its 1e-5).
+  static __device__ __forceinline__ float logsumexp(exp_sum e) {
+    return static_cast<float>(static_cast<double>(e.max) + log(e.sum));
+  }
+
+  /// logsumexp of the clean logits, where no softmax of them makes its exps (logsumexp_here).
+  __device__ __forceinline__ float logsumexp() const {
+    float e[Slots];
+    for_slots([&](int s) { e[s] = x[s]; });
+    return logsumexp(exps(e));
+  }
+
+  /// softmax over the in-range slots of v, in place: float(e * (1 / sum)) in double, one
+  /// division a lane (the CPU backend's rounding); returns the exp_sum.
+  __device__ __forceinline__ exp_sum softmax(float (&v)[Slots]) const {
+    const exp_sum e = exps(v);
+    const double inv = 1.0 / e.sum;
+    for_slots([&](int s) { v[s] = static_cast<float>(static_cast<double>(v[s]) * inv); });
+    return e;
+  }
+
+  /// The score function over the row, in place; a softmax's exp_sum (else max 0, sum 1).
+  __device__ __forceinline__ exp_sum scores(float (&v)[Slots]) const {
+    if (sem.score == score_function::softmax) return softmax(v);
+    for_slots([&](int s) { v[s] = gating_math::score_one(sem.score, v[s]); });
+    return {0.0f, 1.0};
+  }
+
+  /// True when noise_and_scores takes the softmax of the clean logits as the gate scores: its
+  /// exp_sum is then the logsumexp's (the same max, exps and sum), which is taken from it.
+  __device__ __forceinline__ bool lse_from_scores() const {
+    return sem.score == score_function::softmax && !sem.softmax_after &&
+           !(sem.noise && sem.noisy_gates);
   }
 
   // --- 2 and 3. noise, gate scores, selection values ------------------------------------------
 
-  __device__ __forceinline__ void noise_and_scores(std::int64_t t) {
+  /// Noise, gate scores and selection values; returns the gate scores' exp_sum (a softmax of
+  /// the clean logits where lse_from_scores(); else max 0, sum 1).
+  __device__ __forceinline__ exp_sum noise_and_scores(std::int64_t t) {
     for_slots([&](int s) {
       sel[s] = x[s];
       if (sem.noise && in_row(s)) {
@@ -187,7 +210,8 @@ struct gating_agent {
       }
       gsrc[s] = sem.noisy_gates ? sel[s] : x[s];
     });
-    if (!sem.softmax_after) scores(gsrc);
+    exp_sum gate_exps{0.0f, 1.0};
+    if (!sem.softmax_after) gate_exps = scores(gsrc);
     if (sem.select_scores) {
       if (sem.noise && !sem.noisy_gates) {
         scores(sel);
@@ -203,6 +227,7 @@ struct gating_agent {
         if (sem.groups <= 1) allowed.set(s);
       }
     });
+    return gate_exps;
   }
 
   // --- 4. group limit ---------------------------------------------------------------------------

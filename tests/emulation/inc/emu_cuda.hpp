@@ -114,6 +114,23 @@ inline int __reduce_add_sync(unsigned mask, int v) {
   for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(mask, v, o);
   return v;
 }
+// redux.sync's max / min of unsigned values over the lanes of mask (a whole warp, or an aligned
+// power-of-two run of lanes: an xor butterfly that takes only partners inside the mask)
+template <class Op>
+unsigned emu_reduce_unsigned(unsigned mask, unsigned v, Op op) {
+  const unsigned lane = threadIdx.x % 32;
+  for (int o = 16; o > 0; o >>= 1) {
+    const unsigned other = __shfl_xor_sync(mask, v, o);
+    if ((mask >> (lane ^ static_cast<unsigned>(o))) & 1u) v = op(v, other);
+  }
+  return v;
+}
+inline unsigned __reduce_max_sync(unsigned mask, unsigned v) {
+  return emu_reduce_unsigned(mask, v, [](unsigned a, unsigned b) { return a > b ? a : b; });
+}
+inline unsigned __reduce_min_sync(unsigned mask, unsigned v) {
+  return emu_reduce_unsigned(mask, v, [](unsigned a, unsigned b) { return a < b ? a : b; });
+}
 
 inline int __popc(unsigned v) { return __builtin_popcount(v); }
 inline int __ffs(int v) { return __builtin_ffs(v); }
