@@ -83,9 +83,20 @@ template <class Element>
   a.grad_logits = p.d_grad_logits;
   a.invalid_ids = p.d_invalid_ids;
   constexpr int threads = 128;
-  if (cfg.num_experts <= 16)  // a thread per token: a warp's lanes would mostly idle
-    return launch("gating_backward_kernel", kernels::gating_backward_kernel<Element, 1>,
-                  {grid_for(p.tokens, threads), threads, 0}, stream, a);
+  // a thread per token where a warp's lanes would mostly idle (its row in shared memory: 20
+  // bytes an element a thread, 40 KiB a block at E = 16)
+  if (cfg.num_experts <= 16)
+    return launch("gating_backward_kernel", kernels::gating_backward_kernel<Element, 1, true>,
+                  {grid_for(p.tokens, threads), threads,
+                   kernels::gating_backward_cached_smem(threads, cfg.num_experts)},
+                  stream, a);
+  // a warp per token; rows of up to 512 experts keep their values in shared memory (20 bytes an
+  // element a warp: 40 KiB a block at E = 512), wider ones recompute them in each pass
+  if (cfg.num_experts <= kernels::gating_backward_cached_max)
+    return launch("gating_backward_kernel", kernels::gating_backward_kernel<Element, 32, true>,
+                  {grid_for(p.tokens, threads / 32), threads,
+                   kernels::gating_backward_cached_smem(threads / 32, cfg.num_experts)},
+                  stream, a);
   return launch("gating_backward_kernel", kernels::gating_backward_kernel<Element, 32>,
                 {grid_for(p.tokens, threads / 32), threads, 0}, stream, a);
 }

@@ -17,6 +17,7 @@
 #include <moeroute/kernels/element.cuh>
 #include <moeroute/kernels/gating_semantics.cuh>
 #include <moeroute/kernels/grid_dependency.cuh>
+#include <moeroute/kernels/shared_memory.cuh>
 #include <moeroute/kernels/warp_topk.cuh>
 #include <moeroute/rng.hpp>
 #include <moeroute/types.hpp>
@@ -43,6 +44,15 @@ __device__ inline double score_deriv(score_function f, double x, double s) {
   return s > 0.0 ? sigmoid(x) / (2.0 * s) : 0.0;
 }
 }  // namespace bwd
+
+/// The widest row gating_backward_kernel<..., Cached = true> takes with a warp per token (a
+/// lane's elements fit the 32 bits of its finite mask; with a thread per token, E <= 16), and
+/// its dynamic shared memory for a block of `groups` token groups.
+inline constexpr std::int32_t gating_backward_cached_max = 512;
+inline std::size_t gating_backward_cached_smem(int groups, std::int32_t experts) {
+  return static_cast<std::size_t>(groups) * static_cast<std::size_t>(experts) *
+         (2 * sizeof(double) + sizeof(float));
+}
 
 /// Everything the fused logit-gradient kernel reads; see cuda::gating_backward_params.
 template <class Element>
@@ -74,8 +84,17 @@ __device__ inline double load_logit(const gating_backward_args<Element>& a, std:
 /// Lanes (1 or 32) threads per token; per element the routing, aux, sequence-aux and z terms,
 /// each computed in double, rounded to float and added in that order (the order of
 /// reference::gating_backward). Block: whole warps.
-template <class Element, int Lanes>
+/// @tparam Cached false: each pass over the row reloads the logits and recomputes its double
+///         exps (any E). true (E <= gating_backward_cached_max): each token group keeps its
+///         token's row in its slice of dynamic shared memory — the clean logits, the softmax
+///         P of the clean logits and the per-expert scores, gating_backward_cached_smem bytes a
+///         block — made once per token by the expressions the uncached passes evaluate, so the
+///         same values: one double exp per element (two with a sigmoid score) where the passes
+///         took up to six (the gate softmax, the aux and the z term each recomputed P). Each lane
+///         reads back only the elements it wrote: no barrier.
+template <class Element, int Lanes, bool Cached = false>
 __global__ void gating_backward_kernel(const gating_backward_args<Element> a) {
+  constexpr bool cached = Cached;
   enter_after_prior_grid();
   const gating_semantics& sem = a.sem;
   const std::int32_t E = sem.experts, k = sem.k;
@@ -96,6 +115,24 @@ __global__ void gating_backward_kernel(const gating_backward_args<Element> a) {
   __syncthreads();
   const auto used_sequences = static_cast<std::int64_t>(s_used);
   const int lane = static_cast<int>(threadIdx.x) % Lanes;
+  // cached: [G * E] doubles of P, [G * E] doubles of scores, [G * E] floats of clean logits,
+  // G = the block's token groups; group g's element e at g * E + e for a warp per token (a
+  // lane's run is consecutive across the lanes), at e * G + g for a thread per token (the
+  // threads' e-th elements side by side): no bank conflict either way
+  double* c_ps = nullptr;
+  double* c_sc = nullptr;
+  float* c_cx = nullptr;
+  std::size_t c_stride = 1;
+  if constexpr (cached) {
+    const std::size_t groups = blockDim.x / Lanes, g = threadIdx.x / Lanes;
+    double* d = dynamic_shared<double>();
+    const std::size_t n = groups * static_cast<std::size_t>(E);
+    const std::size_t first = Lanes == 1 ? g : g * static_cast<std::size_t>(E);
+    c_stride = Lanes == 1 ? groups : 1;
+    c_ps = d + first;
+    c_sc = d + n + first;
+    c_cx = reinterpret_cast<float*>(d + 2 * n) + first;
+  }
   const std::int64_t groups = static_cast<std::int64_t>(gridDim.x) * (blockDim.x / Lanes);
   for (std::int64_t t = (static_cast<std::int64_t>(blockIdx.x) * blockDim.x + threadIdx.x) / Lanes;
        t < a.tokens; t += groups) {  // uniform over a token's lanes
@@ -107,6 +144,22 @@ __global__ void gating_backward_kernel(const gating_backward_args<Element> a) {
       continue;
     }
     const std::int32_t* ids = a.gated.d_ids + t * k;
+    // f(s, e) for each element e of this lane, in the strided order every sum takes
+    // (s: the element's place in this lane's run, e / Lanes)
+    auto each = [&](auto&& f) {
+      int s = 0;
+      for (std::int32_t e = lane; e < E; e += Lanes, ++s) f(s, e);
+    };
+    // the cached row: clean logits (sanitised: a float exactly) and which raw ones were finite
+    // (bit s: at most 32 elements a thread)
+    std::uint32_t finite_slots = 0;
+    if constexpr (cached) {
+      each([&](int s, std::int32_t e) {
+        const double raw = load_logit<Element>(a, t, e);
+        if (bwd::finite(raw)) finite_slots |= 1u << s;
+        c_cx[e * c_stride] = static_cast<float>(bwd::sanitize(raw));
+      });
+    }
     // gate logits (noisy with selection_and_gates), recomputed on the fly
     auto xg = [&](std::int32_t e) {
       double x = bwd::sanitize(load_logit<Element>(a, t, e));
@@ -115,6 +168,15 @@ __global__ void gating_backward_kernel(const gating_backward_args<Element> a) {
         x = bwd::sanitize(x + static_cast<double>(sem.noise_scale) * z);
       }
       return x;
+    };
+    auto clean = [&](std::int32_t e) { return bwd::sanitize(load_logit<Element>(a, t, e)); };
+    auto clean_at = [&](int s, std::int32_t e) {
+      (void)s;
+      if constexpr (cached) {
+        return static_cast<double>(c_cx[e * c_stride]);
+      } else {
+        return clean(e);
+      }
     };
     auto alive = [&](std::int32_t j) { return holds_row(a.fates[t * k + j]); };
     // ---- routing term: scalars of the per-token chain (docs/numerics.md, "Gradients")
@@ -154,10 +216,37 @@ __global__ void gating_backward_kernel(const gating_backward_args<Element> a) {
     if (routing && ids_ok) {
       for (std::int32_t j = 0; j < k; ++j) any = any || dw_of(j) != 0.0;
     }
+    // ---- the softmax of the clean logits (aux, sequence aux, z; and the gate softmax where the
+    // gate logits are the clean ones): max cm, sum cse; cached, P = exp(x - cm) / cse per slot
+    const bool aux = aux_count != nullptr;
+    const bool zl = a.z_weight != 0.0;
+    // sequence aux: dL/dP[t, e] = seq_weight / used * count[q, e] / L_q^2, q the sequence of t
+    // (used = 1 for sequence_reduction::sum)
+    bool seq = a.gated.sums.d_seq_count != nullptr && a.seq_weight != 0.0 && a.seq_len > 0;
+    const bool gate_softmax = any && !sem.softmax_after && sem.score == score_function::softmax;
+    // cached, a gate softmax of the clean logits is this one: gm = cm and gsum = cse exactly
+    // (the same values, the same order)
+    const bool gate_is_clean = cached && gate_softmax && !sem.noisy_gates;
+    double cm = -static_cast<double>(FLT_MAX), cse = 0.0;
+    if (aux || seq || zl || gate_is_clean) {
+      each([&](int s, std::int32_t e) { cm = fmax(cm, clean_at(s, e)); });
+      cm = warp::group_max<Lanes>(cm);
+      each([&](int s, std::int32_t e) {
+        const double ex = exp(clean_at(s, e) - cm);
+        if constexpr (cached) c_ps[e * c_stride] = ex;
+        cse += ex;
+      });
+      cse = warp::group_sum<Lanes>(cse);
+      if constexpr (cached)
+        each([&](int, std::int32_t e) { c_ps[e * c_stride] = c_ps[e * c_stride] / cse; });
+    }
     if (any) {
       if (sem.softmax_after) {
         for (std::int32_t j = 0; j < k; ++j) gm = fmax(gm, xg(ids[j]));
         for (std::int32_t j = 0; j < k; ++j) gsum += exp(xg(ids[j]) - gm);
+      } else if (gate_is_clean) {
+        gm = cm;
+        gsum = cse;
       } else if (sem.score == score_function::softmax) {
         for (std::int32_t e = lane; e < E; e += Lanes) gm = fmax(gm, xg(e));
         gm = warp::group_max<Lanes>(gm);
@@ -203,11 +292,6 @@ __global__ void gating_backward_kernel(const gating_backward_args<Element> a) {
       }
     }
     // ---- aux and z terms: softmax / normalised scores of the clean logits
-    const bool aux = aux_count != nullptr;
-    const bool zl = a.z_weight != 0.0;
-    // sequence aux: dL/dP[t, e] = seq_weight / used * count[q, e] / L_q^2, q the sequence of t
-    // (used = 1 for sequence_reduction::sum)
-    bool seq = a.gated.sums.d_seq_count != nullptr && a.seq_weight != 0.0 && a.seq_len > 0;
     double seq_base = 0.0, seq_L2 = 1.0, dot_seq = 0.0;
     const std::int64_t q = seq ? sequence_of_token(a.seq_order, t, a.sequences, a.seq_len) : 0;
     if (seq) {
@@ -220,57 +304,74 @@ __global__ void gating_backward_kernel(const gating_backward_args<Element> a) {
     auto gp_seq = [&](std::int32_t e) {
       return seq_base * static_cast<double>(a.gated.sums.d_seq_count[q * E + e]) / seq_L2;
     };
-    double cm = -static_cast<double>(FLT_MAX), cse = 0.0, ssum = 0.0, dot_aux = 0.0;
+    double ssum = 0.0, dot_aux = 0.0;
     const double Tn = static_cast<double>(Tvalid);
     const double c_aux = a.aux_weight / (Tn * Tn), c_z = a.z_weight * 2.0 / Tn;
-    auto clean = [&](std::int32_t e) { return bwd::sanitize(load_logit<Element>(a, t, e)); };
-    if (aux || seq || zl) {
-      for (std::int32_t e = lane; e < E; e += Lanes) cm = fmax(cm, clean(e));
-      cm = warp::group_max<Lanes>(cm);
-      for (std::int32_t e = lane; e < E; e += Lanes) cse += exp(clean(e) - cm);
-      cse = warp::group_sum<Lanes>(cse);
-    }
-    if ((aux || seq) && sem.score != score_function::softmax) {
-      for (std::int32_t e = lane; e < E; e += Lanes) ssum += bwd::score(sem.score, clean(e));
+    // the softmax P of the clean logits at (s, e), and the per-expert score
+    auto softmax_at = [&](int s, std::int32_t e) {
+      (void)s;
+      if constexpr (cached) {
+        return c_ps[e * c_stride];
+      } else {
+        return exp(clean(e) - cm) / cse;
+      }
+    };
+    const bool scored = (aux || seq) && sem.score != score_function::softmax;
+    auto score_at = [&](int s, std::int32_t e) {
+      (void)s;
+      if constexpr (cached) {
+        return c_sc[e * c_stride];
+      } else {
+        return bwd::score(sem.score, clean(e));
+      }
+    };
+    if (scored) {
+      each([&](int s, std::int32_t e) {
+        const double v = bwd::score(sem.score, clean_at(s, e));
+        if constexpr (cached) c_sc[e * c_stride] = v;
+        ssum += v;
+      });
       ssum = warp::group_sum<Lanes>(ssum);
     }
-    auto P_of = [&](std::int32_t e) {
-      return sem.score == score_function::softmax
-                 ? exp(clean(e) - cm) / cse
-                 : bwd::score(sem.score, clean(e)) / (ssum + 1e-20);
+    auto P_at = [&](int s, std::int32_t e) {
+      return sem.score == score_function::softmax ? softmax_at(s, e)
+                                                  : score_at(s, e) / (ssum + 1e-20);
     };
     if (aux) {
-      for (std::int32_t e = lane; e < E; e += Lanes)
-        dot_aux += c_aux * static_cast<double>(aux_count[e]) * P_of(e);
+      each([&](int s, std::int32_t e) {
+        dot_aux += c_aux * static_cast<double>(aux_count[e]) * P_at(s, e);
+      });
       dot_aux = warp::group_sum<Lanes>(dot_aux);
     }
     if (seq) {
-      for (std::int32_t e = lane; e < E; e += Lanes) dot_seq += gp_seq(e) * P_of(e);
+      each([&](int s, std::int32_t e) { dot_seq += gp_seq(e) * P_at(s, e); });
       dot_seq = warp::group_sum<Lanes>(dot_seq);
     }
     // backward of P for a given dL/dP (gp) and sum_i gp_i P_i (dot)
-    auto p_backward = [&](std::int32_t e, double gp, double dot) {
-      const double x = clean(e);
-      if (sem.score == score_function::softmax) return (exp(x - cm) / cse) * (gp - dot);
-      const double sc = bwd::score(sem.score, x);
+    auto p_backward = [&](int s, std::int32_t e, double gp, double dot) {
+      if (sem.score == score_function::softmax) return softmax_at(s, e) * (gp - dot);
+      const double x = clean_at(s, e);
+      const double sc = score_at(s, e);
       return bwd::score_deriv(sem.score, x, sc) * (gp - dot) / (ssum + 1e-20);
     };
     const double lse = cm + log(cse);
     // The four terms at element e, named as the reference's passes that add them
     // (reference::routing_backward, aux_loss_backward, sequence_aux_loss_backward,
     // z_loss_backward) and as the CPU backend's helpers.
-    auto routing_backward = [&](std::int32_t e) {
+    auto routing_backward = [&](int s, std::int32_t e) {
       double r = 0.0;
       if (sem.softmax_after) {
         for (std::int32_t j = 0; j < k; ++j)
           if (ids[j] == e) r += h_of(j) * (dgpre_of(j) - dot3);
         return r;
       }
-      if (sem.score == score_function::softmax) r = -s_of(e) * dot3;
+      // the gate softmax at e: the cached clean P where the gate logits are the clean ones
+      const auto gate_s = [&] { return gate_is_clean ? softmax_at(s, e) : s_of(e); };
+      if (sem.score == score_function::softmax) r = -gate_s() * dot3;
       for (std::int32_t j = 0; j < k; ++j) {
         if (ids[j] != e) continue;
         if (sem.score == score_function::softmax) {
-          r += s_of(e) * dh_of(j);
+          r += gate_s() * dh_of(j);
         } else {
           const double x = xg(e);
           r += dh_of(j) * bwd::score_deriv(sem.score, x, bwd::score(sem.score, x));
@@ -278,25 +379,30 @@ __global__ void gating_backward_kernel(const gating_backward_args<Element> a) {
       }
       return r;
     };
-    auto aux_loss_backward = [&](std::int32_t e) {
-      return p_backward(e, c_aux * static_cast<double>(aux_count[e]), dot_aux);
+    auto aux_loss_backward = [&](int s, std::int32_t e) {
+      return p_backward(s, e, c_aux * static_cast<double>(aux_count[e]), dot_aux);
     };
-    auto sequence_aux_loss_backward = [&](std::int32_t e) {
-      return p_backward(e, gp_seq(e), dot_seq);
+    auto sequence_aux_loss_backward = [&](int s, std::int32_t e) {
+      return p_backward(s, e, gp_seq(e), dot_seq);
     };
-    auto z_loss_backward = [&](std::int32_t e) { return c_z * lse * (exp(clean(e) - cm) / cse); };
+    auto z_loss_backward = [&](int s, std::int32_t e) { return c_z * lse * softmax_at(s, e); };
     // ---- one pass over the row: routing, aux, sequence-aux, z, each rounded and added
-    for (std::int32_t e = lane; e < E; e += Lanes) {
-      const double raw = load_logit<Element>(a, t, e);
+    each([&](int s, std::int32_t e) {
+      bool finite;
+      if constexpr (cached) {
+        finite = ((finite_slots >> s) & 1u) != 0u;
+      } else {
+        finite = bwd::finite(load_logit<Element>(a, t, e));
+      }
       float v = a.accumulate ? out[e] : 0.0f;
-      if (bwd::finite(raw)) {
-        if (any) v = __fadd_rn(v, static_cast<float>(routing_backward(e)));
-        if (aux) v = __fadd_rn(v, static_cast<float>(aux_loss_backward(e)));
-        if (seq) v = __fadd_rn(v, static_cast<float>(sequence_aux_loss_backward(e)));
-        if (zl) v = __fadd_rn(v, static_cast<float>(z_loss_backward(e)));
+      if (finite) {
+        if (any) v = __fadd_rn(v, static_cast<float>(routing_backward(s, e)));
+        if (aux) v = __fadd_rn(v, static_cast<float>(aux_loss_backward(s, e)));
+        if (seq) v = __fadd_rn(v, static_cast<float>(sequence_aux_loss_backward(s, e)));
+        if (zl) v = __fadd_rn(v, static_cast<float>(z_loss_backward(s, e)));
       }
       out[e] = v;
-    }
+    });
   }
 }
 
