@@ -23,9 +23,9 @@ namespace moeroute {
 /// @note Every operation is an IEEE operation written out (an fma where fused, a plain
 ///       operation under MOEROUTE_PRECISE_FP otherwise), so the host, the emulation and the
 ///       device give the same bits. Error bound: at most 2 ulp from the correctly rounded exp
-///       for normal results (measured: 1.0 ulp), monotonic (tests/cpu/math_test.cpp). 18
-///       float operations and no double: the GPU's gating took a double exp per logit before
-///       (about 40 instructions with its call), which is what made it instruction-bound.
+///       for normal results (measured: 1.0 ulp), monotonic (tests/cpu/math_test.cpp). About 20
+///       float and integer operations and no double: the GPU's gating took a double exp per
+///       logit before (about 40 instructions and a call).
 MOEROUTE_HOST_DEVICE inline float exp_fma(float y) noexcept {
 #if MOEROUTE_IN_DEVICE_CODE
   const auto fma = [](float a, float b, float c) { return __fmaf_rn(a, b, c); };

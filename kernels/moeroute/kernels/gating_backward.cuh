@@ -94,8 +94,8 @@ __device__ inline double load_logit(const gating_backward_args<Element>& a, std:
 ///         reads back only the elements it wrote: no barrier.
 template <class Element, int Lanes, bool Cached = false>
 __global__ void gating_backward_kernel(const gating_backward_args<Element> a) {
-  constexpr bool cached = Cached;
   enter_after_prior_grid();
+  constexpr bool cached = Cached;
   const gating_semantics& sem = a.sem;
   const std::int32_t E = sem.experts, k = sem.k;
   const std::int64_t* d_valid_tokens = a.gated.sums.d_valid_tokens;
@@ -170,8 +170,7 @@ __global__ void gating_backward_kernel(const gating_backward_args<Element> a) {
       return x;
     };
     auto clean = [&](std::int32_t e) { return bwd::sanitize(load_logit<Element>(a, t, e)); };
-    auto clean_at = [&](int s, std::int32_t e) {
-      (void)s;
+    auto clean_at = [&](std::int32_t e) {
       if constexpr (cached) {
         return static_cast<double>(c_cx[e * c_stride]);
       } else {
@@ -229,10 +228,10 @@ __global__ void gating_backward_kernel(const gating_backward_args<Element> a) {
     const bool gate_is_clean = cached && gate_softmax && !sem.noisy_gates;
     double cm = -static_cast<double>(FLT_MAX), cse = 0.0;
     if (aux || seq || zl || gate_is_clean) {
-      each([&](int s, std::int32_t e) { cm = fmax(cm, clean_at(s, e)); });
+      each([&](int, std::int32_t e) { cm = fmax(cm, clean_at(e)); });
       cm = warp::group_max<Lanes>(cm);
-      each([&](int s, std::int32_t e) {
-        const double ex = exp(clean_at(s, e) - cm);
+      each([&](int, std::int32_t e) {
+        const double ex = exp(clean_at(e) - cm);
         if constexpr (cached) c_ps[e * c_stride] = ex;
         cse += ex;
       });
@@ -308,8 +307,7 @@ __global__ void gating_backward_kernel(const gating_backward_args<Element> a) {
     const double Tn = static_cast<double>(Tvalid);
     const double c_aux = a.aux_weight / (Tn * Tn), c_z = a.z_weight * 2.0 / Tn;
     // the softmax P of the clean logits at (s, e), and the per-expert score
-    auto softmax_at = [&](int s, std::int32_t e) {
-      (void)s;
+    auto softmax_at = [&](std::int32_t e) {
       if constexpr (cached) {
         return c_ps[e * c_stride];
       } else {
@@ -317,8 +315,7 @@ __global__ void gating_backward_kernel(const gating_backward_args<Element> a) {
       }
     };
     const bool scored = (aux || seq) && sem.score != score_function::softmax;
-    auto score_at = [&](int s, std::int32_t e) {
-      (void)s;
+    auto score_at = [&](std::int32_t e) {
       if constexpr (cached) {
         return c_sc[e * c_stride];
       } else {
@@ -326,39 +323,38 @@ __global__ void gating_backward_kernel(const gating_backward_args<Element> a) {
       }
     };
     if (scored) {
-      each([&](int s, std::int32_t e) {
-        const double v = bwd::score(sem.score, clean_at(s, e));
+      each([&](int, std::int32_t e) {
+        const double v = bwd::score(sem.score, clean_at(e));
         if constexpr (cached) c_sc[e * c_stride] = v;
         ssum += v;
       });
       ssum = warp::group_sum<Lanes>(ssum);
     }
-    auto P_at = [&](int s, std::int32_t e) {
-      return sem.score == score_function::softmax ? softmax_at(s, e)
-                                                  : score_at(s, e) / (ssum + 1e-20);
+    auto P_at = [&](std::int32_t e) {
+      return sem.score == score_function::softmax ? softmax_at(e) : score_at(e) / (ssum + 1e-20);
     };
     if (aux) {
-      each([&](int s, std::int32_t e) {
-        dot_aux += c_aux * static_cast<double>(aux_count[e]) * P_at(s, e);
+      each([&](int, std::int32_t e) {
+        dot_aux += c_aux * static_cast<double>(aux_count[e]) * P_at(e);
       });
       dot_aux = warp::group_sum<Lanes>(dot_aux);
     }
     if (seq) {
-      each([&](int s, std::int32_t e) { dot_seq += gp_seq(e) * P_at(s, e); });
+      each([&](int, std::int32_t e) { dot_seq += gp_seq(e) * P_at(e); });
       dot_seq = warp::group_sum<Lanes>(dot_seq);
     }
     // backward of P for a given dL/dP (gp) and sum_i gp_i P_i (dot)
-    auto p_backward = [&](int s, std::int32_t e, double gp, double dot) {
-      if (sem.score == score_function::softmax) return softmax_at(s, e) * (gp - dot);
-      const double x = clean_at(s, e);
-      const double sc = score_at(s, e);
+    auto p_backward = [&](std::int32_t e, double gp, double dot) {
+      if (sem.score == score_function::softmax) return softmax_at(e) * (gp - dot);
+      const double x = clean_at(e);
+      const double sc = score_at(e);
       return bwd::score_deriv(sem.score, x, sc) * (gp - dot) / (ssum + 1e-20);
     };
     const double lse = cm + log(cse);
     // The four terms at element e, named as the reference's passes that add them
     // (reference::routing_backward, aux_loss_backward, sequence_aux_loss_backward,
     // z_loss_backward) and as the CPU backend's helpers.
-    auto routing_backward = [&](int s, std::int32_t e) {
+    auto routing_backward = [&](std::int32_t e) {
       double r = 0.0;
       if (sem.softmax_after) {
         for (std::int32_t j = 0; j < k; ++j)
@@ -366,7 +362,7 @@ __global__ void gating_backward_kernel(const gating_backward_args<Element> a) {
         return r;
       }
       // the gate softmax at e: the cached clean P where the gate logits are the clean ones
-      const auto gate_s = [&] { return gate_is_clean ? softmax_at(s, e) : s_of(e); };
+      const auto gate_s = [&] { return gate_is_clean ? softmax_at(e) : s_of(e); };
       if (sem.score == score_function::softmax) r = -gate_s() * dot3;
       for (std::int32_t j = 0; j < k; ++j) {
         if (ids[j] != e) continue;
@@ -379,13 +375,13 @@ __global__ void gating_backward_kernel(const gating_backward_args<Element> a) {
       }
       return r;
     };
-    auto aux_loss_backward = [&](int s, std::int32_t e) {
-      return p_backward(s, e, c_aux * static_cast<double>(aux_count[e]), dot_aux);
+    auto aux_loss_backward = [&](std::int32_t e) {
+      return p_backward(e, c_aux * static_cast<double>(aux_count[e]), dot_aux);
     };
-    auto sequence_aux_loss_backward = [&](int s, std::int32_t e) {
-      return p_backward(s, e, gp_seq(e), dot_seq);
+    auto sequence_aux_loss_backward = [&](std::int32_t e) {
+      return p_backward(e, gp_seq(e), dot_seq);
     };
-    auto z_loss_backward = [&](int s, std::int32_t e) { return c_z * lse * softmax_at(s, e); };
+    auto z_loss_backward = [&](std::int32_t e) { return c_z * lse * softmax_at(e); };
     // ---- one pass over the row: routing, aux, sequence-aux, z, each rounded and added
     each([&](int s, std::int32_t e) {
       bool finite;
@@ -396,10 +392,10 @@ __global__ void gating_backward_kernel(const gating_backward_args<Element> a) {
       }
       float v = a.accumulate ? out[e] : 0.0f;
       if (finite) {
-        if (any) v = __fadd_rn(v, static_cast<float>(routing_backward(s, e)));
-        if (aux) v = __fadd_rn(v, static_cast<float>(aux_loss_backward(s, e)));
-        if (seq) v = __fadd_rn(v, static_cast<float>(sequence_aux_loss_backward(s, e)));
-        if (zl) v = __fadd_rn(v, static_cast<float>(z_loss_backward(s, e)));
+        if (any) v = __fadd_rn(v, static_cast<float>(routing_backward(e)));
+        if (aux) v = __fadd_rn(v, static_cast<float>(aux_loss_backward(e)));
+        if (seq) v = __fadd_rn(v, static_cast<float>(sequence_aux_loss_backward(e)));
+        if (zl) v = __fadd_rn(v, static_cast<float>(z_loss_backward(e)));
       }
       out[e] = v;
     });
