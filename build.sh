@@ -143,18 +143,39 @@ cmd_gpu_check() {
 # The GPU check's binaries, built here for sm_90 and packed with the shared libraries they need
 # (tests/gpu_bundle.sh), for a GPU machine without our packages: carry DIR there and run
 # `./build.sh gpu-check OUT --prebuilt DIR`.
+# gpu-bundle [DIR] [--baseline REV]: with --baseline, REV's bench_kernels_cuda goes into the
+# bundle too (built from `git archive REV` in build/gpu-baseline), and gpu-bench times it beside
+# the new kernels in the same run, on the same card.
 cmd_gpu_bundle() {
-  local dir=${1:-build/gpu-bundle} build=build/gpu-prebuilt
+  local dir=build/gpu-bundle build=build/gpu-prebuilt baseline=""
+  while [ $# -gt 0 ]; do
+    case "$1" in
+      --baseline) baseline=${2:?"--baseline REV"}; shift 2 ;;
+      *) dir=$1; shift ;;
+    esac
+  done
   install_deps
+  local cuda_args=(-DCMAKE_BUILD_TYPE=Release -DCMAKE_CUDA_ARCHITECTURES=90
+    -DMOEROUTE_ENABLE_CUDA=ON -DMOEROUTE_BUILD_TESTS=ON -DMOEROUTE_BUILD_BENCHMARKS=ON
+    -DMOEROUTE_BUILD_EXAMPLES=ON -DMOEROUTE_BUILD_PYTHON=OFF -DMOEROUTE_ENABLE_MPI=OFF)
   log "configure ($build: Release, sm_90)"
-  cmake -S . -B "$build" -DCMAKE_BUILD_TYPE=Release -DCMAKE_CUDA_ARCHITECTURES=90 \
-    -DMOEROUTE_ENABLE_CUDA=ON -DMOEROUTE_BUILD_TESTS=ON -DMOEROUTE_BUILD_BENCHMARKS=ON \
-    -DMOEROUTE_BUILD_EXAMPLES=ON -DMOEROUTE_BUILD_PYTHON=OFF -DMOEROUTE_ENABLE_MPI=OFF >/dev/null
+  cmake -S . -B "$build" "${cuda_args[@]}" >/dev/null
   log "build the GPU check's binaries ($JOBS jobs)"
   cmake --build "$build" -j "$JOBS" --target cuda_tests bench_kernels_cuda bench_ep_cuda \
     ep_nccl_tests example_cuda_gating example_cuda_dispatch example_switch_top1 \
     example_mixtral_dropless example_deepseek_v3 example_ep_nccl routing_kernel_resources
-  tests/gpu_bundle.sh "$build" "$dir"
+  local base_build=""
+  if [ -n "$baseline" ]; then
+    local src=build/gpu-baseline/src rev
+    rev=$(git rev-parse --verify "$baseline^{commit}") || { log "--baseline $baseline: no such commit"; exit 2; }
+    log "baseline: bench_kernels_cuda of $rev ($src)"
+    rm -rf "$src" && mkdir -p "$src" && git archive "$rev" | tar -x -C "$src"
+    echo "$rev" >"$src/BASELINE_COMMIT"
+    base_build=build/gpu-baseline/build
+    cmake -S "$src" -B "$base_build" "${cuda_args[@]}" >/dev/null
+    cmake --build "$base_build" -j "$JOBS" --target bench_kernels_cuda
+  fi
+  tests/gpu_bundle.sh "$build" "$dir" $base_build
 }
 
 # The Python package as a user installs it: `pip install .` (scikit-build-core and pybind11
@@ -179,5 +200,5 @@ case "${1:-test}" in
   gpu-bench) shift; GPU_CHECK_MODE=bench cmd_gpu_check "$@" ;;
   gpu-bundle) shift; cmd_gpu_bundle "$@" ;;
   python) cmd_python ;;
-  *) echo "usage: $0 test|bench|examples|python|gpu-check DIR [--prebuilt BUNDLE]|gpu-bench DIR [--prebuilt BUNDLE]|gpu-bundle [DIR]" >&2; exit 2 ;;
+  *) echo "usage: $0 test|bench|examples|python|gpu-check DIR [--prebuilt BUNDLE]|gpu-bench DIR [--prebuilt BUNDLE]|gpu-bundle [DIR] [--baseline REV]" >&2; exit 2 ;;
 esac

@@ -10,10 +10,14 @@
 #   DIR/MANIFEST  commit, date, compiler, architectures, and each file's sha256
 # NCCL and cuBLAS (one example's) are not packed (200 and 600 MB): gpu_check.sh finds the GPU
 # machine's own (its CUDA toolkit or its Python packages).
-# Usage: tests/gpu_bundle.sh BUILD_DIR DIR
+# With BASELINE_BUILD (`./build.sh gpu-bundle --baseline REV`), that build's bench_kernels_cuda
+# goes in as DIR/bin/bench_kernels_cuda_baseline and MANIFEST names its commit: gpu-bench times
+# the old kernels beside the new on the same card.
+# Usage: tests/gpu_bundle.sh BUILD_DIR DIR [BASELINE_BUILD]
 set -euo pipefail
-BUILD=${1:?usage: tests/gpu_bundle.sh BUILD_DIR DIR}
-DIR=${2:?usage: tests/gpu_bundle.sh BUILD_DIR DIR}
+BUILD=${1:?usage: tests/gpu_bundle.sh BUILD_DIR DIR [BASELINE_BUILD]}
+DIR=${2:?usage: tests/gpu_bundle.sh BUILD_DIR DIR [BASELINE_BUILD]}
+BASELINE=${3:-}
 cd "$(dirname "$0")/.."
 ROOT=$(pwd)
 
@@ -30,6 +34,9 @@ for b in "${BINS[@]}"; do
     echo "gpu_bundle: $BUILD/$b not built (skipped)" >&2
   fi
 done
+if [ -n "$BASELINE" ]; then
+  strip -o "$DIR/bin/bench_kernels_cuda_baseline" "$BASELINE/bench/bench_kernels_cuda"
+fi
 mkdir -p "$DIR/resources"
 cp "$BUILD"/tests/resources/routing_kernels.* "$DIR/resources/" 2>/dev/null ||
   echo "gpu_bundle: no kernel resource report in $BUILD/tests/resources (skipped)" >&2
@@ -57,6 +64,7 @@ done
 
 {
   echo "commit $(git -C "$ROOT" rev-parse HEAD 2>/dev/null || echo unknown)$(git -C "$ROOT" diff --quiet HEAD 2>/dev/null || echo ' (work tree differs)')"
+  [ -z "$BASELINE" ] || echo "baseline $(cat "$BASELINE/../src/BASELINE_COMMIT" 2>/dev/null || echo unknown)"
   echo "date $(date -u +%Y-%m-%dT%H:%M:%SZ)"
   echo "nvcc $(nvcc --version 2>/dev/null | tail -n 1)"
   echo "cuda_architectures $(grep -E '^CMAKE_CUDA_ARCHITECTURES:' "$BUILD/CMakeCache.txt" | cut -d= -f2)"

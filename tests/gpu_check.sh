@@ -27,6 +27,8 @@
 # gating-backward GPU tests ("[gating],[backward],[invariance]"), bench_kernels_cuda's gating
 # cases, torch's routers beside them (eager, compiled, under graph replay) with the table, and
 # the kernels' resource table (bench/kernel_resources.py, with nvdisasm's instruction classes).
+# A bundle made with `--baseline REV` also holds REV's bench_kernels_cuda: its same cases run
+# right after ours (DIR/bench_kernels_cuda_baseline.json), old and new on one card.
 # GPU_BENCH_FOCUS=routing makes it the routing metadata's loop instead: the dispatch, layout and
 # router GPU tests, bench_kernels_cuda's dispatch / layout / losses / route_graph cases, and
 # torch's same stages (eager, compiled, the route under graph replay), and the router's tests
@@ -248,6 +250,13 @@ elif [ "$MODE" = bench ]; then
     skip_step "${FOCUS}_tests" "not built"
   fi
   run_bench "bench_$FOCUS" 60 --benchmark_filter="$FOCUS_BENCH"
+  # a bundle made with --baseline REV: the old kernels' same cases, on the same card, now
+  if [ -x "$BIN_BENCH/bench_kernels_cuda_baseline" ]; then
+    run_step "bench_${FOCUS}_baseline" 60 "${RUN[@]}" "$BIN_BENCH/bench_kernels_cuda_baseline" \
+      --benchmark_filter="$FOCUS_BENCH" \
+      --benchmark_min_time="${GPU_CHECK_BENCH_MIN_TIME:-0.02}" \
+      --benchmark_out="$OUT/bench_kernels_cuda_baseline.json" --benchmark_out_format=json
+  fi
   if [ "$FOCUS" = routing ] && [ -x "$BENCH" ] && [ -x "$TESTS" ]; then
     # programmatic dependent launch, off by default until measured (MOEROUTE_CUDA_PDL=1;
     # include/moeroute/cuda/launch.cuh): the router's tests and the route under graph replay
