@@ -170,9 +170,9 @@ cmd_gpu_bundle() {
     rev=$(git rev-parse --verify "$baseline^{commit}") || { log "--baseline $baseline: no such commit"; exit 2; }
     log "baseline: bench_kernels_cuda of $rev ($src)"
     rm -rf "$src" && mkdir -p "$src" && git archive "$rev" | tar -x -C "$src"
-    echo "$rev" >"$src/BASELINE_COMMIT"
     base_build=build/gpu-baseline/build
     cmake -S "$src" -B "$base_build" "${cuda_args[@]}" >/dev/null
+    echo "$rev" >"$base_build/BASELINE_COMMIT"  # (tests/gpu_bundle.sh names it in MANIFEST)
     cmake --build "$base_build" -j "$JOBS" --target bench_kernels_cuda
   fi
   tests/gpu_bundle.sh "$build" "$dir" $base_build

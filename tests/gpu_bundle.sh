@@ -11,7 +11,8 @@
 # NCCL and cuBLAS (one example's) are not packed (200 and 600 MB): gpu_check.sh finds the GPU
 # machine's own (its CUDA toolkit or its Python packages).
 # With BASELINE_BUILD (`./build.sh gpu-bundle --baseline REV`), that build's bench_kernels_cuda
-# goes in as DIR/bin/bench_kernels_cuda_baseline and MANIFEST names its commit: gpu-bench times
+# goes in as DIR/bin/bench_kernels_cuda_baseline and MANIFEST names its commit (the build's
+# BASELINE_COMMIT file, which build.sh writes): gpu-bench times
 # the old kernels beside the new on the same card.
 # Usage: tests/gpu_bundle.sh BUILD_DIR DIR [BASELINE_BUILD]
 set -euo pipefail
@@ -64,7 +65,7 @@ done
 
 {
   echo "commit $(git -C "$ROOT" rev-parse HEAD 2>/dev/null || echo unknown)$(git -C "$ROOT" diff --quiet HEAD 2>/dev/null || echo ' (work tree differs)')"
-  [ -z "$BASELINE" ] || echo "baseline $(cat "$BASELINE/../src/BASELINE_COMMIT" 2>/dev/null || echo unknown)"
+  [ -z "$BASELINE" ] || echo "baseline $(cat "$BASELINE/BASELINE_COMMIT" 2>/dev/null || echo unknown)"
   echo "date $(date -u +%Y-%m-%dT%H:%M:%SZ)"
   echo "nvcc $(nvcc --version 2>/dev/null | tail -n 1)"
   echo "cuda_architectures $(grep -E '^CMAKE_CUDA_ARCHITECTURES:' "$BUILD/CMakeCache.txt" | cut -d= -f2)"

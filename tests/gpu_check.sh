@@ -199,15 +199,17 @@ else
 fi
 BENCH="$BIN_BENCH/bench_kernels_cuda"
 # run_bench NAME TIMEOUT ARGS...: bench_kernels_cuda, JSON into DIR/bench_kernels_cuda.json
+# (BENCH_BINARY=bench_kernels_cuda_baseline: the bundle's baseline binary, JSON into
+# DIR/bench_kernels_cuda_baseline.json)
 run_bench() {
-  local name=$1 limit=$2
+  local name=$1 limit=$2 binary=${BENCH_BINARY:-bench_kernels_cuda}
   shift 2
-  if [ -x "$BENCH" ]; then
-    run_step "$name" "$limit" "${RUN[@]}" "$BENCH" "$@" \
+  if [ -x "$BIN_BENCH/$binary" ]; then
+    run_step "$name" "$limit" "${RUN[@]}" "$BIN_BENCH/$binary" "$@" \
       --benchmark_min_time="${GPU_CHECK_BENCH_MIN_TIME:-0.02}" \
-      --benchmark_out="$OUT/bench_kernels_cuda.json" --benchmark_out_format=json
+      --benchmark_out="$OUT/$binary.json" --benchmark_out_format=json
   else
-    skip_step "$name" "no bench_kernels_cuda binary"
+    skip_step "$name" "no $binary binary"
   fi
 }
 # run_torch NAME TIMEOUT ARGS...: bench/torch_gpu_baseline.py in the same run, with the table
@@ -252,10 +254,8 @@ elif [ "$MODE" = bench ]; then
   run_bench "bench_$FOCUS" 60 --benchmark_filter="$FOCUS_BENCH"
   # a bundle made with --baseline REV: the old kernels' same cases, on the same card, now
   if [ -x "$BIN_BENCH/bench_kernels_cuda_baseline" ]; then
-    run_step "bench_${FOCUS}_baseline" 60 "${RUN[@]}" "$BIN_BENCH/bench_kernels_cuda_baseline" \
-      --benchmark_filter="$FOCUS_BENCH" \
-      --benchmark_min_time="${GPU_CHECK_BENCH_MIN_TIME:-0.02}" \
-      --benchmark_out="$OUT/bench_kernels_cuda_baseline.json" --benchmark_out_format=json
+    BENCH_BINARY=bench_kernels_cuda_baseline run_bench "bench_${FOCUS}_baseline" 60 \
+      --benchmark_filter="$FOCUS_BENCH"
   fi
   if [ "$FOCUS" = routing ] && [ -x "$BENCH" ] && [ -x "$TESTS" ]; then
     # programmatic dependent launch, off by default until measured (MOEROUTE_CUDA_PDL=1;

@@ -89,15 +89,15 @@ __global__ void __launch_bounds__(Warps * 32, Slots <= 8 ? 2 : 1)
   double z_acc = 0.0;
   // the logsumexp only where written or summed (configs without a z-loss skip it)
   const bool wants_lse = a.out.d_logsumexp != nullptr || a.out.sums.d_z_sum_squares != nullptr;
+  // a softmax of the clean logits as the gate scores makes the logsumexp's exps and sum: one
+  // exp per logit, not two
+  const bool lse_from_scores = agent.lse_from_scores();
   for (std::int64_t base = begin; base < end; base += Groups) {  // block-uniform trip count
     const std::int64_t v = base + grp;
     const bool active = v < end;
     const std::int64_t t = a.plan.token(active ? v : base);  // idle groups recompute a real row
 
     const int nonfinite = agent.load_row(t);
-    // a softmax of the clean logits as the gate scores makes the logsumexp's exps and sum: one
-    // exp per logit, not two (block-uniform)
-    const bool lse_from_scores = agent.lse_from_scores();
     float lse = wants_lse && !lse_from_scores ? agent.logsumexp() : 0.0f;
     const auto gate_exps = agent.noise_and_scores(t);
     if (wants_lse && lse_from_scores) lse = agent_type::logsumexp(gate_exps);

@@ -160,16 +160,16 @@ __global__ void gating_backward_kernel(const gating_backward_args<Element> a) {
         c_cx[e * c_stride] = static_cast<float>(bwd::sanitize(raw));
       });
     }
+    auto clean = [&](std::int32_t e) { return bwd::sanitize(load_logit<Element>(a, t, e)); };
     // gate logits (noisy with selection_and_gates), recomputed on the fly
     auto xg = [&](std::int32_t e) {
-      double x = bwd::sanitize(load_logit<Element>(a, t, e));
+      double x = clean(e);
       if (sem.noisy_gates) {
         const float z = rng::gating_noise(sem.noise_seed, sem.noise_offset, sem.gaussian, t, E, e);
         x = bwd::sanitize(x + static_cast<double>(sem.noise_scale) * z);
       }
       return x;
     };
-    auto clean = [&](std::int32_t e) { return bwd::sanitize(load_logit<Element>(a, t, e)); };
     auto clean_at = [&](std::int32_t e) {
       if constexpr (cached) {
         return static_cast<double>(c_cx[e * c_stride]);
@@ -306,7 +306,7 @@ __global__ void gating_backward_kernel(const gating_backward_args<Element> a) {
     double ssum = 0.0, dot_aux = 0.0;
     const double Tn = static_cast<double>(Tvalid);
     const double c_aux = a.aux_weight / (Tn * Tn), c_z = a.z_weight * 2.0 / Tn;
-    // the softmax P of the clean logits at (s, e), and the per-expert score
+    // the softmax P of the clean logits at element e, and the per-expert score
     auto softmax_at = [&](std::int32_t e) {
       if constexpr (cached) {
         return c_ps[e * c_stride];

@@ -20,7 +20,7 @@ __device__ __forceinline__ float sanitize(float x) {
   return fminf(fmaxf(x, -FLT_MAX), FLT_MAX);
 }
 
-/// exp of a float: moeroute::exp_fma (18 float operations, no double; the CPU backend's bits).
+/// exp of a float: moeroute::exp_fma (about 20 operations, no double; the CPU backend's bits).
 /// Until 2026-12 this was a double exp rounded once, out of line: a call and ~40 instructions,
 /// two of them per logit on the training path (the logsumexp's and the softmax's).
 __device__ __forceinline__ float exp_f(float x) { return exp_fma(x); }
